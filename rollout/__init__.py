@@ -1,0 +1,6 @@
+"""spectail's rollout engine: one process, no Ray. Exact coupled sampling, speculative
+verification from any draft source, continuous batching over a static KV cache."""
+from .config import Completion, EngineConfig, SamplingParams, SpecConfig
+from .engine import Engine
+
+__all__ = ["Engine", "EngineConfig", "SamplingParams", "SpecConfig", "Completion"]

@@ -1,0 +1,119 @@
+"""User-facing configuration of the engine: what to sample and how to run.
+
+Validation lives next to the fields so every bad value is rejected with a message
+that names the field, before any state of the engine is touched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+KNOWN_PROPOSERS = ("ngram", "history", "suffix", "drafter")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. Every token is argmax(z/T + Gumbel(seed, t, v)) over the kept tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = keep all
+    max_tokens: int = 256
+    stop_token_ids: Sequence[int] = ()
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        if not (self.temperature >= 0.0):  # also rejects NaN
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        if int(self.max_tokens) != self.max_tokens or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens}")
+        for t in self.stop_token_ids:
+            if vocab_size is not None and not (0 <= int(t) < vocab_size):
+                raise ValueError(f"SamplingParams.stop_token_ids has {t}, outside the vocabulary [0, {vocab_size})")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding. Drafts never change the output, only how many forwards it takes.
+
+    proposers: which draft sources to consult, in order of preference on ties.
+    max_draft_tokens: the most draft tokens verified per request per step (k).
+    max_batch_for_spec: when more requests than this are running, the step is compute-bound
+        and drafts are skipped (None = always speculate).
+    ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
+    """
+
+    proposers: tuple[str, ...] = ("ngram",)
+    max_draft_tokens: int = 8
+    max_batch_for_spec: Optional[int] = None
+    ngram_sizes: tuple[int, ...] = (3, 2, 1)
+
+    def validate(self) -> None:
+        unknown = [p for p in self.proposers if p not in KNOWN_PROPOSERS]
+        if unknown:
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(KNOWN_PROPOSERS)}")
+        if not self.proposers:
+            raise ValueError("SpecConfig.proposers is empty; use spec=None to turn speculation off")
+        if self.max_draft_tokens < 1:
+            raise ValueError(f"SpecConfig.max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+        if self.max_batch_for_spec is not None and self.max_batch_for_spec < 0:
+            raise ValueError(f"SpecConfig.max_batch_for_spec must be >= 0 or None, got {self.max_batch_for_spec}")
+        if not self.ngram_sizes or min(self.ngram_sizes) < 1:
+            raise ValueError(f"SpecConfig.ngram_sizes must be positive integers, got {self.ngram_sizes}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs: slots, lengths, precision, device, speculation.
+
+    max_batch_size: KV-cache slots; at most this many requests run at once.
+    max_model_len: prompt + response tokens per request.
+    max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
+    """
+
+    max_batch_size: int = 64
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 2048
+    dtype: str = "float32"
+    device: str = "cpu"
+    spec: Optional[SpecConfig] = None
+    show_progress: bool = False
+
+    def validate(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"EngineConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"EngineConfig.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        torch_dtype(self.dtype)
+        if self.spec is not None:
+            self.spec.validate()
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+@dataclass
+class Completion:
+    """One finished request. logprobs are float32 log-probabilities of token_ids under the
+    processed (temperature, top-k, top-p) target distribution."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    seed: int
+    stats: dict = field(default_factory=dict)

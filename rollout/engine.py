@@ -1,0 +1,287 @@
+"""The continuous-batching engine: admit, prefill, decode and verify drafts, all in one loop.
+
+Each step packs every running request into one forward: a prompt chunk for a request still
+prefilling, otherwise its last sampled token plus the draft a proposer offers. The token at
+response position t is always sample(z_t, seed, t) -- the coupled Gumbel-max draw -- so a
+draft token is accepted exactly when it equals that sample and the output never depends on
+drafts, batch composition or chunking. A finished request frees its slot for the next one at
+once.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from . import sampling
+from .batch import ForwardBatch
+from .config import Completion, EngineConfig, SamplingParams, torch_dtype
+from .model import CausalLM
+from .proposers import make_proposers
+from .request import Request
+
+MAX_SEED = 2**63
+
+
+class Engine:
+    def __init__(self, model: CausalLM, config: EngineConfig):
+        config.validate()
+        self.model, self.config = model, config
+        self.device = torch.device(config.device)
+        self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
+        self.proposers = make_proposers(config.spec)
+
+    @classmethod
+    def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> "Engine":
+        config.validate()
+        model = CausalLM.from_pretrained(model_or_path, torch_dtype(config.dtype), config.device)
+        return cls(model, config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
+    def update_weights(self, weights) -> int:
+        """A state dict, (name, tensor) pairs or a torch module, with Hugging Face names.
+        Validated as a whole before anything is copied; returns the number of tensors loaded."""
+        if isinstance(weights, torch.nn.Module):
+            weights = weights.state_dict()
+        if isinstance(weights, dict):
+            weights = weights.items()
+        return self.model.load_weights(list(weights))
+
+    # ---- the public entry point --------------------------------------------------------------
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+                 seeds: Optional[Sequence[int]] = None,
+                 drafts: Optional[Sequence[Optional[Sequence[int]]]] = None,
+                 groups: Optional[Sequence[Optional[int]]] = None) -> list[Completion]:
+        """Complete every prompt. seeds default to fresh random ones (returned in Completion.seed);
+        drafts are previous responses for the "history" proposer; groups tie GRPO siblings
+        together for the "suffix" proposer."""
+        requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups)
+        self.run(requests)
+        return [to_completion(r) for r in requests]
+
+    def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
+                      drafts=None, groups=None, outputs=None) -> list[Request]:
+        """Validate everything up front, so bad input raises before any state changes.
+        outputs: tokens already generated for each prompt (to continue a divided rollout)."""
+        n = len(prompt_token_ids)
+        params = self._per_prompt(sampling_params, n, "sampling_params")
+        if seeds is None:
+            seeds = [random.getrandbits(63) for _ in range(n)]
+        seeds = self._per_prompt_list(seeds, n, "seeds")
+        drafts = self._per_prompt_list(drafts, n, "drafts")
+        groups = self._per_prompt_list(groups, n, "groups")
+        outputs = self._per_prompt_list(outputs, n, "outputs")
+        requests = []
+        for i in range(n):
+            prompt = self._check_ids(prompt_token_ids[i], f"prompt {i}")
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if len(prompt) >= self.config.max_model_len:
+                raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_model_len is "
+                                 f"{self.config.max_model_len} and at least one must be left to generate")
+            params[i].validate(self.vocab_size)
+            seed = seeds[i]
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+                raise ValueError(f"seeds[{i}] must be an integer in [0, 2**63), got {seed!r}")
+            draft = None if drafts[i] is None else self._check_ids(drafts[i], f"drafts[{i}]")
+            out = [] if outputs[i] is None else self._check_ids(outputs[i], f"outputs[{i}]")
+            requests.append(Request(index=i, prompt_ids=prompt, params=params[i], seed=seed,
+                                    history=draft, group=groups[i], output_ids=out,
+                                    logprobs=[float("nan")] * len(out)))
+        return requests
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
+            on_finish=None) -> list[Request]:
+        """Run requests until each finishes, or has produced max_new_tokens more tokens in this
+        call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
+        waiting = deque(r for r in requests if r.finish_reason is None)
+        for r in waiting:
+            r.num_cached, r.slot = 0, -1
+            r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
+            self._finish_if_done(r)
+        waiting = deque(r for r in waiting if r.finish_reason is None)
+        free = list(range(self.config.max_batch_size))
+        running: list[Request] = []
+        progress = _progress(len(waiting)) if self.config.show_progress else None
+        try:
+            while waiting or running:
+                while waiting and free:
+                    req = waiting.popleft()
+                    req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
+                    running.append(req)
+                self._step(running)
+                for req in [r for r in running if r.finish_reason or r.paused]:
+                    running.remove(req)
+                    heapq.heappush(free, req.slot)
+                    req.slot = -1
+                    if req.finish_reason:
+                        for p in self.proposers:
+                            p.finish(req)
+                        if on_finish is not None:
+                            on_finish(req)
+                    if progress is not None:
+                        progress.update(1)
+        finally:
+            if progress is not None:
+                progress.close()
+        return requests
+
+    def _step(self, running: list[Request]) -> None:
+        cfg = self.config
+        spec = cfg.spec is not None and (cfg.spec.max_batch_for_spec is None
+                                         or len(running) <= cfg.spec.max_batch_for_spec)
+        budget = cfg.max_num_batched_tokens
+        # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
+        order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
+        rows, plan = [], []  # plan: (request, n_fed, draft, proposer, first logit index)
+        n_tokens, logit_rows = 0, []
+        for req in order:
+            if budget <= 0:
+                break
+            pending = req.all_ids[req.num_cached:]
+            fed = pending[:budget]
+            draft, chosen = [], None
+            if len(fed) == len(pending) and spec:
+                room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
+                           cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
+                if room > 0:
+                    draft, chosen = self._propose(req, room)
+            tokens = fed + draft
+            rows.append((req.slot, req.num_cached, tokens))
+            first = None
+            if len(fed) == len(pending):
+                first = len(logit_rows)
+                logit_rows.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
+            plan.append((req, len(fed), draft, chosen, first))
+            n_tokens += len(tokens)
+            budget -= len(tokens)
+
+        batch = ForwardBatch.build(rows, logit_rows, self.device)
+        logits, _ = self.model(batch, self.cache)
+        tokens, logprobs = self._sample(logits, plan)
+
+        for req, n_fed, draft, chosen, first in plan:
+            was_prefill = req.num_tokens - req.num_cached > 1
+            req.num_cached += n_fed
+            if first is None:
+                continue  # a prompt chunk that did not reach the end of the prompt
+            if not was_prefill:
+                req.forward_passes += 1
+            ys = tokens[first:first + len(draft) + 1]
+            lps = logprobs[first:first + len(draft) + 1]
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == ys[accepted]:
+                accepted += 1
+            req.num_cached += accepted  # accepted drafts are already in the cache
+            if chosen is not None:
+                req.proposed[chosen.name] = req.proposed.get(chosen.name, 0) + len(draft)
+                req.accepted[chosen.name] = req.accepted.get(chosen.name, 0) + accepted
+            emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+            for p in self.proposers:
+                mine = draft if p is chosen else []
+                p.observe(req, mine, accepted if p is chosen else 0, emitted)
+
+    def _propose(self, req: Request, k: int):
+        """Ask every proposer; take the draft with the longest expected accepted run, using this
+        request's own acceptance rate of each proposer (Laplace-smoothed)."""
+        best, best_value, best_p = [], 0.0, None
+        for p in self.proposers:
+            draft = p.propose(req, k)[:k]
+            if not draft:
+                continue
+            rate = (req.accepted.get(p.name, 0) + 1) / (req.proposed.get(p.name, 0) + 2)
+            value = sum(rate ** (i + 1) for i in range(len(draft)))
+            if value > best_value:
+                best, best_value, best_p = list(draft), value, p
+        return best, best_p
+
+    def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float]]:
+        seeds, positions, params = [], [], []
+        for req, _, draft, _, first in plan:
+            if first is None:
+                continue
+            t = len(req.output_ids)
+            for i in range(len(draft) + 1):
+                seeds.append(req.seed)
+                positions.append(t + i)
+                params.append(req.params)
+        if not seeds:
+            return [], []
+        dev = logits.device
+        temperature, top_k, top_p = sampling.sampling_tensors(params, dev)
+        tokens, logprobs = sampling.sample(
+            logits, torch.tensor(seeds, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev), temperature, top_k, top_p)
+        return tokens.tolist(), logprobs.tolist()
+
+    def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
+        """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""
+        emitted = []
+        for y, lp in zip(ys, lps):
+            req.output_ids.append(y)
+            req.logprobs.append(lp)
+            emitted.append(y)
+            if self._finish_if_done(req) or req.paused:
+                break
+        return emitted
+
+    def _finish_if_done(self, req: Request) -> bool:
+        if req.output_ids and req.output_ids[-1] in req.params.stop_token_ids:
+            req.finish_reason = "stop"
+        elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
+            req.finish_reason = "length"
+        return req.finish_reason is not None
+
+    # ---- input checks --------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Iterable[int], what: str) -> list[int]:
+        try:
+            ids = [int(t) for t in ids]
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be a sequence of token ids") from None
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    @staticmethod
+    def _per_prompt(value, n: int, what: str) -> list:
+        if isinstance(value, SamplingParams):
+            return [value] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
+        if not all(isinstance(v, SamplingParams) for v in value):
+            raise ValueError(f"{what} must be a SamplingParams or a list of them")
+        return value
+
+    @staticmethod
+    def _per_prompt_list(value, n: int, what: str) -> list:
+        if value is None:
+            return [None] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
+        return value
+
+
+def to_completion(req: Request) -> Completion:
+    stats = {"forward_passes": req.forward_passes, "proposed": dict(req.proposed),
+             "accepted": dict(req.accepted)}
+    return Completion(list(req.output_ids), list(req.logprobs), req.finish_reason or "length",
+                      req.seed, stats)
+
+
+def _progress(total: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc="rollout", unit="req", leave=False)

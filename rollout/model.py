@@ -1,0 +1,284 @@
+"""Our own implementation of the Llama family (Llama, Qwen2, Qwen3, Mistral) for the engine.
+
+Modules carry Hugging Face parameter names, so a checkpoint's state dict loads as is and a
+trainer's named parameters can be pushed with `load_weights`. The forward takes a ragged
+ForwardBatch against the slot-based KVCache and returns float32 logits for the requested
+tokens and the final hidden states at those tokens (the drafter trains on them).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import ForwardBatch
+from .kv_cache import KVCache
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2; Llama's attention_bias
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3
+    sliding_windows: tuple  # per layer: window size or None
+    max_position_embeddings: int
+
+
+def config_from_hf(hf) -> ModelConfig:
+    """Read a transformers config (any version) into ours; reject what we do not implement."""
+    arch = getattr(hf, "model_type", None)
+    if arch not in SUPPORTED:
+        raise ValueError(f"unsupported architecture {arch!r}; spectail's engine supports {list(SUPPORTED)}")
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    n = hf.num_hidden_layers
+    window = getattr(hf, "sliding_window", None)
+    if arch == "mistral" or not window:
+        layer_types = ["sliding_attention" if window else "full_attention"] * n
+    else:
+        layer_types = getattr(hf, "layer_types", None) or ["full_attention"] * n
+    windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+    attention_bias = bool(getattr(hf, "attention_bias", False))
+    return ModelConfig(
+        arch=arch, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=n,
+        num_heads=heads, num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=head_dim, intermediate_size=hf.intermediate_size, rms_norm_eps=hf.rms_norm_eps,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or attention_bias, o_bias=attention_bias and arch != "qwen2",
+        mlp_bias=bool(getattr(hf, "mlp_bias", False)), qk_norm=arch == "qwen3",
+        sliding_windows=windows, max_position_embeddings=hf.max_position_embeddings)
+
+
+def rope_inv_freq(hf) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and cos/sin scaling, computed by transformers' own RoPE init
+    functions so every static RoPE variant (default, linear, llama3, yarn) matches exactly."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        dim = int(dim * getattr(hf, "partial_rotary_factor", 1.0))
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    if rope_type in ("dynamic", "longrope") or rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"RoPE type {rope_type!r} is not supported (its frequencies depend on the sequence "
+                         f"length); supported: default, linear, llama3, yarn")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
+    return inv_freq.float(), float(scaling)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before the weight, as transformers does.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, D]; cos/sin: [N, 1, D]. The half-split rotation of the HF checkpoints."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: Optional[int]):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.cfg, self.window = cfg, window
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int, masks: dict):
+        cfg, n = self.cfg, x.shape[0]
+        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache.write(layer, batch.token_slots, batch.positions, k, v)
+
+        s, length = batch.num_slots, batch.max_row_len
+        grid = q.new_zeros(s * length, cfg.num_heads, cfg.head_dim)
+        grid[batch.pad_index] = q
+        grid = grid.view(s, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        keys, values = cache.view(layer, s, batch.kv_len)
+        out = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[self.window],
+                                             enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        out = out.transpose(1, 2).reshape(s * length, cfg.num_heads * cfg.head_dim)[batch.pad_index]
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, window: Optional[int]):
+        super().__init__()
+        self.self_attn = Attention(cfg, window)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, batch, cache, layer, masks):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer, masks)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.sliding_windows)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The engine's model. Build with `CausalLM.from_pretrained`."""
+
+    def __init__(self, cfg: ModelConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_scaling = rope_scaling
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (logits [M, V] float32, hidden [M, d]) for the tokens in batch.logit_index."""
+        x = self.model.embed_tokens(batch.token_ids)
+        freqs = batch.positions[:, None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        cos = (emb.cos() * self.rope_scaling).to(x.dtype)
+        sin = (emb.sin() * self.rope_scaling).to(x.dtype)
+        masks = {w: batch.attention_mask(w) for w in set(self.cfg.sliding_windows)}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, cache, i, masks)
+        hidden = self.model.norm(x[batch.logit_index])
+        return self.lm_head(hidden).float(), hidden
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads,
+                       self.cfg.head_dim, p.dtype, p.device)
+
+    # ---- weights -------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, model_or_path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "CausalLM":
+        """A local Hugging Face checkpoint folder, or an in-memory transformers causal LM."""
+        if isinstance(model_or_path, (str, Path)):
+            hf_config, tensors = _read_checkpoint(Path(model_or_path))
+        elif isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config"):
+            hf_config, tensors = model_or_path.config, model_or_path.state_dict()
+        else:
+            raise ValueError("model_or_path must be a checkpoint folder or a transformers model, "
+                             f"got {type(model_or_path).__name__}")
+        cfg = config_from_hf(hf_config)
+        inv_freq, scaling = rope_inv_freq(hf_config)
+        with torch.device("meta"):
+            model = cls(cfg, inv_freq, scaling)
+        model = model.to_empty(device=device).to(dtype)
+        model.inv_freq = inv_freq.to(device)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        missing = set(model.state_dict()) - set(tensors)
+        if cfg.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} parameters, e.g. {sorted(missing)[:3]}")
+        model.load_weights(tensors.items())
+        return model.eval()
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy Hugging Face-named tensors in, all or nothing: every name, shape, dtype and
+        value is checked before the first copy, so a bad update leaves the weights untouched."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        checked = []
+        for name, t in named:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # a buffer older checkpoints carry; we compute our own
+            if name not in params:
+                raise ValueError(f"unknown parameter {name!r} for {self.cfg.arch} "
+                                 f"(expected Hugging Face names like 'model.layers.0.self_attn.q_proj.weight')")
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"parameter {name!r} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != tuple(params[name].shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}")
+            if not t.is_floating_point():
+                raise ValueError(f"parameter {name!r} has dtype {t.dtype}; weights must be floating point")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"parameter {name!r} contains NaN or Inf")
+            checked.append((params[name], t))
+        with torch.no_grad():
+            for p, t in checked:
+                p.copy_(t)
+        return len(checked)
+
+
+def _read_checkpoint(folder: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    if model_type not in SUPPORTED:
+        raise ValueError(f"unsupported architecture {model_type!r}; spectail's engine supports {list(SUPPORTED)}")
+    hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no *.safetensors weights")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return hf_config, tensors
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+

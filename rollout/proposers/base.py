@@ -1,0 +1,26 @@
+"""What a draft source must do. Drafts are only guesses: the engine verifies every token
+against the exact coupled sample, so a proposer can be wrong but never unsafe."""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..request import Request
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, req: Request, k: int) -> list[int]:
+        """Up to k draft tokens that would follow req.prompt_ids + req.output_ids.
+        Deterministic given the request's state; [] when it has nothing to offer."""
+        ...
+
+    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
+        """Called after each verify step of req: `draft` was offered (possibly []),
+        its first `num_accepted` tokens matched, and `emitted` were appended to the output."""
+        ...
+
+    def finish(self, req: Request) -> None:
+        """req is done (its output is final); drop or keep per-request state."""
+        ...
