@@ -1,0 +1,239 @@
+"""Group speculation (Seer): the responses of a GRPO group — siblings in flight, siblings
+already finished, and the group's past responses — draft for each other.
+
+Each group has a suffix index over its responses. It answers the question a suffix tree
+answers — where does the longest suffix of this context occur, and what follows it how often —
+but stores only positions: every response is a token list starting with a START marker, and
+for each position the index remembers where its last 1, 2 and 4 tokens occurred. Insertion is
+O(1) per token (three list appends, no per-depth nodes), so memory stays linear in the tokens.
+
+Drafting for a request:
+1. match: the longest suffix (up to `max_depth` tokens) of [START] + output that occurs in the
+   group's responses with a continuation. START stands for the prompt, which all members of
+   a group share, so an empty output drafts the beginnings of the siblings' responses. The
+   occurrences are found from the longest indexed n-gram of the suffix, newest first (at most
+   `max_candidates`), and each is extended backwards to its true match length; the
+   occurrences of the longest length are kept.
+2. follow: take the most frequent next token among those occurrences (ties: smaller id); stop
+   if its share of them is under `min_share`; otherwise draft it, keep only the occurrences
+   that continue with it and repeat, up to k tokens. The context grows with the draft, so
+   there is no depth cap on following.
+
+A request's own tokens are indexed too (siblings and its own repetitions draft from them); its
+current end has no continuation, so it never matches itself trivially.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Optional
+
+from ..request import Request
+
+START = -1  # marks the start of a response (token ids are >= 0)
+_NGRAMS = (4, 2, 1)  # indexed suffix lengths, longest first
+
+
+class SuffixIndex:
+    """Positional suffix index over the responses of one group."""
+
+    __slots__ = ("seqs", "grams")
+
+    def __init__(self):
+        self.seqs: list[list[int]] = []  # each [START, t1, t2, ...]
+        self.grams: tuple[dict, ...] = tuple({} for _ in _NGRAMS)  # per n: n-gram -> [(seq, pos)]
+
+    def new_sequence(self) -> int:
+        s = len(self.seqs)
+        self.seqs.append([START])
+        self.grams[_NGRAMS.index(1)].setdefault(START, []).append((s, 1))
+        return s
+
+    def add_sequence(self, tokens) -> int:
+        s = self.new_sequence()
+        self.extend(s, tokens)
+        return s
+
+    def extend(self, s: int, tokens) -> None:
+        seq = self.seqs[s]
+        for t in tokens:
+            seq.append(int(t))
+            end = len(seq)  # the n-gram seq[end-n:end] is followed by position `end`
+            occ = (s, end)
+            for n, grams in zip(_NGRAMS, self.grams):
+                if end >= n:
+                    key = tuple(seq[end - n : end]) if n > 1 else seq[end - 1]
+                    lst = grams.get(key)
+                    if lst is None:
+                        grams[key] = [occ]
+                    else:
+                        lst.append(occ)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(q) - 1 for q in self.seqs)
+
+    def match(self, ctx: list[int], max_depth: int, max_candidates: int) -> list[tuple[int, int]]:
+        """Occurrences (seq, pos) of the longest suffix of ctx (<= max_depth tokens) that
+        have a continuation (pos < len(seq)); pos is where the continuation starts."""
+        seqs = self.seqs
+        limit = min(max_depth, len(ctx))
+        for n, grams in zip(_NGRAMS, self.grams):
+            if n > limit:
+                continue
+            key = tuple(ctx[-n:]) if n > 1 else ctx[-1]
+            lst = grams.get(key)
+            if not lst:
+                continue
+            best, found = 0, []
+            seen = 0
+            for i in range(len(lst) - 1, -1, -1):  # newest first
+                s, p = lst[i]
+                seq = seqs[s]
+                if p >= len(seq):
+                    continue  # no continuation (e.g. the request's own end)
+                seen += 1
+                if seen > max_candidates:
+                    break
+                m = n  # seq[p-n:p] == ctx[-n:] by the index
+                while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
+                    m += 1
+                if m > best:
+                    best, found = m, [(s, p)]
+                elif m == best:
+                    found.append((s, p))
+            if found:
+                return found
+        return []
+
+    def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> list[int]:
+        """Up to k tokens along the most frequent continuation of the occurrences."""
+        seqs = self.seqs
+        draft: list[int] = []
+        while occs and len(draft) < k:
+            counts: dict[int, int] = {}
+            for s, p in occs:
+                seq = seqs[s]
+                if p < len(seq):
+                    t = seq[p]
+                    counts[t] = counts.get(t, 0) + 1
+            if not counts:
+                break
+            total = sum(counts.values())
+            tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            if tok < 0 or cnt < min_share * total:
+                break
+            draft.append(tok)
+            occs = [(s, p + 1) for s, p in occs if p < len(seqs[s]) and seqs[s][p] == tok]
+        return draft
+
+
+@dataclass
+class _State:
+    req: Request  # held so that id(req) cannot be reused while the state lives
+    key: Hashable  # the group's key in SuffixProposer._groups
+    index: SuffixIndex  # the group's index when this request registered
+    seq: int  # this request's sequence in that index
+
+
+class SuffixProposer:
+    """Drafts from a per-group suffix index of the group's responses.
+
+    min_share: stop drafting when the chosen continuation is followed by fewer than this
+        share of the matched occurrences (a fork among the siblings).
+    max_depth: the longest context suffix matched (tokens).
+    max_candidates: occurrences examined per match, newest first.
+
+    Requests with group None get a private index (their own tokens and history), freed by
+    finish(). A group's index outlives its requests (finish() keeps it, siblings still draft
+    from it); the caller frees it with drop_group() when the group is done — group ids reused
+    by a later batch for another prompt would otherwise draft from the wrong responses
+    (harmless to the output, wasteful for speed).
+    """
+
+    name = "suffix"
+
+    def __init__(self, min_share: float = 0.3, max_depth: int = 32, max_candidates: int = 64):
+        if not (0.0 <= min_share <= 1.0):
+            raise ValueError(f"SuffixProposer.min_share must be in [0, 1], got {min_share}")
+        if max_depth < 1:
+            raise ValueError(f"SuffixProposer.max_depth must be >= 1, got {max_depth}")
+        if max_candidates < 1:
+            raise ValueError(f"SuffixProposer.max_candidates must be >= 1, got {max_candidates}")
+        self.min_share = min_share
+        self.max_depth = max_depth
+        self.max_candidates = max_candidates
+        self._groups: dict[Hashable, SuffixIndex] = {}
+        self._states: dict[int, _State] = {}
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def add_past_responses(self, group, responses) -> None:
+        """Index finished responses of `group` (e.g. earlier epochs' samples of its prompt)."""
+        if group is None:
+            raise ValueError("add_past_responses needs a group id (requests with group None are private)")
+        index = self._index(("group", group))
+        for r in responses:
+            if r:
+                index.add_sequence(r)
+
+    def drop_group(self, group) -> None:
+        self._groups.pop(("group", group), None)
+
+    def index_for(self, group) -> Optional[SuffixIndex]:
+        return self._groups.get(("group", group))
+
+    def _index(self, key) -> SuffixIndex:
+        index = self._groups.get(key)
+        if index is None:
+            index = self._groups[key] = SuffixIndex()
+        return index
+
+    def _sync(self, req: Request) -> tuple[SuffixIndex, list[int]]:
+        st = self._states.get(id(req))
+        if st is not None and st.req is not req:
+            st = None
+        index = None
+        if st is not None and self._groups.get(st.key) is st.index:
+            index = st.index  # (not dropped, and not replaced by a new group of that id)
+        out = req.output_ids
+        if index is not None:
+            n = len(index.seqs[st.seq]) - 1  # output tokens indexed so far
+            if n > len(out) or (n and index.seqs[st.seq][-1] != out[n - 1]):
+                index = None  # the output was rewritten (O(1) check of the last indexed token)
+        if index is None:
+            # first sight (or the group was dropped, or the output was rewritten): register
+            key = ("group", req.group) if req.group is not None else ("private", id(req))
+            fresh = st is None or self._groups.get(st.key) is not st.index
+            index = self._index(key)
+            if req.history and fresh:
+                index.add_sequence(req.history)
+            st = _State(req=req, key=key, index=index, seq=index.new_sequence())
+            self._states[id(req)] = st
+        seq = index.seqs[st.seq]
+        if len(seq) - 1 < len(out):
+            index.extend(st.seq, out[len(seq) - 1 :])
+        return index, seq
+
+    # -- the Proposer protocol -------------------------------------------------------------
+
+    def propose(self, req: Request, k: int) -> list[int]:
+        if k <= 0:
+            return []
+        index, ctx = self._sync(req)
+        occs = index.match(ctx, self.max_depth, self.max_candidates)
+        if not occs:
+            return []
+        return index.follow(occs, k, self.min_share)
+
+    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
+        self._sync(req)  # siblings see the new tokens from now on
+
+    def finish(self, req: Request) -> None:
+        st = self._states.get(id(req))
+        if st is None or st.req is not req:
+            return
+        if self._groups.get(st.key) is st.index:
+            self._sync(req)
+        del self._states[id(req)]
+        if st.key[0] == "private":
+            self._groups.pop(st.key, None)

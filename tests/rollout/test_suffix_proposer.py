@@ -1,0 +1,198 @@
+"""SuffixProposer: a GRPO group's responses draft for each other."""
+import random
+
+import pytest
+
+from rollout.config import SamplingParams
+from rollout.proposers.base import Proposer
+from rollout.proposers.suffix import SuffixIndex, SuffixProposer
+from rollout.request import Request
+
+
+def make_req(index=0, group=0, history=None, prompt=(1, 2, 3)):
+    return Request(index=index, prompt_ids=list(prompt), params=SamplingParams(max_tokens=10_000), seed=index,
+                   history=history, group=group)
+
+
+def step(prop, req, target, k=8):
+    """One engine step: draft, accept the matching prefix, emit accepted + 1 correct, observe."""
+    pos = len(req.output_ids)
+    draft = prop.propose(req, k)
+    assert len(draft) <= k and all(t >= 0 for t in draft)
+    truth = target[pos : pos + len(draft)]
+    acc = 0
+    while acc < len(draft) and acc < len(truth) and draft[acc] == truth[acc]:
+        acc += 1
+    emitted = target[pos : pos + acc + 1]
+    req.output_ids.extend(emitted)
+    prop.observe(req, draft, acc, emitted)
+    return pos, draft, acc
+
+
+def run(prop, req, target, k=8):
+    steps = []
+    while len(req.output_ids) < len(target):
+        steps.append(step(prop, req, target, k))
+    prop.finish(req)
+    assert req.output_ids == target
+    return steps
+
+
+def test_protocol_and_name():
+    p = SuffixProposer()
+    assert isinstance(p, Proposer) and p.name == "suffix"
+
+
+def test_finished_sibling_is_drafted_from_the_start():
+    prop = SuffixProposer()
+    resp = list(range(200, 240))
+    run(prop, make_req(0), resp)  # first sibling: nothing to draft from but itself
+    steps = run(prop, make_req(1), resp)  # second sibling: same response
+    assert steps[0][1] == resp[:8]  # the empty output drafts the sibling's beginning
+    assert all(a == len(d) == 8 for _, d, a in steps[:-1])
+    assert len(steps) == -(-len(resp) // 9)
+
+
+def test_sibling_in_flight_drafts_as_its_tokens_arrive():
+    prop = SuffixProposer()
+    lead, follow = make_req(0), make_req(1)
+    shared = list(range(300, 330))
+    a_target = shared + [1, 2, 3]
+    b_target = shared + [4, 5, 6]
+    for _ in range(12):  # the lead runs ahead alone (one token per step: nothing to draft)
+        step(prop, lead, a_target)
+    assert len(lead.output_ids) == 12
+    pos, draft, acc = step(prop, follow, b_target)
+    assert (pos, draft, acc) == (0, shared[:8], 8)
+    # the follower catches up to the lead's end and stops drafting there
+    pos, draft, acc = step(prop, follow, b_target)
+    assert (pos, draft, acc) == (9, shared[9:12], 3)
+    step(prop, lead, a_target)  # the lead emits one more token
+    assert prop.propose(follow, 8) == shared[13:14]
+
+
+def test_min_share_stops_at_a_fork():
+    prop = SuffixProposer(min_share=0.6)
+    prop.add_past_responses(7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
+    req = make_req(group=7)
+    assert prop.propose(req, 8) == [1, 2, 3]  # 50/50 after 3: stop
+    req.output_ids = [1, 2, 3, 7]
+    assert prop.propose(req, 8) == [8, 9]  # past the fork the branch is unique again
+    loose = SuffixProposer(min_share=0.3)
+    loose.add_past_responses(7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
+    assert loose.propose(make_req(group=7), 8) == [1, 2, 3, 4, 5, 6]  # tie -> smaller id
+    prop.add_past_responses(7, [[1, 2, 3, 7, 8, 0]])
+    assert prop.propose(make_req(index=1, group=7), 8) == [1, 2, 3, 7, 8]  # 7 has 2/3 now; then 9 vs 0
+
+
+def test_longest_context_wins_over_frequency():
+    prop = SuffixProposer(min_share=0.5)
+    prop.add_past_responses(0, [[5, 6, 7, 8, 100], [9, 6, 7, 8, 200], [1, 6, 7, 8, 200]])
+    req = make_req(group=0)
+    req.output_ids = [40, 5, 6, 7, 8]
+    assert prop.propose(req, 4) == [100]
+    other = make_req(index=1, group=0)
+    other.output_ids = [40, 3, 6, 7, 8]
+    assert prop.propose(other, 4) == [200]  # only 6 7 8 matches: 200 has 2 of 3
+
+
+def test_own_tokens_never_match_their_own_end():
+    prop = SuffixProposer()
+    req = make_req(group=None)
+    req.output_ids = [5, 6, 7]
+    assert prop.propose(req, 8) == []
+    req.output_ids = [1, 2, 3, 9, 1, 2]
+    assert prop.propose(req, 8) == [3, 9, 1, 2]  # its own earlier text continues; stops at its end
+
+
+def test_history_is_indexed_once_and_private_index_is_freed():
+    prop = SuffixProposer()
+    hist = list(range(50, 70))
+    req = make_req(group=None, history=hist)
+    steps = run(prop, req, hist, k=4)
+    assert all(a == len(d) == 4 for _, d, a in steps)
+    assert prop._groups == {} and prop._states == {}
+    # in a group, each request's history is shared with its siblings
+    a = make_req(0, group=3, history=hist)
+    prop.propose(a, 4)
+    b = make_req(1, group=3)
+    assert prop.propose(b, 4) == hist[:4]
+    index = prop.index_for(3)
+    assert sum(1 for s in index.seqs if s[1:] == hist) == 1
+    prop.propose(a, 4)
+    assert sum(1 for s in index.seqs if s[1:] == hist) == 1
+
+
+def test_groups_are_separate_and_finish_keeps_the_group():
+    prop = SuffixProposer()
+    run(prop, make_req(0, group=1), [10, 11, 12, 13, 14])
+    assert prop.propose(make_req(1, group=2), 4) == []
+    assert prop.index_for(1) is not None  # finish() kept it
+    assert prop.propose(make_req(2, group=1), 4) == [10, 11, 12, 13]
+    prop.drop_group(1)
+    assert prop.index_for(1) is None
+    prop.drop_group(1)  # idempotent
+
+
+def test_a_dropped_group_is_rebuilt_for_a_live_request():
+    prop = SuffixProposer()
+    req = make_req(0, group=1)
+    req.output_ids = [1, 2, 1]
+    assert prop.propose(req, 4) == [2, 1]
+    prop.drop_group(1)
+    assert prop.propose(req, 4) == [2, 1]  # re-registered with its full output
+    # the id is reused by a new group (dropped, then fed again): still consistent
+    prop.drop_group(1)
+    prop.add_past_responses(1, [[7, 7, 7, 8]])
+    req.output_ids.append(2)
+    assert prop.propose(req, 4) == [1, 2]
+    assert prop.index_for(1).seqs == [[-1, 7, 7, 7, 8], [-1, 1, 2, 1, 2]]  # the live request joined it
+    with pytest.raises(ValueError):
+        prop.add_past_responses(None, [[1]])
+
+
+def test_k_and_max_depth_are_respected():
+    prop = SuffixProposer(max_depth=3)
+    prop.add_past_responses(0, [list(range(100))])
+    req = make_req(group=0)
+    assert prop.propose(req, 5) == [0, 1, 2, 3, 4]
+    assert prop.propose(req, 0) == []
+    req.output_ids = [99, 98, 20, 21, 22]
+    assert prop.propose(req, 3) == [23, 24, 25]
+    index = prop.index_for(0)
+    assert index.match(req.output_ids, 3, 64) == [(0, 24)]  # position in [START] + response
+
+
+def test_index_is_linear_in_tokens():
+    index = SuffixIndex()
+    s = index.add_sequence(list(range(1000)))
+    assert index.num_tokens == 1000
+    # one entry per position per indexed n-gram length, whatever max_depth is
+    assert sum(len(v) for g in index.grams for v in g.values()) <= 3 * 1001
+    assert index.match([-1], 32, 64) == [(s, 1)]  # START: the response's beginning
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_group_of_similar_siblings_reuses_a_lot(seed):
+    """Eight siblings that share most of their text, generated in lockstep."""
+    rng = random.Random(seed)
+    base = [rng.randrange(500) for _ in range(120)]
+    targets = []
+    for _ in range(8):
+        t = list(base)
+        for _ in range(3):
+            i = rng.randrange(len(t))
+            t[i] = rng.randrange(500, 600)
+        targets.append(t)
+    prop = SuffixProposer()
+    reqs = [make_req(i, group=0) for i in range(8)]
+    steps = {i: [] for i in range(8)}
+    while any(len(r.output_ids) < len(t) for r, t in zip(reqs, targets)):
+        for i, (r, t) in enumerate(zip(reqs, targets)):
+            if len(r.output_ids) < len(t):
+                steps[i].append(step(prop, r, t, k=8))
+    for r in reqs:
+        prop.finish(r)
+    assert prop._states == {}
+    total_steps = sum(len(s) for s in steps.values())
+    assert total_steps < sum(map(len, targets)) / 3
