@@ -64,8 +64,18 @@ class Engine:
         drafts are previous responses for the "history" proposer; groups tie GRPO siblings
         together for the "suffix" proposer."""
         requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups)
-        self.run(requests)
+        try:
+            self.run(requests)
+        finally:
+            self.release_groups({r.group for r in requests if r.group is not None})
         return [to_completion(r) for r in requests]
+
+    def release_groups(self, groups) -> None:
+        """Forget what proposers hold for these groups, so a later call may reuse the ids."""
+        for p in self.proposers:
+            if hasattr(p, "drop_group"):
+                for g in groups:
+                    p.drop_group(g)
 
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
                       drafts=None, groups=None, outputs=None) -> list[Request]:

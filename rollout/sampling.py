@@ -1,0 +1,328 @@
+"""Coupled sampling: every token is argmax(z/T + G(seed, t, .)) over the kept tokens.
+
+This file holds the one invariant of spectail (see DESIGN.md, "The one invariant"). The
+Gumbel noise G is a counter-based hash of (seed, t, v) -- no generator state -- so the
+token at response position t of a sample is a pure function of that row's logits, seed,
+position and sampling params. Nothing here may let one row's result depend on another row,
+on the batch size or on how rows are chunked: that is what lets the engine verify drafts by
+plain comparison, and makes speculation, batching and retries invisible in the output.
+
+Public API (others rely on these names):
+    gumbel_noise(seeds, positions, vocab_size)            -> [M, V] float32 Gumbel(0, 1)
+    process_logits(logits, temperature, top_k, top_p)     -> [M, V] float32 z/T, -inf if dropped
+    sample(logits, seeds, positions, temperature, top_k, top_p) -> (tokens [M], logprobs [M])
+    sampling_tensors(params_list, device)                 -> (temperature, top_k, top_p)
+
+How the noise is made
+---------------------
+All integer work uses 32-bit values held in int64 tensors, masked back to 32 bits after
+every multiply. Multipliers are kept in (-2**31, 2**31) (a constant c >= 2**31 is used as
+c - 2**32, the same number mod 2**32), so no product ever leaves the int64 range: the hash
+is plain, fully defined integer arithmetic and its bits are identical on CPU and CUDA.
+
+    row state (a, b), 64 bits:  absorb seed (all 64 bits) then position t, with `_mix32`
+                                steps that are each invertible -- so for a fixed t distinct
+                                seeds give distinct states, and for a fixed seed distinct t do.
+    vocabulary key hv[v]     :  _mix32(v ^ K_V), a bijection of v.
+    per element              :  x = a ^ hv[v];  first half of _mix32;  x ^= b;  second half.
+                                For one row v -> x is a bijection, and both halves of the
+                                64-bit row state enter every element.
+    u = (x + 1/2) / 2**32       in (0, 1) strictly, exact in float64.
+    E = -log(u)                 in float64, so E stays accurate when u -> 1 (large G, which
+                                is what decides whether a rare token wins).
+    G = -log(E)                 in float32.
+
+The hash bits are bit-identical across devices; G then goes through the device's own `log`,
+which may round differently in the last bit on CPU and CUDA (that changes a token only on
+an exact near-tie of two scores).
+
+Speed: on CPU the [M, V] work runs in row chunks of about half a million elements, so the
+int64/float64 scratch stays in cache and no big temporary is allocated; `sample` fuses the
+noise into the argmax per chunk and never builds the full noise tensor. Every step is
+elementwise or a per-row reduction (argmax, log_softmax), none of which mixes rows.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterator, Sequence
+
+import torch
+
+_M32 = 0xFFFFFFFF
+# lowbias32 multipliers (Chris Wellons' hash-prospector). _C2 >= 2**31, so it is stored as
+# its negative twin mod 2**32: |x * c| < 2**63 for x < 2**32, hence no int64 overflow.
+_C1 = 0x7FEB352D
+_C2 = 0x846CA68B - (1 << 32)
+# Distinct odd constants keep the seed halves, positions and vocabulary in different
+# "lanes" and avoid the fixed point _mix32(0) == 0.
+_K_SEED_LO = 0x243F6A88
+_K_SEED_HI = 0x85A308D3
+_K_VOCAB = 0x13198A2E
+
+_TWO_POW_M32 = 2.0 ** -32
+_TWO_POW_M33 = 2.0 ** -33
+# Elements per chunk on CPU: scratch (int64 x2, float64) stays in L2/L3 and the per-chunk
+# Python overhead stays small. Chunking never changes a value (everything is per element
+# or per row); it only changes speed.
+_CPU_CHUNK_ELEMENTS = 1 << 19
+# top-k / top-p first rank only this many of each row's largest logits, then this many,
+# then the whole row (see _top_k_top_p).
+_TOP_CANDIDATES = (64, 4096)
+
+
+# --------------------------------------------------------------------------------- hashing
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 finalizer on 32-bit values held in int64; a bijection of [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _C1) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _C2) & _M32
+    return x ^ (x >> 16)
+
+
+def _row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M] seeds and positions -> two [M, 1] 32-bit keys (a 64-bit row state).
+
+    Cheap ([M] sized), so it uses full _mix32 rounds freely. Each step maps the state
+    (a, b) to a new state invertibly, which is why the state is injective in the seed for a
+    fixed t and in t for a fixed seed."""
+    seeds = seeds.to(torch.int64)
+    positions = positions.to(device=seeds.device, dtype=torch.int64)
+    # The masks make the halves well defined for any int64 (negative values are read as
+    # their two's-complement bits), since >> on int64 is an arithmetic shift.
+    a = _mix32((seeds & _M32) ^ _K_SEED_LO)
+    b = _mix32(((seeds >> 32) & _M32) ^ _K_SEED_HI)
+    a = _mix32(a ^ b)
+    b = _mix32(b ^ a)
+    a = _mix32(a ^ (positions & _M32))
+    b = _mix32(b ^ ((positions >> 32) & _M32) ^ a)
+    a = _mix32(a ^ b)
+    return a[:, None], b[:, None]
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[1, V] per-token keys: a bijective scramble of the token id. Cached: it is the same
+    every step, and read-only here."""
+    v = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    return _mix32(v ^ _K_VOCAB)[None, :]
+
+
+def _row_chunks(num_rows: int, vocab_size: int, device: torch.device) -> Iterator[tuple[int, int]]:
+    if device.type != "cpu":  # accelerators: one launch per op beats cache-sized chunks
+        yield 0, num_rows
+        return
+    step = max(1, _CPU_CHUNK_ELEMENTS // max(1, vocab_size))
+    for r0 in range(0, num_rows, step):
+        yield r0, min(num_rows, r0 + step)
+
+
+def _scratch(rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Reused buffers for one chunk: hash state, shift temporary, float64 u."""
+    x = torch.empty(rows, vocab_size, dtype=torch.int64, device=device)
+    return x, torch.empty_like(x), torch.empty(rows, vocab_size, dtype=torch.float64, device=device)
+
+
+def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
+                      out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E).
+
+    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. Everything is in place on the
+    scratch buffers: this is the hot loop of every engine step."""
+    m = out.shape[0]
+    x, tmp, u = (s[:m] for s in scratch)
+    torch.bitwise_xor(a, hv, out=x)
+    # first half of _mix32
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
+    x.mul_(_C1).bitwise_and_(_M32)
+    # the second 32 bits of the row state enter here, so every element sees all 64
+    x.bitwise_xor_(b)
+    # second half of _mix32
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=tmp))
+    x.mul_(_C2).bitwise_and_(_M32)
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
+    # u = (x + 1/2) / 2**32: exact in float64 (x < 2**32), never 0 nor 1
+    u.copy_(x).mul_(_TWO_POW_M32).add_(_TWO_POW_M33)
+    u.log_()  # log u in [-22.9, -1.2e-10]; float64 so that E = -log u keeps its digits near u = 1
+    out.copy_(u)  # to float32: E's relative precision is all G needs
+    return out.neg_().log_()
+
+
+def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+    """G(seed, t, v) ~ Gumbel(0, 1), i.i.d. over distinct (seed, t, v). [M], [M] -> [M, V] float32.
+
+    seeds: int64, 0 <= seed < 2**63 (all 64 bits are used); positions: int64 response
+    positions t (0-based). Computed on the device of `seeds`; a pure function of
+    (seed, t, v): no generator state, no dependence on other rows."""
+    seeds = torch.as_tensor(seeds, dtype=torch.int64)
+    device = seeds.device
+    m = seeds.shape[0]
+    out = torch.empty(m, vocab_size, dtype=torch.float32, device=device)
+    if m == 0 or vocab_size == 0:
+        return out
+    a, b = _row_keys(seeds, torch.as_tensor(positions, device=device))
+    hv = _vocab_keys(vocab_size, device)
+    chunks = list(_row_chunks(m, vocab_size, device))
+    scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), vocab_size, device)
+    for r0, r1 in chunks:
+        _log_exponential_(a[r0:r1], b[r0:r1], hv, out[r0:r1], scratch).neg_()
+    return out
+
+
+# -------------------------------------------------------------------------- logit processing
+
+def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> torch.Tensor:
+    """[M, V] logits -> [M, V] float32: z / T for kept tokens, -inf for dropped ones.
+
+    temperature [M] (>= 0; rows with T == 0 use T = 1 here: they are sampled greedily, and
+    their logprob is under the T = 1 kept distribution), top_k [M] int (0 or >= V = off),
+    top_p [M] float in (0, 1] (1 = off). Logits are cast to float32 first.
+
+    top-k keeps exactly the k largest; ties at the cut go to the lower token id.
+    top-p, applied after top-k on the temperature-scaled distribution renormalised over what
+    top-k kept, keeps the smallest prefix of the sorted tokens whose cumulative probability
+    reaches top_p -- always at least the top token. Rows that use neither skip the sort."""
+    logits = logits.to(torch.float32)
+    device = logits.device
+    vocab_size = logits.shape[-1]
+    temperature = temperature.to(device=device, dtype=torch.float32)
+    top_k = top_k.to(device=device, dtype=torch.int64)
+    top_p = top_p.to(device=device, dtype=torch.float32)
+
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    z = logits / t[:, None]  # always a new tensor: callers may keep `logits`
+    filtered = ((top_k > 0) & (top_k < vocab_size)) | (top_p < 1)
+    if not bool(filtered.any()):  # the common RL case: no sort at all
+        return z
+    rows = filtered.nonzero().squeeze(1)
+    z[rows] = _top_k_top_p(z[rows], top_k[rows], top_p[rows])
+    return z
+
+
+def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf what top-k then top-p drop, for rows that use at least one of them.
+
+    Sorting a whole row is slow on CPU (~5 ms for 32k tokens), and the cut usually falls
+    among the few largest logits. So each row first ranks only its _TOP_CANDIDATES[0]
+    largest, rows whose cut is not provably among them try the next size, and the rest get
+    a full sort. Which path a row takes depends on that row alone (and every path computes
+    the same kept set, up to float64 rounding of the mass), so this never couples rows."""
+    vocab_size = z.shape[-1]
+    k = torch.where((top_k > 0) & (top_k < vocab_size), top_k, torch.full_like(top_k, vocab_size))
+    keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+    rows = torch.arange(z.shape[0], device=z.device)  # rows not settled yet
+    for c in [c for c in _TOP_CANDIDATES if c < vocab_size] + [vocab_size]:
+        keep_c, settled = _keep_among_largest(z[rows], k[rows], top_p[rows], c)
+        keep[rows[settled]] = keep_c[settled]
+        rows = rows[~settled]
+        if rows.numel() == 0:
+            break
+    return z.masked_fill(~keep, float("-inf"))
+
+
+def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
+                        num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep [R, V] bool, settled [R] bool) from each row's num_candidates largest logits.
+
+    Tokens are ranked by logit descending, ties by ascending token id (the one order every
+    path uses). top-k keeps the first k; top-p keeps a token while the tokens ranked before
+    it hold less than top_p of the distribution top-k left. A row is settled when its cut
+    provably falls among the candidates; with num_candidates == V every row is."""
+    vocab_size = z.shape[-1]
+    c = num_candidates
+    if c == vocab_size:
+        values, ids = torch.sort(z, dim=-1, descending=True, stable=True)
+    else:
+        values, ids = torch.topk(z, c, dim=-1, sorted=False)
+        # topk's order is unspecified: sort by id, then stably by value
+        ids, by_id = ids.sort(dim=-1)
+        values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+        ids = ids.gather(1, by_value)
+    rank = torch.arange(c, device=z.device)
+    in_top_k = rank[None, :] < k[:, None]
+    # float64 from here, so that rounding in the running sum does not move the cut
+    values = values.to(torch.float64)
+    # Normaliser of what top-k keeps: its k largest logits when they are all candidates, the
+    # whole row when top-k is off. Rows with c < k < V cannot know it here (never settled).
+    log_norm = torch.logsumexp(values.masked_fill(~in_top_k, float("-inf")), dim=-1)
+    top_k_off = k >= vocab_size
+    if bool((k > c).any()):
+        log_norm = torch.where(top_k_off, torch.logsumexp(z.to(torch.float64), dim=-1), log_norm)
+    probs = torch.exp(values - log_norm[:, None]).masked_fill(~in_top_k, 0.0)
+    mass = torch.cumsum(probs, dim=-1)
+    before = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], dim=-1)  # mass ranked before
+    p = top_p.to(torch.float64)[:, None]
+    use_p = p < 1  # top_p == 1 is "off", not "stop once the running sum rounds to 1"
+    keep_ranked = in_top_k & ((before < p) | ~use_p)
+    keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device).scatter_(1, ids, keep_ranked)
+    if c == vocab_size:
+        return keep, torch.ones_like(k, dtype=torch.bool)
+    # Candidates above the smallest candidate logit are exactly the first tokens of the full
+    # ranking; tokens equal to it may have been left out. The cut is settled when the token
+    # right after those exact ones is dropped: by top-k, or because top-p's mass is reached.
+    exact = (values > values[:, -1:]).sum(dim=-1)
+    mass_exact = torch.cat([torch.zeros_like(mass[:, :1]), mass], dim=-1).gather(1, exact[:, None])
+    settled = (k <= exact) | (((k <= c) | top_k_off) & use_p[:, 0] & (mass_exact >= p)[:, 0])
+    return keep, settled
+
+
+# --------------------------------------------------------------------------------- sampling
+
+def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongTensor,
+           temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The coupled sample of each row: (tokens [M] int64, logprobs [M] float32).
+
+    token = argmax(processed + G(seed, t, .)) for rows with T > 0, argmax(processed) for T == 0
+    (the first index on exact ties); logprob = log_softmax(processed)[token] in float32, where
+    processed = process_logits(...). Logits of any float dtype (float64, bfloat16, ...) are
+    cast to float32 first, so every dtype of the engine samples through the same arithmetic.
+
+    Row m's result depends only on (logits[m], seeds[m], positions[m], its params)."""
+    logits = logits.to(torch.float32).contiguous()
+    device = logits.device
+    m, vocab_size = logits.shape
+    seeds = torch.as_tensor(seeds, dtype=torch.int64).to(device)
+    positions = torch.as_tensor(positions, dtype=torch.int64).to(device)
+    temperature = temperature.to(device=device, dtype=torch.float32)
+    top_k, top_p = top_k.to(device), top_p.to(device)
+    tokens = torch.empty(m, dtype=torch.int64, device=device)
+    logprobs = torch.empty(m, dtype=torch.float32, device=device)
+    if m == 0:
+        return tokens, logprobs
+
+    greedy = temperature == 0
+    any_greedy, any_random = bool(greedy.any()), not bool(greedy.all())
+    chunks = list(_row_chunks(m, vocab_size, device))
+    if any_random:
+        a, b = _row_keys(seeds, positions)
+        hv = _vocab_keys(vocab_size, device)
+        rows = max(r1 - r0 for r0, r1 in chunks)
+        scratch = _scratch(rows, vocab_size, device)
+        noise = torch.empty(rows, vocab_size, dtype=torch.float32, device=device)
+
+    for r0, r1 in chunks:
+        z = process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
+        if any_random:
+            log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
+            # z + G == z - log(E) exactly (G = -log E and IEEE a + (-b) == a - b), so this is
+            # bit-for-bit argmax(process_logits(...) + gumbel_noise(...)).
+            tok = torch.sub(z, log_e, out=log_e).argmax(dim=-1)
+            if any_greedy:
+                tok = torch.where(greedy[r0:r1], z.argmax(dim=-1), tok)
+        else:
+            tok = z.argmax(dim=-1)
+        tokens[r0:r1] = tok
+        logprobs[r0:r1] = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
+    return tokens, logprobs
+
+
+def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    """[M] (temperature float32, top_k int64, top_p float32) from objects with
+    .temperature, .top_k, .top_p (rollout.config.SamplingParams), one per row."""
+    temperature = torch.tensor([float(p.temperature) for p in params_list], dtype=torch.float32)
+    top_k = torch.tensor([int(p.top_k) for p in params_list], dtype=torch.int64)
+    top_p = torch.tensor([float(p.top_p) for p in params_list], dtype=torch.float32)
+    return temperature.to(device), top_k.to(device), top_p.to(device)
