@@ -46,12 +46,17 @@ class SpecConfig:
     max_batch_for_spec: when more requests than this are running, the step is compute-bound
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
+    lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
+        draft token that differs from the exact sample is still accepted when its new
+        probability is at least 1/l of its old one. BIASED: outputs are no longer exact
+        samples of the policy; every completion it touched says so in stats["lenient"].
     """
 
     proposers: tuple[str, ...] = ("ngram",)
     max_draft_tokens: int = 8
     max_batch_for_spec: Optional[int] = None
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
+    lenience: Optional[float] = None
 
     def validate(self) -> None:
         unknown = [p for p in self.proposers if p not in KNOWN_PROPOSERS]
@@ -63,6 +68,8 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
         if self.max_batch_for_spec is not None and self.max_batch_for_spec < 0:
             raise ValueError(f"SpecConfig.max_batch_for_spec must be >= 0 or None, got {self.max_batch_for_spec}")
+        if self.lenience is not None and not self.lenience >= 1.0:
+            raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:
             raise ValueError(f"SpecConfig.ngram_sizes must be positive integers, got {self.ngram_sizes}")
 

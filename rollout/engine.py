@@ -10,6 +10,7 @@ once.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from typing import Iterable, Optional, Sequence
@@ -59,11 +60,14 @@ class Engine:
                  sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                  seeds: Optional[Sequence[int]] = None,
                  drafts: Optional[Sequence[Optional[Sequence[int]]]] = None,
-                 groups: Optional[Sequence[Optional[int]]] = None) -> list[Completion]:
+                 groups: Optional[Sequence[Optional[int]]] = None,
+                 draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[Completion]:
         """Complete every prompt. seeds default to fresh random ones (returned in Completion.seed);
         drafts are previous responses for the "history" proposer; groups tie GRPO siblings
-        together for the "suffix" proposer."""
-        requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups)
+        together for the "suffix" proposer; draft_logprobs (the drafts' old logprobs) are read
+        only by the lenient mode."""
+        requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
+                                      draft_logprobs=draft_logprobs)
         try:
             self.run(requests)
         finally:
@@ -78,7 +82,7 @@ class Engine:
                     p.drop_group(g)
 
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
-                      drafts=None, groups=None, outputs=None) -> list[Request]:
+                      drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
         """Validate everything up front, so bad input raises before any state changes.
         outputs: tokens already generated for each prompt (to continue a divided rollout)."""
         n = len(prompt_token_ids)
@@ -89,6 +93,7 @@ class Engine:
         drafts = self._per_prompt_list(drafts, n, "drafts")
         groups = self._per_prompt_list(groups, n, "groups")
         outputs = self._per_prompt_list(outputs, n, "outputs")
+        draft_logprobs = self._per_prompt_list(draft_logprobs, n, "draft_logprobs")
         requests = []
         for i in range(n):
             prompt = self._check_ids(prompt_token_ids[i], f"prompt {i}")
@@ -103,8 +108,11 @@ class Engine:
                 raise ValueError(f"seeds[{i}] must be an integer in [0, 2**63), got {seed!r}")
             draft = None if drafts[i] is None else self._check_ids(drafts[i], f"drafts[{i}]")
             out = [] if outputs[i] is None else self._check_ids(outputs[i], f"outputs[{i}]")
+            old_lps = None if draft_logprobs[i] is None else [float(x) for x in draft_logprobs[i]]
+            if old_lps is not None and (draft is None or len(old_lps) != len(draft)):
+                raise ValueError(f"draft_logprobs[{i}] must have one logprob per token of drafts[{i}]")
             requests.append(Request(index=i, prompt_ids=prompt, params=params[i], seed=seed,
-                                    history=draft, group=groups[i], output_ids=out,
+                                    history=draft, history_logprobs=old_lps, group=groups[i], output_ids=out,
                                     logprobs=[float("nan")] * len(out)))
         return requests
 
@@ -178,7 +186,7 @@ class Engine:
 
         batch = ForwardBatch.build(rows, logit_rows, self.device)
         logits, _ = self.model(batch, self.cache)
-        tokens, logprobs = self._sample(logits, plan)
+        tokens, logprobs, draft_lps = self._sample(logits, plan)
 
         for req, n_fed, draft, chosen, first in plan:
             was_prefill = req.num_tokens - req.num_cached > 1
@@ -190,9 +198,19 @@ class Engine:
             ys = tokens[first:first + len(draft) + 1]
             lps = logprobs[first:first + len(draft) + 1]
             accepted = 0
-            while accepted < len(draft) and draft[accepted] == ys[accepted]:
+            while accepted < len(draft):
+                if draft[accepted] != ys[accepted]:
+                    if not self._lenient_ok(req, chosen, accepted, draft, draft_lps.get(first + accepted)):
+                        break
+                    ys[accepted], lps[accepted] = draft[accepted], draft_lps[first + accepted]
+                    req.lenient += 1
                 accepted += 1
             req.num_cached += accepted  # accepted drafts are already in the cache
+            if req.lenient and self._history_continues(req, chosen, accepted, draft):
+                # Lenient runs follow the old response through chunk boundaries: drop the bonus
+                # sample and re-feed the last draft token (rolled back one) to verify the next chunk.
+                ys, lps = ys[:accepted], lps[:accepted]
+                req.num_cached -= 1
             if chosen is not None:
                 req.proposed[chosen.name] = req.proposed.get(chosen.name, 0) + len(draft)
                 req.accepted[chosen.name] = req.accepted.get(chosen.name, 0) + accepted
@@ -215,9 +233,12 @@ class Engine:
                 best, best_value, best_p = list(draft), value, p
         return best, best_p
 
-    def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float]]:
-        seeds, positions, params = [], [], []
-        for req, _, draft, _, first in plan:
+    def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float], dict]:
+        """The exact sample at every logit row; with lenience on, also the new logprob of each
+        history draft token (keyed by logit row)."""
+        seeds, positions, params, lenient_rows, lenient_tokens = [], [], [], [], []
+        lenient = self.config.spec is not None and self.config.spec.lenience is not None
+        for req, _, draft, chosen, first in plan:
             if first is None:
                 continue
             t = len(req.output_ids)
@@ -225,14 +246,42 @@ class Engine:
                 seeds.append(req.seed)
                 positions.append(t + i)
                 params.append(req.params)
+            if lenient and chosen is not None and chosen.name == "history":
+                lenient_rows.extend(range(first, first + len(draft)))
+                lenient_tokens.extend(draft)
         if not seeds:
-            return [], []
+            return [], [], {}
         dev = logits.device
         temperature, top_k, top_p = sampling.sampling_tensors(params, dev)
         tokens, logprobs = sampling.sample(
             logits, torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev), temperature, top_k, top_p)
-        return tokens.tolist(), logprobs.tolist()
+        draft_lps = {}
+        if lenient_rows:
+            rows = torch.tensor(lenient_rows, device=dev)
+            lps = sampling.token_logprobs(logits[rows], temperature[rows], top_k[rows], top_p[rows],
+                                          torch.tensor(lenient_tokens, device=dev))
+            draft_lps = dict(zip(lenient_rows, lps.tolist()))
+        return tokens.tolist(), logprobs.tolist(), draft_lps
+
+    @staticmethod
+    def _history_continues(req: Request, chosen, accepted: int, draft: list[int]) -> bool:
+        t = len(req.output_ids) + accepted
+        return (chosen is not None and chosen.name == "history" and accepted == len(draft) > 0
+                and req.history_logprobs is not None and t < len(req.history))
+
+    def _lenient_ok(self, req: Request, chosen, i: int, draft: list[int], new_lp) -> bool:
+        """SPEC-RL's lenience (biased, off by default): keep history token d at response position
+        t if p_new(d) >= p_old(d) / l. Only while the draft is aligned with the old response,
+        where the old logprob of d is known."""
+        spec = self.config.spec
+        if new_lp is None or spec.lenience is None or chosen is None or chosen.name != "history":
+            return False
+        t = len(req.output_ids) + i
+        old = req.history_logprobs
+        if old is None or t >= len(old) or req.history[t] != draft[i]:
+            return False
+        return new_lp >= old[t] - math.log(spec.lenience)
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""
@@ -287,7 +336,7 @@ class Engine:
 
 def to_completion(req: Request) -> Completion:
     stats = {"forward_passes": req.forward_passes, "proposed": dict(req.proposed),
-             "accepted": dict(req.accepted)}
+             "accepted": dict(req.accepted), "lenient": req.lenient}
     return Completion(list(req.output_ids), list(req.logprobs), req.finish_reason or "length",
                       req.seed, stats)
 

@@ -18,6 +18,7 @@ class Request:
     params: SamplingParams
     seed: int
     history: Optional[list[int]] = None  # a previous response, drafted from by "history"
+    history_logprobs: Optional[list[float]] = None  # its logprobs (only the lenient mode reads them)
     group: Optional[int] = None  # requests sharing a prompt in one GRPO group
     budget_end: Optional[int] = None  # pause (unfinished) once output reaches this length
     slot: int = -1
@@ -28,6 +29,7 @@ class Request:
     forward_passes: int = 0
     proposed: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
+    lenient: int = 0  # tokens accepted by the (biased) lenient mode
 
     @property
     def all_ids(self) -> list[int]:

@@ -326,3 +326,11 @@ def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple
     top_k = torch.tensor([int(p.top_k) for p in params_list], dtype=torch.int64)
     top_p = torch.tensor([float(p.top_p) for p in params_list], dtype=torch.float32)
     return temperature.to(device), top_k.to(device), top_p.to(device)
+
+
+def token_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+    """log_softmax(processed)[tokens] in float32, for given (not sampled) tokens: what the
+    lenient mode compares against a history token's old logprob."""
+    z = process_logits(logits, temperature, top_k, top_p)
+    return torch.log_softmax(z, dim=-1).gather(1, tokens.to(z.device)[:, None]).squeeze(1)
