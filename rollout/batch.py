@@ -37,21 +37,21 @@ class ForwardBatch:
             raise ValueError(f"rows of one forward must use distinct slots, got {slots}")
         tokens, positions, token_slots, pad = [], [], [], []
         num_slots, max_len = max(slots) + 1, max(len(r[2]) for r in rows)
-        query_pos = torch.full((num_slots, max_len), -1, dtype=torch.int64)
+        query_pos = [[-1] * max_len for _ in range(num_slots)]
         for slot, start, ids in rows:
             n = len(ids)
             tokens.extend(ids)
             positions.extend(range(start, start + n))
             token_slots.extend([slot] * n)
             pad.extend(range(slot * max_len, slot * max_len + n))
-            query_pos[slot, :n] = torch.arange(start, start + n)
+            query_pos[slot][:n] = range(start, start + n)
         kv_len = max(r[1] + len(r[2]) for r in rows)
 
         def t(x):
             return torch.tensor(x, dtype=torch.int64, device=device)
 
         return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), t(pad),
-                            num_slots, max_len, kv_len, query_pos.to(device))
+                            num_slots, max_len, kv_len, t(query_pos))
 
     def attention_mask(self, window: Optional[int] = None) -> torch.Tensor:
         """[S, 1, L, K] bool: a query at position p sees keys at positions <= p (and > p - window).

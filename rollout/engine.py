@@ -166,7 +166,7 @@ class Engine:
         for req in order:
             if budget <= 0:
                 break
-            pending = req.all_ids[req.num_cached:]
+            pending = req.pending()
             fed = pending[:budget]
             draft, chosen = [], None
             if len(fed) == len(pending) and spec:

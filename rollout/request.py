@@ -39,6 +39,13 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def pending(self) -> list[int]:
+        """Tokens not yet in the cache: a prompt remainder, or the last sampled token."""
+        p = len(self.prompt_ids)
+        if self.num_cached >= p:
+            return self.output_ids[self.num_cached - p:]
+        return self.prompt_ids[self.num_cached:] + self.output_ids
+
     @property
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output_ids)

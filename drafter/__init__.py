@@ -1,0 +1,2 @@
+"""The online drafter (planned): a small head trained on the policy's own rollouts, on workers
+the long tail leaves idle. Not built yet; see DESIGN.md."""
