@@ -46,6 +46,9 @@ class SpecConfig:
     max_batch_for_spec: when more requests than this are running, the step is compute-bound
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
+    min_draft_prob: the adaptive budget (rollout/controller.py) drafts a token only when the
+        chance it is reached and accepted, estimated per request and proposer, is at least
+        this; 0 always drafts max_draft_tokens.
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
@@ -56,6 +59,7 @@ class SpecConfig:
     max_draft_tokens: int = 8
     max_batch_for_spec: Optional[int] = None
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
+    min_draft_prob: float = 0.3
     lenience: Optional[float] = None
 
     def validate(self) -> None:
@@ -68,6 +72,8 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
         if self.max_batch_for_spec is not None and self.max_batch_for_spec < 0:
             raise ValueError(f"SpecConfig.max_batch_for_spec must be >= 0 or None, got {self.max_batch_for_spec}")
+        if not 0.0 <= self.min_draft_prob < 1.0:
+            raise ValueError(f"SpecConfig.min_draft_prob must be in [0, 1), got {self.min_draft_prob}")
         if self.lenience is not None and not self.lenience >= 1.0:
             raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:

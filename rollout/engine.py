@@ -19,6 +19,7 @@ import torch
 
 from . import sampling
 from .batch import ForwardBatch
+from .controller import AdaptiveController, expected_run
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
 from .proposers import make_proposers
@@ -34,6 +35,7 @@ class Engine:
         self.device = torch.device(config.device)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec)
+        self.controller = AdaptiveController(config.spec.min_draft_prob if config.spec else 0.0)
 
     @classmethod
     def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> "Engine":
@@ -123,6 +125,7 @@ class Engine:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
         call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
         waiting = deque(r for r in requests if r.finish_reason is None)
+        self.controller.new_run()
         for r in waiting:
             r.num_cached, r.slot = 0, -1
             r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
@@ -212,23 +215,23 @@ class Engine:
                 ys, lps = ys[:accepted], lps[:accepted]
                 req.num_cached -= 1
             if chosen is not None:
-                req.proposed[chosen.name] = req.proposed.get(chosen.name, 0) + len(draft)
-                req.accepted[chosen.name] = req.accepted.get(chosen.name, 0) + accepted
+                self.controller.record(req, chosen.name, len(draft), accepted)
             emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
             for p in self.proposers:
                 mine = draft if p is chosen else []
                 p.observe(req, mine, accepted if p is chosen else 0, emitted)
 
     def _propose(self, req: Request, k: int):
-        """Ask every proposer; take the draft with the longest expected accepted run, using this
-        request's own acceptance rate of each proposer (Laplace-smoothed)."""
+        """Ask every proposer for the draft length the adaptive budget grants it; take the
+        draft with the longest expected accepted run."""
         best, best_value, best_p = [], 0.0, None
         for p in self.proposers:
-            draft = p.propose(req, k)[:k]
+            rate = self.controller.rate(req, p)
+            n = self.controller.draft_len(rate, k)
+            draft = p.propose(req, n)[:n] if n else []
             if not draft:
                 continue
-            rate = (req.accepted.get(p.name, 0) + 1) / (req.proposed.get(p.name, 0) + 2)
-            value = sum(rate ** (i + 1) for i in range(len(draft)))
+            value = expected_run(rate, len(draft))
             if value > best_value:
                 best, best_value, best_p = list(draft), value, p
         return best, best_p

@@ -52,6 +52,7 @@ class HistoryProposer:
     """
 
     name = "history"
+    prior = 0.9  # the old response is usually right where the policy barely moved
 
     def __init__(self, max_match: int = 8, min_match: int = 2, max_candidates: int = 64):
         if min_match < 2:

@@ -75,9 +75,9 @@ def test_speculation_and_batching_do_not_change_tokens(hf, params):
     ref = engine(hf, max_batch_size=8).generate(ps, params, seeds=seeds)
     assert any(len(o.token_ids) > 5 for o in ref)
     for bs in (1, 3, 8):
-        spec = engine(hf, max_batch_size=bs, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4))
+        spec = engine(hf, max_batch_size=bs, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
         assert tokens(spec.generate(ps, params, seeds=seeds)) == tokens(ref), f"ngram, batch {bs}"
-    oracle = engine(hf, max_batch_size=3, spec=SpecConfig(max_draft_tokens=6))
+    oracle = engine(hf, max_batch_size=3, spec=SpecConfig(max_draft_tokens=6, min_draft_prob=0.0))
     oracle.proposers = [OracleProposer({tuple(p): o.token_ids for p, o in zip(ps, ref)})]
     outs = oracle.generate(ps, params, seeds=seeds)
     assert tokens(outs) == tokens(ref)
@@ -107,7 +107,7 @@ def test_float64_speculation_is_identical():
     params = SamplingParams(temperature=1.0, max_tokens=30)
     plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=5, max_model_len=80, dtype="float64"))
     spec = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, max_model_len=80, dtype="float64",
-                                                   spec=SpecConfig(max_draft_tokens=3)))
+                                                   spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0)))
     assert tokens(spec.generate(ps, params, seeds=seeds)) == tokens(plain.generate(ps, params, seeds=seeds))
 
 
@@ -117,7 +117,7 @@ def test_chunked_prefill_and_divided_rollout_are_identical(hf):
     ref = engine(hf, max_batch_size=6).generate(ps, params, seeds=seeds)
     chunked = engine(hf, max_batch_size=6, max_num_batched_tokens=4).generate(ps, params, seeds=seeds)
     assert tokens(chunked) == tokens(ref)
-    eng = engine(hf, max_batch_size=2, spec=SpecConfig(max_draft_tokens=3))
+    eng = engine(hf, max_batch_size=2, spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0))
     reqs = eng.make_requests(ps, params, seeds=seeds)
     rounds = 0
     while any(r.finish_reason is None for r in reqs):
@@ -130,7 +130,7 @@ def test_chunked_prefill_and_divided_rollout_are_identical(hf):
 def test_logprobs_match_transformers_teacher_forced(hf):
     ps, seeds = prompts(4, seed=4), [1, 2, 3, 4]
     for params in (SamplingParams(temperature=0.7, max_tokens=20), SamplingParams(temperature=1.0, max_tokens=20)):
-        outs = engine(hf, max_batch_size=4, spec=SpecConfig(max_draft_tokens=3)).generate(ps, params, seeds=seeds)
+        outs = engine(hf, max_batch_size=4, spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0)).generate(ps, params, seeds=seeds)
         for p, o in zip(ps, outs):
             with torch.no_grad():
                 logits = hf(torch.tensor([p + o.token_ids])).logits[0, len(p) - 1:-1].float()

@@ -27,7 +27,7 @@ def test_history_and_suffix_identical_to_plain_across_epochs(dtype):
     cfg = dict(max_batch_size=6, max_model_len=64, dtype=dtype)
     plain = Engine.from_pretrained(hf, EngineConfig(**cfg))
     spec = Engine.from_pretrained(hf, EngineConfig(**cfg, spec=SpecConfig(
-        proposers=("history", "suffix", "ngram"), max_draft_tokens=8)))
+        proposers=("history", "suffix", "ngram"), max_draft_tokens=8, min_draft_prob=0.0)))
     history, reused = None, []
     for epoch in range(3):
         if epoch:
