@@ -1,4 +1,8 @@
 """Everything distributed: workers, the rollout scheduler, and the rollout history store."""
 from .history_store import HistoryRecord, HistoryStore, prompt_key
+from .ray_backend import RayRolloutBackend
+from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig, tail_seconds
+from .worker import RolloutWorker
 
-__all__ = ["HistoryRecord", "HistoryStore", "prompt_key"]
+__all__ = ["HistoryRecord", "HistoryStore", "prompt_key", "RayRolloutBackend", "RolloutScheduler",
+           "SchedulerConfig", "RolloutWorker", "MODES", "tail_seconds"]

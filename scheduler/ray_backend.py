@@ -1,0 +1,428 @@
+"""Rollouts on Ray workers, with the same contract as `Engine.generate`.
+
+    backend = RayRolloutBackend("ckpt/", EngineConfig(max_batch_size=32), num_workers=4,
+                                num_gpus_per_worker=1)
+    outs = backend.generate(prompt_ids, SamplingParams(max_tokens=512), seeds=seeds, groups=groups)
+    backend.update_weights(model)          # after each optimizer step: one ray.put, every worker
+    backend.last_metrics                   # rollout_seconds, tail_seconds, worker_busy_fraction...
+    backend.shutdown()
+
+Where Ray runs: `address` (or the RAY_ADDRESS variable, which `ray job submit` sets) names a
+running cluster; inside a Ray job whose driver already called `ray.init`, that connection is
+used; otherwise a local Ray is started with enough CPUs for the workers (and stopped by
+`shutdown`). A cluster address is probed with a plain TCP connection first, so a dead address
+fails in seconds with a clear message instead of letting `ray.init` retry for minutes.
+
+Model sources: a checkpoint folder path (it must exist on every worker's node), a
+transformers model, a (Hugging Face config, state dict) pair, or an ObjectRef of such a pair.
+In-memory weights are put in the object store once and every worker reads that one copy.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from rollout import Completion, EngineConfig, SamplingParams
+from rollout.engine import Engine, to_completion
+
+from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig
+from .worker import RolloutWorker
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:  # pragma: no cover -- depends on the install
+        raise ImportError("RayRolloutBackend needs Ray: pip install 'spectail[ray]'") from None
+    return ray
+
+
+# ---- connecting ------------------------------------------------------------------------------
+
+def _host_port(address: str) -> Optional[tuple[str, int]]:
+    """host and port of a GCS ("host:port") or Ray Client ("ray://host:port") address."""
+    a, default = address.strip(), 6379
+    if a.startswith("ray://"):
+        a, default = a[len("ray://"):], 10001
+    elif "://" in a or a in ("auto", "local", ""):
+        return None  # resolved by Ray itself
+    host, sep, port = a.rpartition(":")
+    if not sep:
+        return a, default
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise ValueError(f"Ray address {address!r} is not host:port") from None
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (ConnectionError) when nothing listens at a cluster address."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    try:
+        socket.create_connection(hp, timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"cannot reach a Ray cluster at {address!r}: {e}. Is `ray start --head` running there, "
+            "and is the address the head's GCS host:port (default port 6379; ray:// addresses "
+            "use the Ray Client port, default 10001)?") from None
+
+
+def connect(address: Optional[str] = None, num_cpus: Optional[int] = None,
+            timeout_s: float = 5.0) -> bool:
+    """Connect to (or start) Ray. Returns True when this call started a local Ray."""
+    ray = _ray()
+    if address is not None:
+        check_reachable(address, timeout_s)
+    if ray.is_initialized():
+        return False  # e.g. the driver of a Ray job: use its connection
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+        check_reachable(address, timeout_s)
+    if address is not None:
+        ray.init(address=address)
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False)
+    return True
+
+
+# ---- the workers -----------------------------------------------------------------------------
+
+def model_payload(source):
+    """A model source in the form workers receive it: a path stays a path; in-memory weights
+    become one ObjectRef of a (config, CPU state dict) pair."""
+    ray = _ray()
+    if isinstance(source, ray.ObjectRef):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    if isinstance(source, torch.nn.Module) and hasattr(source, "config"):
+        return ray.put((source.config, _cpu_state_dict(source)))
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[1], dict):
+        return ray.put((source[0], _cpu_state_dict(source[1])))
+    raise ValueError("model_source must be a checkpoint folder path, a transformers model, a "
+                     f"(Hugging Face config, state dict) pair or an ObjectRef of one, got {type(source).__name__}")
+
+
+def _cpu_state_dict(weights) -> dict:
+    if isinstance(weights, torch.nn.Module):
+        weights = weights.state_dict()
+    items = weights.items() if isinstance(weights, dict) else weights
+    return {str(k): v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in items}
+
+
+def _start_error(index: int, e: BaseException) -> RuntimeError:
+    """The worker's own constructor error (its last traceback line), not Ray's wrapping of it."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(e, "error_msg", None) or str(e))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    root = next((ln for ln in reversed(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:", ln)),
+                lines[-1] if lines else repr(e))
+    return RuntimeError(f"rollout worker {index} failed to start: {root}")
+
+
+class WorkerPool:
+    """The actors, their readiness, replacement after a loss, and the current weights."""
+
+    def __init__(self, payload, engine_config: EngineConfig, num_workers: int, num_cpus: float,
+                 num_gpus: float, start_timeout_s: float, restart: bool, max_restarts: int,
+                 actor_options: Optional[dict] = None):
+        self.payload, self.engine_config = payload, engine_config
+        self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
+        self.num_threads = max(1, int(num_cpus)) if engine_config.device == "cpu" else None
+        self.start_timeout_s, self.restart = start_timeout_s, restart
+        self.max_restarts = self.restarts_left = max_restarts  # replacements per rollout
+        self.num_slots = num_workers
+        self.actors: dict[int, object] = {}
+        self.info: dict[int, dict] = {}
+        self._starting: dict = {}  # ping ref -> (index, actor, since)
+        self.weights_ref = None
+        self.last_error: Optional[str] = None
+        for i in range(num_workers):
+            self._spawn(i)
+        self._wait_started()
+
+    def _spawn(self, i: int) -> None:
+        ray = _ray()
+        actor = ray.remote(RolloutWorker).options(**self.options).remote(
+            self.payload, self.engine_config, i, self.num_threads)
+        if self.weights_ref is not None:
+            actor.update_weights.remote(self.weights_ref)  # calls run in order: after the constructor
+        self._starting[actor.ping.remote()] = (i, actor, time.perf_counter())
+
+    def _wait_started(self) -> None:
+        """Block until every worker answers (first start): surface its error or a timeout."""
+        ray = _ray()
+        deadline = time.perf_counter() + self.start_timeout_s
+        while self._starting:
+            left = deadline - time.perf_counter()
+            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=max(0.0, min(left, 1.0)))
+            for ref in ready:
+                i, actor, _ = self._starting.pop(ref)
+                try:
+                    self.info[i] = ray.get(ref, timeout=30)
+                except Exception as e:  # noqa: BLE001
+                    self.kill_all()
+                    raise _start_error(i, e) from None
+                self.actors[i] = actor
+            if self._starting and time.perf_counter() >= deadline:
+                waiting = sorted(i for i, _, _ in self._starting.values())
+                self.kill_all()
+                raise TimeoutError(
+                    f"rollout workers {waiting} were not ready within start_timeout_s={self.start_timeout_s}: "
+                    f"each asks for {self.options}; the cluster has {ray.available_resources()} free "
+                    f"of {ray.cluster_resources()} (a worker that cannot be placed waits forever)")
+        sizes = {inf["vocab_size"] for inf in self.info.values()}
+        if len(sizes) > 1:
+            self.kill_all()
+            raise ValueError(f"workers loaded models with different vocabularies: {sizes}")
+
+    # -- what the scheduler uses --
+
+    def ready(self) -> list[int]:
+        return sorted(self.actors)
+
+    def max_batch(self, i: int) -> int:
+        return self.info[i]["max_batch_size"]
+
+    def submit(self, i: int, work: list[dict]):
+        return self.actors[i].run_chunk.remote(work)
+
+    def starting(self) -> dict:
+        """Replacements still starting ({ping ref: index}); those past start_timeout_s are dropped."""
+        for ref, (i, actor, since) in list(self._starting.items()):
+            if time.perf_counter() - since > self.start_timeout_s:
+                del self._starting[ref]
+                self.last_error = f"replacement worker {i} did not start within {self.start_timeout_s}s"
+                self._kill(actor)
+        return {ref: i for ref, (i, _, _) in self._starting.items()}
+
+    def started(self, ref) -> None:
+        ray = _ray()
+        if ref not in self._starting:
+            return  # (expired meanwhile)
+        i, actor, since = self._starting.pop(ref)
+        try:
+            self.info[i] = ray.get(ref, timeout=30)
+            self.actors[i] = actor
+        except Exception as e:  # noqa: BLE001 -- a replacement that cannot start: give up on it
+            self.last_error = str(_start_error(i, e))
+            self._kill(actor)
+
+    def await_starting(self, timeout_s: float) -> int:
+        """Wait up to timeout_s for replacements still starting; returns the live worker count."""
+        ray = _ray()
+        deadline = time.perf_counter() + timeout_s
+        while self.starting():
+            left = deadline - time.perf_counter()
+            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=max(0.0, min(left, 1.0)))
+            for ref in ready:
+                self.started(ref)
+            if left <= 0:
+                break
+        return len(self.actors)
+
+    def fail(self, i: int, error: BaseException) -> None:
+        self.last_error = f"worker {i}: {type(error).__name__}: {error}"
+        actor = self.actors.pop(i, None)
+        if actor is not None:
+            self._kill(actor)
+        if self.restart and self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._spawn(i)
+
+    # -- weights and teardown --
+
+    def update_weights(self, ref, timeout_s: float) -> None:
+        ray = _ray()
+        calls = {a.update_weights.remote(ref): i for i, a in self.actors.items()}
+        for _, actor, _ in self._starting.values():
+            actor.update_weights.remote(ref)  # runs right after its constructor
+        ready, not_ready = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s)
+        lost = []
+        for r in ready:
+            try:
+                ray.get(r, timeout=30)
+            except Exception as e:  # noqa: BLE001
+                from .rollout_scheduler import _is_worker_loss
+
+                if not _is_worker_loss(e):
+                    raise  # e.g. ValueError from load_weights: nothing was changed anywhere
+                lost.append((calls[r], e))
+        for r in not_ready:
+            lost.append((calls[r], TimeoutError(f"update_weights took over {timeout_s}s")))
+        self.weights_ref = ref  # replacements load these
+        for i, e in lost:
+            self.fail(i, e)
+
+    def _kill(self, actor) -> None:
+        try:
+            _ray().kill(actor)
+        except Exception:  # noqa: BLE001 -- already gone
+            pass
+
+    def kill_all(self) -> None:
+        for actor in list(self.actors.values()) + [a for _, a, _ in self._starting.values()]:
+            self._kill(actor)
+        self.actors.clear()
+        self._starting.clear()
+
+
+# ---- the backend -----------------------------------------------------------------------------
+
+class RayRolloutBackend:
+    """Engine.generate's contract, run by `num_workers` RolloutWorker actors.
+
+    model_source: checkpoint folder (on every worker node), transformers model, (HF config, state
+        dict) pair, or an ObjectRef of such a pair.
+    engine_config: each worker's engine; its max_batch_size is the most requests a worker batches.
+    num_cpus_per_worker / num_gpus_per_worker: the actors' Ray resources (a CPU worker also uses
+        that many torch threads). Set engine_config.device="cuda" with GPUs.
+    chunk_tokens, chunk_growth, mode: the scheduler (see rollout_scheduler); `mode` and
+        `chunk_tokens` may be changed between rollouts, `scheduler_config` holds the rest.
+    address: a running cluster (else RAY_ADDRESS, else the current connection, else a local Ray).
+    start_timeout_s: how long workers may take to load (and to be placed) before TimeoutError.
+    on_idle(worker_index): called when a worker has no work (during and at the end of a rollout).
+    on_chunk(worker_index, results): called with each chunk a worker returns.
+    restart_workers / max_restarts: replace a worker that died, at most max_restarts per rollout.
+    call_timeout_s: limit for update_weights; chunk_timeout_s: a chunk not back by then counts as
+        a dead worker. connect_timeout_s: the TCP probe of a cluster address.
+    actor_options: extra Ray actor options (runtime_env, scheduling_strategy, resources, ...).
+    """
+
+    def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,
+                 num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
+                 chunk_tokens: int = 32, mode: str = "divided+context", address: Optional[str] = None,
+                 start_timeout_s: float = 300.0, on_idle: Optional[Callable[[int], None]] = None, *,
+                 chunk_growth: float = 1.0, on_chunk: Optional[Callable[[int, list], None]] = None,
+                 restart_workers: bool = True,
+                 max_restarts: int = 4, call_timeout_s: float = 600.0, chunk_timeout_s: float = 3600.0,
+                 connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None):
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        if not num_cpus_per_worker >= 0 or not num_gpus_per_worker >= 0:
+            raise ValueError("num_cpus_per_worker and num_gpus_per_worker must be >= 0")
+        if not start_timeout_s > 0 or not call_timeout_s > 0:
+            raise ValueError("start_timeout_s and call_timeout_s must be > 0")
+        engine_config.validate()
+        self.scheduler_config = SchedulerConfig(mode=mode, chunk_tokens=chunk_tokens, chunk_growth=chunk_growth,
+                                                chunk_timeout_s=chunk_timeout_s)
+        self.scheduler_config.validate()
+        self.engine_config, self.num_workers = engine_config, num_workers
+        self.on_idle, self.on_chunk = on_idle, on_chunk
+        self.call_timeout_s = call_timeout_s
+        self.last_metrics: dict = {}
+        self._rollouts = 0
+        self._pool = None
+        self._started_ray = connect(address, num_cpus=max(os.cpu_count() or 1,
+                                                          math.ceil(num_workers * num_cpus_per_worker)),
+                                    timeout_s=connect_timeout_s)
+        try:
+            self._payload = model_payload(model_source)
+            self._pool = WorkerPool(self._payload, engine_config, num_workers, num_cpus_per_worker,
+                                    num_gpus_per_worker, start_timeout_s, restart_workers, max_restarts,
+                                    actor_options)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.vocab_size = next(iter(self._pool.info.values()))["vocab_size"]
+        self._validator = _validator(self.vocab_size, engine_config)
+
+    # -- scheduling knobs, changeable between rollouts --
+
+    @property
+    def mode(self) -> str:
+        return self.scheduler_config.mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        SchedulerConfig(mode=value).validate()
+        self.scheduler_config.mode = value
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.scheduler_config.chunk_tokens
+
+    @chunk_tokens.setter
+    def chunk_tokens(self, value: int) -> None:
+        SchedulerConfig(chunk_tokens=value).validate()
+        self.scheduler_config.chunk_tokens = value
+
+    @property
+    def workers(self) -> dict:
+        """Live actor handles by worker index (read-only view; for tests and tools)."""
+        return dict(self._pool.actors) if self._pool else {}
+
+    @property
+    def worker_info(self) -> dict:
+        return dict(self._pool.info) if self._pool else {}
+
+    # -- the contract --
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+                 seeds: Optional[Sequence[int]] = None,
+                 drafts: Optional[Sequence[Optional[Sequence[int]]]] = None,
+                 groups: Optional[Sequence[Optional[int]]] = None,
+                 draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[Completion]:
+        """Same contract as Engine.generate; input is validated here, before any work is sent."""
+        self._check_open()
+        requests = self._validator.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
+                                                 draft_logprobs=draft_logprobs)
+        if not requests:
+            self.last_metrics = {}
+            return []
+        self._pool.await_starting(0)  # replacements that came up since the last rollout join now
+        self._pool.restarts_left = self._pool.max_restarts
+        self._rollouts += 1
+        sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk)
+        self.last_metrics = sched.run(requests, rollout_id=self._rollouts)
+        return [to_completion(r) for r in requests]
+
+    def update_weights(self, state_dict_or_module) -> None:
+        """Put the weights in the object store once; every worker loads that copy (all or nothing
+        per worker: a bad name or shape raises ValueError and changes nothing)."""
+        self._check_open()
+        ref = _ray().put(_cpu_state_dict(state_dict_or_module))
+        self._pool.update_weights(ref, self.call_timeout_s)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> int:
+        """Wait (at most timeout_s) for replacement workers still starting; returns how many
+        workers are live."""
+        self._check_open()
+        return self._pool.await_starting(timeout_s)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.kill_all()
+            self._pool = None
+        if self._started_ray:
+            self._started_ray = False
+            _ray().shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def _check_open(self) -> None:
+        if self._pool is None:
+            raise RuntimeError("this RayRolloutBackend was shut down")
+
+
+def _validator(vocab_size: int, config: EngineConfig) -> Engine:
+    """An Engine without a model: only its input validation (make_requests) is used, so the
+    driver rejects bad input exactly as a local engine would, before anything is dispatched."""
+    from types import SimpleNamespace
+
+    eng = Engine.__new__(Engine)
+    eng.config = config
+    eng.model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=vocab_size))
+    return eng

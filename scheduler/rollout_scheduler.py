@@ -1,0 +1,343 @@
+"""The long-tail scheduler: divided rollout, context-aware order, balancing, recovery.
+
+Requests run in chunks of new tokens: at least `chunk_tokens`, and at least `chunk_growth`
+times the longest context in the batch (a chunk re-prefills its requests on the worker, so
+chunks grow with the context to keep that cost a bounded fraction of the decoding). A chunk
+ends with the request paused and back in one global queue, so any worker can continue it: every
+token is a pure function of (weights, prompt, seed, position), so where and in how many pieces
+a request runs never changes a token. The scheduler holds the only copy of each request's state
+(output so far, logprobs, stats); a worker's results are applied only when its whole chunk
+comes back, so a worker that dies loses nothing but time: its requests go back to the queue as
+they were.
+
+Dispatch is asynchronous: each worker has at most one batch in flight -- as many requests as
+its engine's `max_batch_size` allows, so it batches them together -- and the loop waits on all
+of them at once (`ray.wait` with a timeout) and refills whichever worker returns first.
+
+Which requests go where:
+- balance: a worker takes at most its fair share of the unfinished requests,
+  ceil(unfinished / live workers), so the tail is spread over every worker rather than left
+  on the one that happened to return first;
+- groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
+  first, so its suffix index stays local; a worker whose own groups cannot fill its share takes
+  other groups' requests (they move);
+- order ("divided+context", after Seer): one member of each group -- the probe -- runs first
+  (probes not yet started before those already running, so every group is measured early).
+  When a group's probe (or any member) finishes, its length estimates the other members'
+  lengths; while none has finished, a group whose furthest member has produced P tokens is
+  estimated at `probe_factor` x P (lengths are heavy-tailed: what has run long runs longer).
+  Then the longest estimated remaining goes first, so the long requests start early and end
+  with the short ones instead of after them. Every time a request is passed over its priority
+  grows by `aging * chunk_tokens` tokens, so nothing starves. The scheduler never reads
+  max_tokens: the estimates come only from what the rollout has produced.
+
+Modes (for the benchmark): "static" splits the requests evenly over the workers up front and
+runs each part to the end (no chunks); "divided" runs chunks in FIFO order; "divided+context"
+adds the probes and the longest-first order.
+
+Metrics (`RolloutScheduler.run` returns them): rollout_seconds, tail_seconds (from the time 90%
+of the samples had finished to the time all had), worker_busy_fraction (time workers spent
+inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
+forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps and
+fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
+re-prefills included; chunks lost with a worker are not counted).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from rollout.request import Request
+
+from .worker import get_stats, set_stats
+
+MODES = ("static", "divided", "divided+context")
+
+
+@dataclass
+class SchedulerConfig:
+    mode: str = "divided+context"
+    chunk_tokens: int = 32  # new tokens per request per dispatch (divided modes), at least
+    chunk_growth: float = 1.0  # ... and at least this times the batch's longest context
+    probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
+    aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
+    poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
+    chunk_timeout_s: float = 3600.0  # a batch not back by then counts as a dead worker
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+        if int(self.chunk_tokens) != self.chunk_tokens or self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens}")
+        if not self.aging >= 0:
+            raise ValueError(f"aging must be >= 0, got {self.aging}")
+        if not self.chunk_growth >= 0:
+            raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
+        if not self.probe_factor >= 1:
+            raise ValueError(f"probe_factor must be >= 1, got {self.probe_factor}")
+        if not (self.poll_s > 0 and self.chunk_timeout_s > 0):
+            raise ValueError("poll_s and chunk_timeout_s must be > 0")
+
+
+def tail_seconds(finish_times: list[float], fraction: float = 0.9) -> float:
+    """Time from when `fraction` of the samples had finished to when all had."""
+    if not finish_times:
+        return 0.0
+    t = sorted(finish_times)
+    return t[-1] - t[max(0, math.ceil(fraction * len(t)) - 1)]
+
+
+class RolloutScheduler:
+    """Runs a list of engine Requests (the backend validates and builds them) on a worker pool.
+
+    The pool (see ray_backend.WorkerPool) provides: ready() -> live worker indices;
+    max_batch(i); submit(i, work) -> ObjectRef; fail(i, error) (marks it dead, maybe starts a
+    replacement); starting() -> {ping ObjectRef: index}; started(ref) (a replacement is up or
+    failed); num_slots; last_error.
+    """
+
+    def __init__(self, pool, config: SchedulerConfig, on_idle: Optional[Callable[[int], None]] = None,
+                 on_chunk: Optional[Callable[[int, list], None]] = None):
+        config.validate()
+        self.pool, self.config = pool, config
+        self.on_idle, self.on_chunk = on_idle, on_chunk
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def run(self, requests: list[Request], rollout_id=None) -> dict:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        cfg = self.config
+        self.reqs = {i: r for i, r in enumerate(requests)}
+        self.rollout_id = rollout_id
+        self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
+        self.probe = {}  # group -> request id of its probe
+        for i in self.reqs:
+            self.probe.setdefault(self.gkey[i], i)
+        self.home: dict = {}  # group -> worker index
+        self.group_len: dict = {}  # group -> longest finished member
+        self.skipped = {i: 0 for i in self.reqs}
+        self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
+        self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
+        self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
+        self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
+                       "engine_steps": 0, "fed_tokens": 0}
+        idle_told: set = set()
+        unfinished = len(self.pending)
+        t0 = time.perf_counter()
+
+        while unfinished:
+            self._dispatch(idle_told)
+            if self.on_idle is not None:
+                for w in self.pool.ready():
+                    if w not in self._busy_workers() and w not in idle_told:
+                        idle_told.add(w)
+                        self.on_idle(w)
+            waits = list(self.inflight) + list(self.pool.starting())
+            if not waits:
+                raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
+                                   f"last worker error: {self.pool.last_error}")
+            ready, _ = ray.wait(waits, num_returns=1, timeout=cfg.poll_s)
+            now = time.perf_counter()
+            for ref in ready:
+                if ref not in self.inflight:
+                    self.pool.started(ref)  # a replacement is up (or failed to start)
+                    continue
+                w, ids, _ = self.inflight.pop(ref)
+                try:
+                    results = ray.get(ref, timeout=max(cfg.poll_s, 10.0))
+                except Exception as e:  # noqa: BLE001 -- sorted below
+                    if not _is_worker_loss(e) and not isinstance(e, GetTimeoutError):
+                        raise  # the worker ran and raised: a bug or bad input, not a lost worker
+                    self._lose(w, ids, e)
+                    continue
+                unfinished -= self._receive(w, ids, results, now - t0)
+            for ref, (w, ids, since) in list(self.inflight.items()):
+                if now - since > cfg.chunk_timeout_s:
+                    del self.inflight[ref]
+                    self._lose(w, ids, TimeoutError(f"worker {w} did not return a chunk within "
+                                                    f"chunk_timeout_s={cfg.chunk_timeout_s}"))
+
+        elapsed = time.perf_counter() - t0
+        if self.on_idle is not None:
+            for w in self.pool.ready():
+                if w not in idle_told:
+                    self.on_idle(w)
+        return self._metrics(elapsed, list(self.finish_times.values()))
+
+    def _receive(self, w: int, ids: list[int], results: list[dict], now: float) -> int:
+        """Fold a returned chunk into the requests; paused ones go back to the queue. Returns
+        how many finished. `now`: seconds since the rollout started."""
+        self.counts["chunks"] += 1
+        if results:
+            first = results[0]  # per-call figures are repeated in every result
+            self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
+            self.counts["engine_steps"] += first.get("engine_steps", 0)
+            self.counts["fed_tokens"] += first.get("fed_tokens", 0)
+        back, done = set(ids), 0
+        for res in results:
+            i = res["id"]
+            if i not in back:
+                continue
+            back.discard(i)
+            r = self.reqs[i]
+            _apply(r, res)
+            if r.finish_reason is None:
+                self.pending.append(i)
+                continue
+            done += 1
+            # the worker's clock only gives durations: its last token came this long before the end
+            self.finish_times[i] = now - (res["wall_s"] - res["finished_at_s"])
+            g = self.gkey[i]
+            self.group_len[g] = max(self.group_len.get(g, 0), len(r.output_ids))
+        self.pending.extend(sorted(back))  # (a worker that dropped some: run them again)
+        if self.on_chunk is not None:
+            self.on_chunk(w, results)
+        return done
+
+    # ---- choosing work -----------------------------------------------------------------------
+
+    def _busy_workers(self) -> set:
+        return {w for w, _, _ in self.inflight.values()}
+
+    def _dispatch(self, idle_told: set) -> None:
+        ready = self.pool.ready()
+        for w in ready:
+            if not self.pending:
+                return
+            if w in self._busy_workers():
+                continue
+            idle = [v for v in ready if v not in self._busy_workers()]
+            ids = self._pick(w, len(ready), len(idle))
+            if not ids:
+                continue
+            budget = self._budget(ids)
+            work = [self._item(i, budget) for i in ids]
+            try:
+                ref = self.pool.submit(w, work)
+            except Exception as e:  # noqa: BLE001 -- a dead handle fails at submit on some versions
+                if not _is_worker_loss(e):
+                    raise
+                self._lose(w, ids, e, requeue_front=True)
+                continue
+            self.inflight[ref] = (w, ids, time.perf_counter())
+            idle_told.discard(w)
+
+    def _pick(self, w: int, n_ready: int, n_idle: int) -> list[int]:
+        """Take this worker's share of the queue (and remove it from the queue)."""
+        cfg = self.config
+        if cfg.mode == "static":
+            # An even split over the idle workers, in order, each run to the end.
+            share = math.ceil(len(self.pending) / max(1, n_idle))
+            ids, self.pending = self.pending[:share], self.pending[share:]
+            return ids
+        in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
+        cap = min(self.pool.max_batch(w), math.ceil((len(self.pending) + in_flight) / max(1, n_ready)))
+        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
+        live = set(self.pool.ready())
+        local = [i for i in order if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
+        mine = set(local)
+        ids = (local + [i for i in order if i not in mine])[:cap]
+        chosen = set(ids)
+        self.pending = [i for i in self.pending if i not in chosen]
+        for i in self.pending:
+            self.skipped[i] += 1
+        for i in ids:
+            g = self.gkey[i]
+            home = self.home.get(g)
+            if home is None or home not in live:
+                self.home[g] = w
+            elif home != w:
+                self.counts["group_moves"] += 1
+        return ids
+
+    def _ordered(self) -> list[int]:
+        """Probes first, then longest estimated remaining first, aged."""
+        cfg = self.config
+        lead: dict = {}  # group -> most tokens any member has produced
+        for i, r in self.reqs.items():
+            g = self.gkey[i]
+            lead[g] = max(lead.get(g, 0), len(r.output_ids))
+
+        def key(i):
+            g, out = self.gkey[i], len(self.reqs[i].output_ids)
+            if g in self.group_len:
+                est_total = self.group_len[g]
+            elif self.probe[g] == i:  # probes: unstarted ones first (find every group's length
+                return (1, out == 0, out, -i)  # early), then the furthest along
+            else:  # unfinished group: heavy-tailed lengths, so one that ran P tokens runs ~2P
+                est_total = max(cfg.probe_factor * lead[g], lead[g] + cfg.chunk_tokens)
+            remaining = max(est_total - out, 1)
+            return (0, remaining + cfg.aging * cfg.chunk_tokens * self.skipped[i], -i)
+
+        return sorted(self.pending, key=key, reverse=True)
+
+    def _budget(self, ids: list[int]) -> Optional[int]:
+        """New tokens per request for this batch. Each chunk re-prefills its requests' contexts,
+        so the chunk grows with the context to keep that overhead a bounded fraction."""
+        cfg = self.config
+        if cfg.mode == "static":
+            return None
+        longest = max(len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids) for i in ids)
+        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * longest))
+
+    def _item(self, i: int, budget: Optional[int]) -> dict:
+        r = self.reqs[i]
+        return {"id": i, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids, "logprobs": r.logprobs,
+                "seed": r.seed, "params": r.params, "draft": r.history,
+                "draft_logprobs": getattr(r, "history_logprobs", None), "stats": get_stats(r),
+                "group": r.group, "rollout": self.rollout_id, "max_new_tokens": budget}
+
+    # ---- failures and metrics ------------------------------------------------------------------
+
+    def _lose(self, w: int, ids: list[int], error: Exception, requeue_front: bool = False) -> None:
+        """Worker w is gone: its requests go back to the queue as they were before the chunk."""
+        self.counts["worker_failures"] += 1
+        self.counts["requeued_requests"] += len(ids)
+        for ref, (v, more, _) in list(self.inflight.items()):
+            if v == w:  # (never more than one batch per worker, but be safe)
+                del self.inflight[ref]
+                ids = ids + more
+        self.pending = ids + self.pending if requeue_front else self.pending + ids
+        for g in [g for g, h in self.home.items() if h == w]:
+            del self.home[g]
+        self.pool.fail(w, error)
+
+    def _metrics(self, elapsed: float, finish_times: list[float]) -> dict:
+        reqs = list(self.reqs.values())
+        generated = sum(len(r.output_ids) for r in reqs)
+        slots = max(1, self.pool.num_slots)
+        return {
+            "mode": self.config.mode,
+            "chunk_tokens": None if self.config.mode == "static" else self.config.chunk_tokens,
+        "chunk_growth": None if self.config.mode == "static" else self.config.chunk_growth,
+            "num_workers": slots,
+            "num_samples": len(reqs),
+            "rollout_seconds": elapsed,
+            "tail_seconds": tail_seconds(finish_times),
+            "worker_busy_fraction": sum(self.busy_s.values()) / (elapsed * slots) if elapsed > 0 else 0.0,
+            "worker_busy_seconds": {w: round(s, 4) for w, s in sorted(self.busy_s.items())},
+            "generated_tokens": generated,
+            "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
+            "forward_passes": sum(r.forward_passes for r in reqs),
+            "finish_times": sorted(finish_times),
+            **self.counts,
+        }
+
+
+def _apply(r: Request, res: dict) -> None:
+    """Fold one chunk's result into the scheduler's copy of the request."""
+    r.output_ids.extend(res["token_ids"])
+    r.logprobs.extend(res["logprobs"])
+    set_stats(r, res["stats"])  # cumulative: the worker started from ours
+    r.finish_reason = res["finish_reason"]
+
+
+def _is_worker_loss(e: BaseException) -> bool:
+    from ray import exceptions as rx
+
+    return isinstance(e, (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError, rx.NodeDiedError))
