@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections import deque
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -24,8 +23,7 @@ from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
 from .proposers import make_proposers
 from .request import Request
-
-MAX_SEED = 2**63
+from .requests import make_requests
 
 
 class Engine:
@@ -85,38 +83,9 @@ class Engine:
 
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
                       drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
-        """Validate everything up front, so bad input raises before any state changes.
-        outputs: tokens already generated for each prompt (to continue a divided rollout)."""
-        n = len(prompt_token_ids)
-        params = self._per_prompt(sampling_params, n, "sampling_params")
-        if seeds is None:
-            seeds = [random.getrandbits(63) for _ in range(n)]
-        seeds = self._per_prompt_list(seeds, n, "seeds")
-        drafts = self._per_prompt_list(drafts, n, "drafts")
-        groups = self._per_prompt_list(groups, n, "groups")
-        outputs = self._per_prompt_list(outputs, n, "outputs")
-        draft_logprobs = self._per_prompt_list(draft_logprobs, n, "draft_logprobs")
-        requests = []
-        for i in range(n):
-            prompt = self._check_ids(prompt_token_ids[i], f"prompt {i}")
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if len(prompt) >= self.config.max_model_len:
-                raise ValueError(f"prompt {i} has {len(prompt)} tokens; max_model_len is "
-                                 f"{self.config.max_model_len} and at least one must be left to generate")
-            params[i].validate(self.vocab_size)
-            seed = seeds[i]
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-                raise ValueError(f"seeds[{i}] must be an integer in [0, 2**63), got {seed!r}")
-            draft = None if drafts[i] is None else self._check_ids(drafts[i], f"drafts[{i}]")
-            out = [] if outputs[i] is None else self._check_ids(outputs[i], f"outputs[{i}]")
-            old_lps = None if draft_logprobs[i] is None else [float(x) for x in draft_logprobs[i]]
-            if old_lps is not None and (draft is None or len(old_lps) != len(draft)):
-                raise ValueError(f"draft_logprobs[{i}] must have one logprob per token of drafts[{i}]")
-            requests.append(Request(index=i, prompt_ids=prompt, params=params[i], seed=seed,
-                                    history=draft, history_logprobs=old_lps, group=groups[i], output_ids=out,
-                                    logprobs=[float("nan")] * len(out)))
-        return requests
+        """Validated Requests (see rollout/requests.py); nothing of the engine changes."""
+        return make_requests(self.vocab_size, self.config.max_model_len, prompt_token_ids, sampling_params,
+                             seeds, drafts, groups, outputs, draft_logprobs)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -145,11 +114,10 @@ class Engine:
                     running.remove(req)
                     heapq.heappush(free, req.slot)
                     req.slot = -1
-                    if req.finish_reason:
-                        for p in self.proposers:
-                            p.finish(req)
-                        if on_finish is not None:
-                            on_finish(req)
+                    for p in self.proposers:  # finished or paused: it leaves this engine
+                        p.finish(req)
+                    if req.finish_reason and on_finish is not None:
+                        on_finish(req)
                     if progress is not None:
                         progress.update(1)
         finally:
@@ -303,38 +271,6 @@ class Engine:
         elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
             req.finish_reason = "length"
         return req.finish_reason is not None
-
-    # ---- input checks --------------------------------------------------------------------------
-
-    def _check_ids(self, ids: Iterable[int], what: str) -> list[int]:
-        try:
-            ids = [int(t) for t in ids]
-        except (TypeError, ValueError):
-            raise ValueError(f"{what} must be a sequence of token ids") from None
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{what} has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
-        return ids
-
-    @staticmethod
-    def _per_prompt(value, n: int, what: str) -> list:
-        if isinstance(value, SamplingParams):
-            return [value] * n
-        value = list(value)
-        if len(value) != n:
-            raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
-        if not all(isinstance(v, SamplingParams) for v in value):
-            raise ValueError(f"{what} must be a SamplingParams or a list of them")
-        return value
-
-    @staticmethod
-    def _per_prompt_list(value, n: int, what: str) -> list:
-        if value is None:
-            return [None] * n
-        value = list(value)
-        if len(value) != n:
-            raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
-        return value
 
 
 def to_completion(req: Request) -> Completion:

@@ -29,7 +29,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from rollout import Completion, EngineConfig, SamplingParams
-from rollout.engine import Engine, to_completion
+from rollout.engine import to_completion
+from rollout.requests import make_requests
 
 from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
@@ -332,7 +333,7 @@ class RayRolloutBackend:
             self.shutdown()
             raise
         self.vocab_size = next(iter(self._pool.info.values()))["vocab_size"]
-        self._validator = _validator(self.vocab_size, engine_config)
+        self._engine_config = engine_config
 
     # -- scheduling knobs, changeable between rollouts --
 
@@ -373,8 +374,8 @@ class RayRolloutBackend:
                  draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[Completion]:
         """Same contract as Engine.generate; input is validated here, before any work is sent."""
         self._check_open()
-        requests = self._validator.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
-                                                 draft_logprobs=draft_logprobs)
+        requests = make_requests(self.vocab_size, self._engine_config.max_model_len, prompt_token_ids,
+                                 sampling_params, seeds, drafts, groups, draft_logprobs=draft_logprobs)
         if not requests:
             self.last_metrics = {}
             return []
@@ -415,14 +416,3 @@ class RayRolloutBackend:
     def _check_open(self) -> None:
         if self._pool is None:
             raise RuntimeError("this RayRolloutBackend was shut down")
-
-
-def _validator(vocab_size: int, config: EngineConfig) -> Engine:
-    """An Engine without a model: only its input validation (make_requests) is used, so the
-    driver rejects bad input exactly as a local engine would, before anything is dispatched."""
-    from types import SimpleNamespace
-
-    eng = Engine.__new__(Engine)
-    eng.config = config
-    eng.model = SimpleNamespace(cfg=SimpleNamespace(vocab_size=vocab_size))
-    return eng

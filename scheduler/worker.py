@@ -157,9 +157,6 @@ class RolloutWorker:
                         on_finish=lambda r: finished_at.__setitem__(id(r), time.perf_counter() - t0))
         out = []
         for r, w, n0 in zip(reqs, items, starts):
-            if r.finish_reason is None:
-                for p in self.engine.proposers:  # paused: free per-request state (no leak)
-                    p.finish(r)
             done_s = finished_at.get(id(r), 0.0) if r.finish_reason else None
             out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
                         "finish_reason": r.finish_reason, "stats": get_stats(r), "finished_at_s": done_s})

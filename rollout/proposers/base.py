@@ -22,5 +22,6 @@ class Proposer(Protocol):
         ...
 
     def finish(self, req: Request) -> None:
-        """req is done (its output is final); drop or keep per-request state."""
+        """req leaves this engine: finished, or paused at the end of a chunk of a divided
+        rollout (it may come back, here or on another worker). Drop per-request state."""
         ...
