@@ -2,8 +2,10 @@
 
 A row is the run of new tokens of one request: a prompt chunk (prefill), one token (decode)
 or the last token plus k drafts (verify). Linear layers see all rows packed as [N, d] so no
-FLOP is spent on padding; attention sees them scattered into a slot-major [S, L, ...] grid
-so it can read every slot's cached keys in place, without gathering the cache.
+FLOP is spent on padding. Attention pads rows into [R, L] grids against [R, K] cached keys;
+a single grid would make every row pay for the longest context and the longest row of the
+step, which in a long-tail rollout is most of the work. So rows are grouped by context length
+(powers of two) and by whether they are long prompt chunks, and each group gets its own grid.
 """
 from __future__ import annotations
 
@@ -12,6 +14,34 @@ from typing import Optional
 
 import torch
 
+PREFILL_ROW = 16  # rows longer than this (prompt chunks) are not padded together with decodes
+MIN_BUCKET = 64  # context lengths up to this share one group
+
+
+@dataclass
+class AttentionGroup:
+    """Rows attended together: queries in an [R, L] grid against K cached keys per slot."""
+
+    slots: torch.Tensor  # [R] KV-cache slot of each row
+    first_slot: Optional[int]  # set when slots are first_slot, first_slot + 1, ...: read the cache in place
+    token_index: torch.Tensor  # [n] which of the batch's N tokens belong to this group
+    pad_index: torch.Tensor  # [n] where each of them sits in the flattened [R, L] grid
+    query_pos: torch.Tensor  # [R, L] position of each grid query, -1 for padding
+    num_rows: int  # R
+    max_row_len: int  # L
+    kv_len: int  # K: highest position written by these rows + 1
+
+    def mask(self, window: Optional[int] = None) -> torch.Tensor:
+        """[R, 1, L, K] bool: a query at position p sees keys at positions <= p (and > p - window).
+        Padding queries see key 0 only, so softmax stays finite; their outputs are dropped."""
+        keys = torch.arange(self.kv_len, device=self.query_pos.device)
+        q = self.query_pos[:, :, None]
+        mask = keys <= q
+        if window is not None:
+            mask &= keys > q - window
+        mask |= (q < 0) & (keys == 0)
+        return mask[:, None]
+
 
 @dataclass
 class ForwardBatch:
@@ -19,11 +49,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [N] int64, sequence position of each token (= its cache index)
     token_slots: torch.Tensor  # [N] int64, KV-cache slot of each token
     logit_index: torch.Tensor  # [M] int64, which of the N tokens need logits
-    pad_index: torch.Tensor  # [N] int64, flat index of each token in the [S, L] attention grid
-    num_slots: int  # S: attention grid rows (highest slot used + 1)
-    max_row_len: int  # L
-    kv_len: int  # K: keys read per slot (highest position written + 1)
-    query_pos: torch.Tensor  # [S, L] int64, position of each grid query, -1 for padding
+    groups: list[AttentionGroup]
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
@@ -35,31 +61,44 @@ class ForwardBatch:
         slots = [r[0] for r in rows]
         if len(set(slots)) != len(slots):
             raise ValueError(f"rows of one forward must use distinct slots, got {slots}")
-        tokens, positions, token_slots, pad = [], [], [], []
-        num_slots, max_len = max(slots) + 1, max(len(r[2]) for r in rows)
-        query_pos = [[-1] * max_len for _ in range(num_slots)]
+        tokens, positions, token_slots, offsets = [], [], [], []
         for slot, start, ids in rows:
-            n = len(ids)
+            offsets.append(len(tokens))
             tokens.extend(ids)
-            positions.extend(range(start, start + n))
-            token_slots.extend([slot] * n)
-            pad.extend(range(slot * max_len, slot * max_len + n))
-            query_pos[slot][:n] = range(start, start + n)
-        kv_len = max(r[1] + len(r[2]) for r in rows)
+            positions.extend(range(start, start + len(ids)))
+            token_slots.extend([slot] * len(ids))
+
+        buckets: dict[tuple[int, bool], list[int]] = {}
+        for i, (slot, start, ids) in enumerate(rows):
+            key = (_bucket(start + len(ids)), len(ids) > PREFILL_ROW)
+            buckets.setdefault(key, []).append(i)
+        groups = [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)
+                  for _, members in sorted(buckets.items())]
 
         def t(x):
             return torch.tensor(x, dtype=torch.int64, device=device)
 
-        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), t(pad),
-                            num_slots, max_len, kv_len, t(query_pos))
+        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), groups)
 
-    def attention_mask(self, window: Optional[int] = None) -> torch.Tensor:
-        """[S, 1, L, K] bool: a query at position p sees keys at positions <= p (and > p - window).
-        Padding queries see key 0 only, so softmax stays finite; their outputs are dropped."""
-        keys = torch.arange(self.kv_len, device=self.query_pos.device)
-        q = self.query_pos[:, :, None]
-        mask = keys <= q
-        if window is not None:
-            mask &= keys > q - window
-        mask |= (q < 0) & (keys == 0)
-        return mask[:, None]
+
+def _bucket(kv_len: int) -> int:
+    return max(MIN_BUCKET, 1 << (kv_len - 1).bit_length())
+
+
+def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:
+    """rows: (offset of the row's first token in the batch, slot, start, ids), sorted by slot."""
+    length = max(len(r[3]) for r in rows)
+    token_index, pad_index, query_pos = [], [], []
+    for j, (offset, _, start, ids) in enumerate(rows):
+        n = len(ids)
+        token_index.extend(range(offset, offset + n))
+        pad_index.extend(range(j * length, j * length + n))
+        query_pos.append(list(range(start, start + n)) + [-1] * (length - n))
+    slots = [r[1] for r in rows]
+    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+
+    def t(x):
+        return torch.tensor(x, dtype=torch.int64, device=device)
+
+    return AttentionGroup(t(slots), slots[0] if contiguous else None, t(token_index), t(pad_index),
+                          t(query_pos), len(rows), length, max(r[2] + len(r[3]) for r in rows))

@@ -23,6 +23,11 @@ class KVCache:
         self.k[layer][slots, :, positions] = k
         self.v[layer][slots, :, positions] = v
 
-    def view(self, layer: int, num_slots: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of slots [0, num_slots) up to `length`, as views (no copy)."""
-        return self.k[layer][:num_slots, :, :length], self.v[layer][:num_slots, :, :length]
+    def read(self, layer: int, slots: torch.Tensor, first_slot: int | None,
+             length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [R, kv_heads, length, head_dim] of these slots: a view when the slots
+        are a contiguous range, else a gather of just the `length` positions they need."""
+        if first_slot is not None:
+            end = first_slot + slots.shape[0]
+            return self.k[layer][first_slot:end, :, :length], self.v[layer][first_slot:end, :, :length]
+        return self.k[layer][slots, :, :length], self.v[layer][slots, :, :length]

@@ -129,14 +129,16 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, batch.token_slots, batch.positions, k, v)
 
-        s, length = batch.num_slots, batch.max_row_len
-        grid = q.new_zeros(s * length, cfg.num_heads, cfg.head_dim)
-        grid[batch.pad_index] = q
-        grid = grid.view(s, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        keys, values = cache.view(layer, s, batch.kv_len)
-        out = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[self.window],
-                                             enable_gqa=cfg.num_heads != cfg.num_kv_heads)
-        out = out.transpose(1, 2).reshape(s * length, cfg.num_heads * cfg.head_dim)[batch.pad_index]
+        out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
+        for g, group in enumerate(batch.groups):
+            rows, length = group.num_rows, group.max_row_len
+            grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
+            grid[group.pad_index] = q[group.token_index]
+            grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+            keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
+            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
+                                               enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+            out[group.token_index] = o.transpose(1, 2).reshape(rows * length, -1)[group.pad_index]
         return self.o_proj(out)
 
 
@@ -194,7 +196,8 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        masks = {w: batch.attention_mask(w) for w in set(self.cfg.sliding_windows)}
+        masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
+                 for w in set(self.cfg.sliding_windows)}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, batch, cache, i, masks)
         hidden = self.model.norm(x[batch.logit_index])
