@@ -1,0 +1,199 @@
+"""Rollout metrics with DESIGN.md's names: one record per rollout step, aggregated per epoch,
+written as JSON lines; plus the per-epoch table the command line prints.
+
+Definitions (a "step" is one `RolloutClient.generate` call):
+    rollout_seconds       wall time of the step (epoch: summed)
+    generated_tokens      response tokens, stop tokens included
+    tokens_per_second     generated_tokens / rollout_seconds
+    forward_passes        target forwards summed over requests, prefill excluded (engine stats)
+    accepted_per_verify   generated_tokens / (forward_passes + 1 per request): tokens emitted per
+                          target forward per request, counting the prefill forward that emits a
+                          request's first token, so plain decoding is exactly 1.0
+    proposed, accepted    per proposer name: draft tokens offered / accepted
+    reused_tokens         accepted["history"]: tokens taken from last epoch's responses
+    spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
+    tail_seconds          time from 90% of the step's samples finished to 100%
+    worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
+    drafter_train_steps, drafter_version   0 until the online drafter exists
+    reward_mean           mean reward of the step's samples (None until rewards are recorded)
+    lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
+
+Files are never half-written: `atomic_write_text` writes a temporary file beside the target,
+fsyncs it and renames it over the target, so a reader sees the old file or the new one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Iterable, Optional, Sequence
+
+SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
+            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens")
+
+
+def tail_seconds(finish_times: Sequence[float], fraction: float = 0.9) -> float:
+    """Time from when `fraction` of the samples had finished to when the last one did."""
+    if not finish_times:
+        return 0.0
+    times = sorted(finish_times)
+    k = max(1, math.ceil(fraction * len(times)))  # the k-th finisher completes `fraction`
+    return float(times[-1] - times[k - 1])
+
+
+def step_metrics(completions, seconds: float, finish_times: Sequence[float] = (),
+                 backend_metrics: Optional[dict] = None) -> dict:
+    """One rollout step's record from the engine's Completions and the wall time."""
+    tokens = sum(len(c.token_ids) for c in completions)
+    forwards = sum(int(c.stats.get("forward_passes", 0)) for c in completions)
+    proposed: dict = {}
+    accepted: dict = {}
+    for c in completions:
+        for name, v in c.stats.get("proposed", {}).items():
+            proposed[name] = proposed.get(name, 0) + int(v)
+        for name, v in c.stats.get("accepted", {}).items():
+            accepted[name] = accepted.get(name, 0) + int(v)
+    bm = dict(backend_metrics or {})
+    rec = {
+        "rollout_seconds": float(seconds),
+        "generated_tokens": tokens,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "forward_passes": forwards,
+        "num_requests": len(completions),
+        "accepted_per_verify": tokens / (forwards + len(completions)) if completions else 0.0,
+        "proposed": proposed,
+        "accepted": accepted,
+        "reused_tokens": accepted.get("history", 0),
+        "lenient_tokens": sum(int(c.stats.get("lenient", 0)) for c in completions),  # > 0: BIASED samples
+        "engine_steps": int(bm.get("engine_steps", 0)),
+        "spec_off_steps": int(bm.get("spec_off_steps", 0)),
+        "spec_off_fraction": float(bm["spec_off_fraction"]) if "spec_off_fraction" in bm else (
+            bm.get("spec_off_steps", 0) / bm["engine_steps"] if bm.get("engine_steps") else 0.0),
+        "tail_seconds": float(bm["tail_seconds"]) if "tail_seconds" in bm else tail_seconds(finish_times),
+        "worker_busy_fraction": float(bm.get("worker_busy_fraction", 1.0)),
+        "drafter_train_steps": int(bm.get("drafter_train_steps", 0)),
+        "drafter_version": int(bm.get("drafter_version", 0)),
+        "reward_mean": None,
+    }
+    return rec
+
+
+def aggregate(steps: Sequence[dict]) -> dict:
+    """Per-epoch aggregate of step records: sums, and ratios recomputed from the sums."""
+    out: dict = {k: 0 for k in SUM_KEYS}
+    out["rollout_seconds"] = 0.0
+    out["tail_seconds"] = 0.0
+    out["proposed"], out["accepted"] = {}, {}
+    busy, rewards, n_rewards = 0.0, 0.0, 0
+    for s in steps:
+        for k in SUM_KEYS:
+            out[k] += s.get(k, 0)
+        for part in ("proposed", "accepted"):
+            for name, v in s.get(part, {}).items():
+                out[part][name] = out[part].get(name, 0) + v
+        busy += s.get("worker_busy_fraction", 1.0) * s.get("rollout_seconds", 0.0)
+        if s.get("reward_mean") is not None:
+            rewards += s["reward_mean"] * s.get("num_requests", 1)
+            n_rewards += s.get("num_requests", 1)
+    secs = out["rollout_seconds"]
+    out["tokens_per_second"] = out["generated_tokens"] / secs if secs > 0 else 0.0
+    out["accepted_per_verify"] = (out["generated_tokens"] / (out["forward_passes"] + out["num_requests"])
+                                  if out["num_requests"] else 0.0)
+    out["spec_off_fraction"] = (out["spec_off_steps"] / out["engine_steps"] if out["engine_steps"]
+                                else (steps[-1].get("spec_off_fraction", 0.0) if steps else 0.0))
+    out["worker_busy_fraction"] = busy / secs if secs > 0 else 1.0
+    out["drafter_train_steps"] = sum(s.get("drafter_train_steps", 0) for s in steps)
+    out["drafter_version"] = max((s.get("drafter_version", 0) for s in steps), default=0)
+    out["reward_mean"] = rewards / n_rewards if n_rewards else None
+    out["rollout_steps"] = len(steps)
+    return out
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class MetricsLog:
+    """metrics.jsonl in a folder, one JSON record per epoch. Each `append` rewrites the whole
+    file atomically (the file holds a few hundred lines at most), so it is always complete.
+    The file is first written at the end of the first epoch: a run that fails before then
+    leaves an existing metrics.jsonl untouched."""
+
+    def __init__(self, folder: str | os.PathLike, name: str = "metrics.jsonl"):
+        self.path = os.path.join(os.fspath(folder), name)
+        self.records: list[dict] = []
+
+    def append(self, record: dict) -> None:
+        self.records.append(record)
+        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ------------------------------------------------------------------------------ the table
+
+COLUMNS = (  # (header, width, record key, format)
+    ("epoch", 5, "epoch", "{:d}"),
+    ("reward", 6, "reward_mean", "{:.3f}"),
+    ("roll_s", 7, "rollout_seconds", "{:.1f}"),
+    ("tok/s", 7, "tokens_per_second", "{:.0f}"),
+    ("tail_s", 6, "tail_seconds", "{:.1f}"),
+    ("tok/fwd", 7, "accepted_per_verify", "{:.2f}"),
+    ("reused", 7, "reused_tokens", "{:d}"),
+    ("train_s", 7, "train_seconds", "{:.1f}"),
+)
+COMPARE_COLUMNS = (
+    ("plain_s", 7, "plain_rollout_seconds", "{:.1f}"),
+    ("speedup", 7, "speedup", "{:.2f}x"),
+    ("same", 4, "tokens_identical", "{}"),
+)
+
+
+def _columns(compare: bool):
+    return COLUMNS + (COMPARE_COLUMNS if compare else ())
+
+
+def table_header(compare: bool = False) -> str:
+    return " ".join(h.rjust(w) for h, w, _, _ in _columns(compare))
+
+
+def table_row(record: dict, compare: bool = False) -> str:
+    cells = []
+    for _, w, key, fmt in _columns(compare):
+        v = record.get(key)
+        if isinstance(v, bool):
+            text = "yes" if v else "NO"
+        elif v is None:
+            text = "-"
+        else:
+            text = fmt.format(v)
+        cells.append(text.rjust(w))
+    return " ".join(cells)
+
+
+def mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0

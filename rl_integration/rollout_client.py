@@ -1,0 +1,266 @@
+"""RolloutClient: what a trainer calls to get rollouts. One facade over an in-process engine
+("local") or Ray workers ("ray"), adding what a trainer needs around the engine: n samples per
+prompt with a group index, the sampling seed of every sample, history reuse across epochs, and
+per-step / per-epoch metrics.
+
+    client = RolloutClient(cfg.rollout, model_or_folder, seed=0, stop_token_ids=[eos])
+    batch = client.generate(prompts, n=8)          # RolloutBatch, one row per sample
+    client.record_rewards(batch, rewards)          # reward_mean, and rewards into the history
+    client.update_weights(model)                   # after the optimizer steps of an epoch
+    metrics = client.end_epoch()                   # epoch aggregate; history written; epoch += 1
+
+Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, epoch]), where key(p) is
+`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_sample" (the
+default) the seed is fixed across epochs: every epoch's sample s of p is drawn with the same
+Gumbel noise, so where the policy barely moved it reproduces last epoch's tokens and history
+reuse accepts long runs of them. With noise="per_epoch" the epoch enters the hash: samples are
+independent across epochs (the textbook setting) and reuse is lower. Both are exact samples of
+the current policy; per_sample correlates a prompt's samples across epochs (not within one).
+
+History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
+newest stored response to the same (prompt, sample index) from an earlier epoch
+(scheduler.history_store.HistoryStore); `end_epoch` writes this epoch's responses (tokens,
+logprobs, seed, epoch, reward when recorded). Drafts only cost or save forwards: the engine
+verifies every token, so history never changes what is sampled.
+
+Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
+proposer lets siblings draft for each other; the engine forgets the groups after the call.
+
+Lenient mode (rollout.lenient = l, off by default) is SPEC-RL's: a history token is accepted when
+its new probability is at least 1/l of its old one. It is BIASED — samples are no longer exact
+samples of the policy — so every step that used it reports `lenient_tokens` > 0, and each such
+sample's stats["lenient"] counts its leniently accepted tokens.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from scheduler.history_store import HistoryRecord, HistoryStore, prompt_key
+
+from . import metrics as M
+from .config import RolloutSection, RunConfig, engine_config
+
+MAX_SEED = 2**63
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout step, one row per sample (prompt-major: the n samples of prompt 0 first)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]  # behaviour logprobs: the engine's, of each completion token
+    seeds: list[int]
+    group_index: list[int]  # which prompt of the call (0 .. num_prompts - 1)
+    sample_index: list[int]  # which sample of its group (0 .. n - 1)
+    finish_reasons: list[str]
+    sample_stats: list[dict]  # engine stats per sample (forward_passes, proposed, accepted)
+    step_stats: dict  # this step's metrics record (rl_integration.metrics.step_metrics)
+    epoch: int
+    n: int
+    keys: list[str] = field(default_factory=list)  # per sample: its prompt's identity
+    rewards: Optional[list[float]] = None
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self) // self.n if self.n else 0
+
+
+def sample_seed(run_seed: int, key: str, sample_index: int, epoch: Optional[int] = None) -> int:
+    """A 63-bit seed from (run seed, prompt identity, sample index[, epoch]); stable everywhere."""
+    text = f"{int(run_seed)}|{key}|{int(sample_index)}|{'' if epoch is None else int(epoch)}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8, person=b"spectail-seed").digest()
+    return int.from_bytes(digest, "little") % MAX_SEED
+
+
+class RolloutClient:
+    """config: a RolloutSection or a whole RunConfig (then seed and history dir default from it).
+    model: a transformers causal LM or a local checkpoint folder.
+    plain: force speculation and history off (the reference run of --compare).
+    backend: an object with the RayRolloutBackend interface, to use instead of building one."""
+
+    def __init__(self, config, model=None, *, seed: Optional[int] = None,
+                 stop_token_ids: Optional[Sequence[int]] = None, history_dir: Optional[str] = None,
+                 progress: bool = False, plain: bool = False, backend=None):
+        from rollout import SamplingParams
+
+        if isinstance(config, RunConfig):
+            run = config
+            config = run.rollout
+            seed = run.trainer.seed if seed is None else seed
+            if history_dir is None:
+                history_dir = config.history.dir or f"{run.output.dir}/history"
+        if not isinstance(config, RolloutSection):
+            raise ValueError(f"RolloutClient needs a RolloutSection or RunConfig, got {type(config).__name__}")
+        self.cfg = config
+        self.seed = 0 if seed is None else int(seed)
+        if stop_token_ids is None:
+            eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+            stop_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                                     max_tokens=config.max_tokens, stop_token_ids=tuple(stop_token_ids))
+        self.params.validate()
+        self.engine_config = engine_config(config, None if plain else "config")
+        self.engine_config.validate()
+        spec = self.engine_config.spec
+        use_history = (not plain and config.history.enabled and spec is not None
+                       and "history" in spec.proposers)
+        if use_history and not (history_dir or config.history.dir):
+            raise ValueError("rollout.history is enabled: give history_dir= or set rollout.history.dir")
+        self.history = (HistoryStore(history_dir or config.history.dir, keep_epochs=config.history.keep_epochs)
+                        if use_history else None)
+        if backend is None:
+            if model is None:
+                raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
+            backend = make_backend(config, model, self.engine_config, progress)
+        self.backend = backend
+        self.epoch = 0
+        self._steps: dict[int, list[dict]] = {}
+        self._pending: dict[int, dict] = {}  # epoch -> (prompt key, sample index) -> HistoryRecord
+        self._next_group = 0
+
+    # ---- rollouts -----------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: Optional[int] = None, *,
+                 epoch: Optional[int] = None, keys: Optional[Sequence[str]] = None) -> RolloutBatch:
+        """n samples of each prompt (token id lists). epoch: which epoch this step belongs to
+        (default: the current one; a later one ends the current epoch first). keys: one identity
+        per prompt for the seeds (default: a hash of its token ids)."""
+        n = self.cfg.n if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {n!r}")
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        if keys is None:
+            keys = [prompt_key(p) for p in prompts]
+        elif len(keys) != len(prompts):
+            raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
+        if epoch is not None:
+            if epoch < self.epoch:
+                raise ValueError(f"epoch {epoch} is before the client's current epoch {self.epoch}")
+            while self.epoch < epoch:
+                self.end_epoch()
+        epoch = self.epoch
+        seed_epoch = epoch if self.cfg.noise == "per_epoch" else None
+
+        rows = [(g, s) for g in range(len(prompts)) for s in range(n)]
+        prompt_ids = [prompts[g] for g, _ in rows]
+        seeds = [sample_seed(self.seed, keys[g], s, seed_epoch) for g, s in rows]
+        groups = [self._next_group + g for g, _ in rows]
+        self._next_group += len(prompts)
+        drafts = draft_lps = None
+        if self.history is not None:
+            if self.cfg.lenient is None:
+                drafts = self.history.drafts_for(prompt_ids, [s for _, s in rows], before_epoch=epoch)
+            else:  # lenient acceptance compares new logprobs with the old ones
+                found = [self.history.lookup(prompt_ids[i], s, before_epoch=epoch) for i, (_, s) in enumerate(rows)]
+                drafts = [None if h is None else h.token_ids for h in found]
+                draft_lps = [None if h is None else h.logprobs for h in found]
+                drafts = [d if lp is not None else None for d, lp in zip(drafts, draft_lps)]
+
+        start = time.perf_counter()
+        extra = {} if draft_lps is None else {"draft_logprobs": draft_lps}
+        completions = self.backend.generate(prompt_ids, self.params, seeds, drafts=drafts, groups=groups, **extra)
+        seconds = time.perf_counter() - start
+        if len(completions) != len(rows):
+            raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
+        record = M.step_metrics(completions, seconds, backend_metrics=getattr(self.backend, "last_metrics", None))
+        record["epoch"] = epoch
+        self._steps.setdefault(epoch, []).append(record)
+
+        batch = RolloutBatch(
+            prompt_ids=prompt_ids, completion_ids=[list(c.token_ids) for c in completions],
+            logprobs=[list(c.logprobs) for c in completions], seeds=seeds,
+            group_index=[g for g, _ in rows], sample_index=[s for _, s in rows],
+            finish_reasons=[c.finish_reason for c in completions], sample_stats=[dict(c.stats) for c in completions],
+            step_stats=record, epoch=epoch, n=n, keys=[keys[g] for g, _ in rows])
+        if self.history is not None:
+            pending = self._pending.setdefault(epoch, {})
+            for i in range(len(batch)):
+                pending[(prompt_key(prompt_ids[i]), batch.sample_index[i])] = HistoryRecord(
+                    prompt_ids=prompt_ids[i], sample_index=batch.sample_index[i],
+                    token_ids=batch.completion_ids[i], logprobs=batch.logprobs[i], seed=seeds[i])
+        return batch
+
+    def record_rewards(self, batch: RolloutBatch, rewards: Sequence[float]) -> None:
+        """Attach one finite reward per sample: to the batch, the step's reward_mean and the
+        history records written at the end of the epoch."""
+        rewards = list(rewards)
+        if len(rewards) != len(batch):
+            raise ValueError(f"record_rewards got {len(rewards)} rewards for {len(batch)} samples")
+        for i, r in enumerate(rewards):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+                raise ValueError(f"reward of sample {i} must be a finite number, got {r!r}")
+        batch.rewards = [float(r) for r in rewards]
+        batch.step_stats["reward_mean"] = M.mean(batch.rewards)
+        pending = self._pending.get(batch.epoch, {})
+        for i, r in enumerate(batch.rewards):
+            rec = pending.get((prompt_key(batch.prompt_ids[i]), batch.sample_index[i]))
+            if rec is not None and rec.token_ids is batch.completion_ids[i]:
+                rec.reward = r
+
+    # ---- epochs and metrics -------------------------------------------------------------------
+
+    def epoch_metrics(self, epoch: Optional[int] = None) -> dict:
+        """The aggregate of an epoch's rollout steps (default: the current epoch)."""
+        epoch = self.epoch if epoch is None else epoch
+        out = M.aggregate(self._steps.get(epoch, []))
+        out["epoch"] = epoch
+        return out
+
+    def step_records(self, epoch: Optional[int] = None) -> list[dict]:
+        return list(self._steps.get(self.epoch if epoch is None else epoch, []))
+
+    def end_epoch(self) -> dict:
+        """Write this epoch's responses to the history store; return its metrics; next epoch."""
+        out = self.epoch_metrics()
+        pending = self._pending.pop(self.epoch, None)
+        if self.history is not None and pending:
+            self.history.write_epoch(self.epoch, list(pending.values()))
+        self.epoch += 1
+        return out
+
+    # ---- weights and lifetime -----------------------------------------------------------------
+
+    def update_weights(self, model) -> None:
+        """Push the trainer's weights (a module or a state dict, Hugging Face names)."""
+        sd = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        self.backend.update_weights({k: v.detach() for k, v in sd.items()})
+
+    def shutdown(self) -> None:
+        stop = getattr(self.backend, "shutdown", None)
+        if stop is not None:
+            stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+def make_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
+    if cfg.backend == "local":
+        from .local_backend import LocalBackend
+        return LocalBackend(model, eng_cfg, progress=progress)
+    try:
+        from scheduler.ray_backend import RayRolloutBackend
+    except ImportError as e:
+        raise ValueError(f"rollout.backend is 'ray' but the Ray backend cannot be imported ({e}); "
+                         "install spectail[ray]") from None
+    if not isinstance(model, str):
+        raise ValueError("rollout.backend 'ray' needs the policy as a checkpoint folder (workers load it)")
+    extra = {} if cfg.chunk_tokens is None else {"chunk_tokens": cfg.chunk_tokens}
+    return RayRolloutBackend(model, eng_cfg, num_workers=cfg.num_workers,
+                             num_cpus_per_worker=cfg.num_cpus_per_worker,
+                             num_gpus_per_worker=cfg.num_gpus_per_worker, address=cfg.ray_address, **extra)

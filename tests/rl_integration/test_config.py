@@ -1,0 +1,95 @@
+"""Run configs: YAML + dotted overrides; unknown keys and wrong types fail early, by name."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rl_integration.config import RunConfig, SpecSection, apply_override, load_config, to_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def test_demo_yaml_is_the_code_default():
+    # `spectail demo` runs RunConfig(); examples/demo.yaml must say the same thing
+    assert load_config(os.path.join(EXAMPLES, "demo.yaml")) == RunConfig()
+    assert load_config(None) == RunConfig()
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "grpo_parquet.yaml", "ppo.yaml", "grpo_ray.yaml"])
+def test_examples_load(name):
+    cfg = load_config(os.path.join(EXAMPLES, name))
+    assert isinstance(cfg, RunConfig)
+
+
+def test_overrides_nested_and_typed():
+    cfg = load_config(None, ["trainer.epochs=3", "rollout.spec.max_draft_tokens=16", "trainer.lr=3e-4",
+                             "rollout.spec.proposers=[ngram]", "output.dir=somewhere", "trainer.clip_eps_high=0.28"])
+    assert cfg.trainer.epochs == 3 and cfg.rollout.spec.max_draft_tokens == 16
+    assert cfg.trainer.lr == pytest.approx(3e-4) and isinstance(cfg.trainer.lr, float)
+    assert cfg.rollout.spec.proposers == ["ngram"] and cfg.output.dir == "somewhere"
+    assert cfg.trainer.clip_eps_high == pytest.approx(0.28)
+    # null turns a section off; setting one of its keys brings it back with defaults
+    assert load_config(None, ["rollout.spec=null"]).rollout.spec is None
+    back = load_config(None, ["rollout.spec=null", "rollout.spec.max_draft_tokens=4"]).rollout.spec
+    assert back == SpecSection(max_draft_tokens=4)
+    # ints are accepted where a float is expected, and round-trip through to_dict
+    assert load_config(None, ["trainer.lr=1"]).trainer.lr == 1.0
+    cfg = load_config(None, ["trainer.algorithm=ppo", "trainer.ppo.lam=0.9"])
+    raw = to_dict(cfg)
+    assert raw["trainer"]["ppo"]["lam"] == 0.9 and raw["trainer"]["algorithm"] == "ppo"
+
+
+def test_yaml_file_with_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  epochs: 2\n  lr: 1.0e-3\nrollout:\n  spec: null\n  n: 4\n")
+    cfg = load_config(path, ["rollout.n=2"])
+    assert (cfg.trainer.epochs, cfg.trainer.lr, cfg.rollout.spec, cfg.rollout.n) == (2, 1e-3, None, 2)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.epoch=3", ["unknown config key 'trainer.epoch'", "did you mean 'epochs'"]),
+    ("rollout.spec.max_draft=3", ["unknown config key 'rollout.spec.max_draft'"]),
+    ("nonsense.key=1", ["unknown config key 'nonsense'"]),
+    ("trainer.epochs=three", ["'trainer.epochs'", "expected int", "'three'"]),
+    ("trainer.epochs=2.5", ["'trainer.epochs'", "expected int"]),
+    ("rollout.temperature=true", ["'rollout.temperature'", "expected float", "bool"]),
+    ("rollout.noise=sometimes", ["'rollout.noise'", "per_sample", "per_epoch"]),
+    ("rollout.spec.proposers=ngram", ["'rollout.spec.proposers'", "a list of str"]),
+    ("rollout.spec.proposers=[ngram, 3]", ["'rollout.spec.proposers[1]'", "expected str"]),
+    ("trainer=5", ["'trainer'", "mapping"]),
+    ("rollout.n=0", ["'rollout.n'", ">= 1"]),
+    ("rollout.spec.proposers=[drafter]", ["'rollout.spec.proposers'", "drafter"]),
+    ("rollout.lenient=0.5", ["'rollout.lenient'", ">= 1"]),
+    ("task.embedded.min_terms=1", ["task.embedded", "min_terms"]),
+    ("trainer.epochs", ["section.key=value"]),
+])
+def test_bad_keys_and_values_are_named(override, words):
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1, 2\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_config(listy)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("rollout:\n  histroy:\n    enabled: false\n")
+    with pytest.raises(ValueError, match="'rollout.histroy'.*did you mean 'history'"):
+        load_config(unknown)
+
+
+def test_apply_override_rejects_non_sections():
+    raw = {"trainer": {"epochs": 3}}
+    with pytest.raises(ValueError, match="trainer.epochs is not a section"):
+        apply_override(raw, "trainer.epochs.x=1")
