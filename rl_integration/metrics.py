@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Iterable, Optional, Sequence
+
+from scheduler.atomic_file import atomic_write_text
 
 SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
             "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens")
@@ -111,26 +112,6 @@ def aggregate(steps: Sequence[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------ files
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class MetricsLog:

@@ -4,7 +4,8 @@ file and a rename, so the PNG on disk is always a whole one."""
 from __future__ import annotations
 
 import os
-import tempfile
+
+from scheduler.atomic_file import atomic_path
 
 
 def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
@@ -32,17 +33,8 @@ def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
     ax_f.legend()
     fig.tight_layout()
 
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)

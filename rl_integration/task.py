@@ -39,9 +39,10 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
+
+from scheduler.atomic_file import atomic_path
 
 
 @dataclass(frozen=True)
@@ -188,19 +189,8 @@ def save_parquet_dataset(problems: Sequence[Problem], path: Union[str, os.PathLi
             "solution": [p.solution for p in problems],
         }
     )
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".parquet")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp made it private; the data set is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def load_parquet_dataset(

@@ -21,7 +21,6 @@ import os
 import re
 import struct
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
@@ -29,6 +28,8 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from .atomic_file import TMP_SUFFIX, atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ SCHEMA = pa.schema(
     metadata={b"spectail.history": b"1"},
 )
 _FILE_RE = re.compile(r"^epoch-(\d+)\.parquet$")
-_TMP_SUFFIX = ".tmp"
 _STALE_TMP_SECONDS = 3600.0
 
 
@@ -116,19 +116,8 @@ class HistoryStore:
 
         self.root.mkdir(parents=True, exist_ok=True)
         final = self._path(epoch)
-        tmp = self.root / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}{_TMP_SUFFIX}"
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f, compression="zstd", write_page_checksum=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with atomic_path(final) as tmp:
+            pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         _fsync_dir(self.root)
         self._cache.pop(str(final), None)
         self._prune()
@@ -156,7 +145,7 @@ class HistoryStore:
             self._cache.pop(str(path), None)
         now = time.time()
         for entry in _scandir(self.root):  # temporary files of writers that died mid-write
-            if entry.name.startswith(".epoch-") and entry.name.endswith(_TMP_SUFFIX):
+            if entry.name.startswith(".epoch-") and entry.name.endswith(TMP_SUFFIX):
                 try:
                     if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
                         os.unlink(entry.path)

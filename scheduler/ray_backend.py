@@ -32,7 +32,7 @@ from rollout import Completion, EngineConfig, SamplingParams
 from rollout.engine import to_completion
 from rollout.requests import make_requests
 
-from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig
+from .rollout_scheduler import RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
 
 

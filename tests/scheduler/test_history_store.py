@@ -186,7 +186,8 @@ def test_write_is_atomic(tmp_path, monkeypatch):
     assert listing(tmp_path) == ["epoch-000000000.parquet", "epoch-000000001.parquet"]
 
     def crash(table, where, **kw):
-        where.write(b"PAR1 half a file")
+        with open(where, "wb") as f:
+            f.write(b"PAR1 half a file")
         raise OSError("disk full")
 
     monkeypatch.setattr(hs.pq, "write_table", crash)
