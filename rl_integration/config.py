@@ -72,7 +72,9 @@ class PolicySection:
 class SpecSection:
     """Speculation (rollout.config.SpecConfig). Drafts never change the tokens, only speed."""
 
-    proposers: list[str] = field(default_factory=lambda: ["history", "suffix", "ngram"])
+    # history + suffix: in the demo, n-gram (prompt lookup) drafts cost more forward work than
+    # they save at epoch 0 and add nothing once history exists; add "ngram" for copy-heavy tasks
+    proposers: list[str] = field(default_factory=lambda: ["history", "suffix"])
     max_draft_tokens: int = 8
     max_batch_for_spec: Optional[int] = None  # more requests running than this: no drafts
     ngram_sizes: list[int] = field(default_factory=lambda: [3, 2, 1])

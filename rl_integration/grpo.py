@@ -16,7 +16,12 @@ aggregate:
     "seq_mean"   each response weighs the same (the original GRPO): the mean over its tokens,
                  then the mean over responses; a token of a short response weighs more.
 Micro-batching never changes the value: each micro-batch is divided by the minibatch's token
-(or response) count, so the summed gradients equal one big batch's.
+(or response) count, so the summed gradients equal one big batch's. With kl_coef = 0 a sample of
+advantage 0 (a group whose rewards are all equal) has no gradient, so it is not even forwarded;
+it still counts in the normaliser, so the loss is the same as if it had been.
+The trainer's logprobs use the rollout's temperature, top-k and top-p (logprobs.py), so the
+ratio is exact with top-k / top-p on too; a sampled token the trainer's own top-k / top-p
+would now drop gets ratio 0.
 """
 from __future__ import annotations
 
@@ -113,7 +118,8 @@ class GRPOTrainer:
         adv = self.advantages(batch, rewards)
         prep = self.prepare(batch, adv)
         stats = self._updates(batch, prep)
-        stats["adv_abs_mean"] = float(adv.abs().mean())
+        a, m = prep["adv"], prep.get("mask")
+        stats["adv_abs_mean"] = float(a.abs().mean() if m is None else (a.abs() * m).sum() / m.sum().clamp(min=1.0))
         stats["train_seconds"] = time.perf_counter() - start
         return stats
 

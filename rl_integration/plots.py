@@ -13,6 +13,7 @@ def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [r["epoch"] for r in records]
     fig, (ax_r, ax_t, ax_f) = plt.subplots(1, 3, figsize=(14, 3.6))
@@ -31,6 +32,8 @@ def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
     ax_f.set(xlabel="epoch", ylabel="tokens / target forward", title="tokens per forward (per request)")
     ax_f.grid(alpha=0.3)
     ax_f.legend()
+    for ax in (ax_r, ax_t, ax_f):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
 
     try:

@@ -1,4 +1,6 @@
-"""GRPO improves the embedded task's reward: a tiny warm-started policy, seeded, six epochs."""
+"""GRPO improves the embedded task's reward: a tiny warm-started policy, seeded, eight epochs.
+(With these settings the last two epochs beat the first for each of the seeds 0-5 tried; seed 0
+goes from 0.125 to about 0.3.)"""
 from __future__ import annotations
 
 from rl_integration.config import load_config
@@ -6,12 +8,12 @@ from rl_integration.trainer import train
 
 
 def test_grpo_reward_rises(tiny_run, tmp_path):
-    cfg = load_config(None, tiny_run + ["trainer.epochs=6", "trainer.seed=0", f"output.dir={tmp_path}",
-                                        "output.plot=false"])
+    cfg = load_config(None, tiny_run + ["trainer.epochs=8", "rollout.n=16", "trainer.seed=0",
+                                        f"output.dir={tmp_path}", "output.plot=false"])
     records = train(cfg, echo=lambda line: None)
     rewards = [r["reward_mean"] for r in records]
-    assert len(rewards) == 6
-    assert sum(rewards[-2:]) / 2 > rewards[0], rewards
+    assert len(rewards) == 8
+    assert sum(rewards[-2:]) / 2 > rewards[0] + 0.05, rewards
     # history reuse happened and the trainer's logprobs matched the engine's before each update
     assert all(r["reused_tokens"] > 0 for r in records[1:])
     assert all(r["logprob_diff"] < 1e-3 for r in records)

@@ -102,3 +102,38 @@ def test_clipped_value_loss_by_hand():
     # 0.9: (0.9-1)^2=.01 vs clipped 0.7: .09 -> .045 | 0.55: inside the clip -> .2025/2 | 0.2: .04 vs 0.3^2=.09 -> .045
     assert close(loss, [0.045, 0.10125, 0.045])
     assert clipped.tolist() == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_micro_batches_give_the_minibatch_gradient(agg, algorithm):
+    from rl_integration.config import RolloutSection, TrainerSection
+    from rl_integration.grpo import GRPOTrainer
+    from rl_integration.ppo import PPOTrainer
+    from rl_integration.rollout_client import RolloutClient
+    from tests.conftest import tiny_hf_model
+
+    model = tiny_hf_model("llama", seed=2)
+    client = RolloutClient(RolloutSection(max_tokens=6, n=3, spec=None, max_model_len=64), model, seed=0,
+                           stop_token_ids=[2])
+    batch = client.generate([[1, 5, 6], [1, 7]])
+    rewards = [1.0, 0.0, 0.5, 0.0, 0.0, 1.0]
+    cfg = TrainerSection(algorithm=algorithm, loss_agg=agg, kl_coef=0.1)
+    trainer = (GRPOTrainer if algorithm == "grpo" else PPOTrainer)(model, cfg, temperature=1.0)
+    prep = trainer.prepare(batch, trainer.advantages(batch, rewards))
+    if algorithm == "ppo":  # a non-zero critic, so the value loss has a gradient too
+        torch.nn.init.normal_(trainer.value_head.linear.weight, std=0.1)
+    idx = list(range(len(batch)))
+    norm = {"num_tokens": float(sum(len(c) for c in batch.completion_ids)), "num_seqs": float(len(idx))}
+
+    def grads(micro):
+        for p in trainer.parameters():
+            p.grad = None
+        for u in range(0, len(idx), micro):
+            trainer.sample_loss(batch, prep, idx[u:u + micro], norm)[0].backward()
+        return torch.cat([p.grad.flatten() for p in trainer.parameters() if p.grad is not None])
+
+    whole = grads(len(idx))
+    assert whole.abs().sum() > 0
+    for micro in (1, 4):
+        assert torch.allclose(grads(micro), whole, atol=1e-6, rtol=1e-4)
