@@ -7,32 +7,12 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.history import HistoryProposer
 from rollout.request import Request
+from tests.rollout.proposer_sim import run
 
 
 def make_req(history, index=0, prompt=(1, 2, 3)):
     return Request(index=index, prompt_ids=list(prompt), params=SamplingParams(max_tokens=10_000), seed=0,
                    history=None if history is None else list(history))
-
-
-def run(prop, req, target, k=8):
-    """The engine's loop for one request: draft, accept the matching prefix, emit the
-    accepted tokens plus one correct token, observe. Returns the per-step records."""
-    steps = []
-    while len(req.output_ids) < len(target):
-        pos = len(req.output_ids)
-        draft = prop.propose(req, k)
-        assert len(draft) <= k
-        truth = target[pos : pos + len(draft)]
-        acc = 0
-        while acc < len(draft) and acc < len(truth) and draft[acc] == truth[acc]:
-            acc += 1
-        emitted = target[pos : pos + acc + 1]
-        req.output_ids.extend(emitted)
-        prop.observe(req, draft, acc, emitted)
-        steps.append((pos, draft, acc))
-    prop.finish(req)
-    assert req.output_ids == target
-    return steps
 
 
 def accepted(steps):

@@ -7,35 +7,12 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.suffix import SuffixIndex, SuffixProposer
 from rollout.request import Request
+from tests.rollout.proposer_sim import run, step
 
 
 def make_req(index=0, group=0, history=None, prompt=(1, 2, 3)):
     return Request(index=index, prompt_ids=list(prompt), params=SamplingParams(max_tokens=10_000), seed=index,
                    history=history, group=group)
-
-
-def step(prop, req, target, k=8):
-    """One engine step: draft, accept the matching prefix, emit accepted + 1 correct, observe."""
-    pos = len(req.output_ids)
-    draft = prop.propose(req, k)
-    assert len(draft) <= k and all(t >= 0 for t in draft)
-    truth = target[pos : pos + len(draft)]
-    acc = 0
-    while acc < len(draft) and acc < len(truth) and draft[acc] == truth[acc]:
-        acc += 1
-    emitted = target[pos : pos + acc + 1]
-    req.output_ids.extend(emitted)
-    prop.observe(req, draft, acc, emitted)
-    return pos, draft, acc
-
-
-def run(prop, req, target, k=8):
-    steps = []
-    while len(req.output_ids) < len(target):
-        steps.append(step(prop, req, target, k))
-    prop.finish(req)
-    assert req.output_ids == target
-    return steps
 
 
 def test_protocol_and_name():
