@@ -19,27 +19,10 @@ class LocalBackend:
         self.progress = progress
         self.desc = desc
         self.last_metrics: dict = {}
-        self._steps = self._off = 0
-        self._count_steps()
-
-    def _count_steps(self) -> None:
-        # The engine does not report its per-step decision yet, so count it here with the
-        # engine's own rule (drafts only when the running batch is at most max_batch_for_spec).
-        # TODO(rollout owner): report engine_steps / spec_off_steps in the engine itself.
-        step, spec = self.engine._step, self.engine.config.spec
-
-        def counted(running):
-            self._steps += 1
-            if spec is None or (spec.max_batch_for_spec is not None and len(running) > spec.max_batch_for_spec):
-                self._off += 1
-            return step(running)
-
-        self.engine._step = counted
 
     def generate(self, prompt_ids, params, seeds, drafts=None, groups=None, draft_logprobs=None):
         requests = self.engine.make_requests(prompt_ids, params, seeds, drafts, groups,
                                              draft_logprobs=draft_logprobs)
-        self._steps = self._off = 0
         finished: list[float] = []
         bar = None
         if self.progress:
@@ -59,7 +42,7 @@ class LocalBackend:
                 bar.close()
             self.engine.release_groups({g for g in groups or () if g is not None})
         self.last_metrics = {"finish_times": finished, "tail_seconds": tail_seconds(finished),
-                             "engine_steps": self._steps, "spec_off_steps": self._off,
+                             "engine_steps": self.engine.steps, "spec_off_steps": self.engine.spec_off_steps,
                              "worker_busy_fraction": 1.0}
         return [to_completion(r) for r in requests]
 

@@ -34,6 +34,7 @@ class Engine:
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec)
         self.controller = AdaptiveController(config.spec.min_draft_prob if config.spec else 0.0)
+        self.steps = self.spec_off_steps = 0  # forwards of the last run(), and those without drafts
 
     @classmethod
     def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> "Engine":
@@ -95,6 +96,7 @@ class Engine:
         call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
         waiting = deque(r for r in requests if r.finish_reason is None)
         self.controller.new_run()
+        self.steps = self.spec_off_steps = 0
         for r in waiting:
             r.num_cached, r.slot = 0, -1
             r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
@@ -130,6 +132,8 @@ class Engine:
         spec = cfg.spec is not None and (cfg.spec.max_batch_for_spec is None
                                          or len(running) <= cfg.spec.max_batch_for_spec)
         budget = cfg.max_num_batched_tokens
+        self.steps += 1
+        self.spec_off_steps += not spec
         # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
         order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
         rows, plan = [], []  # plan: (request, n_fed, draft, proposer, first logit index)

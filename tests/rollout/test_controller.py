@@ -48,3 +48,16 @@ def test_useless_drafts_are_switched_off_and_tokens_unchanged():
     proposed_always = sum(o.stats["proposed"].get("ngram", 0) for o in a)
     proposed_adaptive = sum(o.stats["proposed"].get("ngram", 0) for o in b)
     assert proposed_adaptive < proposed_always / 4, (proposed_adaptive, proposed_always)
+
+
+def test_engine_counts_steps_without_drafts():
+    hf = tiny_hf_model("llama", vocab=211, seed=32)
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    params = [SamplingParams(temperature=1.0, max_tokens=n) for n in (3, 10, 10)]
+    eng = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32, spec=SpecConfig(
+        proposers=("ngram",), max_batch_for_spec=2)))
+    eng.generate(prompts, params, seeds=[1, 2, 3])
+    assert eng.steps > 0 and 0 < eng.spec_off_steps < eng.steps  # off while 3 run, on once fewer do
+    plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32))
+    plain.generate(prompts, params, seeds=[1, 2, 3])
+    assert plain.spec_off_steps == plain.steps > 0
