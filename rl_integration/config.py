@@ -106,6 +106,7 @@ class RolloutSection:
     max_tokens: int = 512
     n: int = 8  # samples per prompt (a GRPO group)
     noise: Literal["per_sample", "per_epoch"] = "per_sample"
+    seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     spec: Optional[SpecSection] = field(default_factory=SpecSection)
     history: HistorySection = field(default_factory=HistorySection)
     lenient: Optional[float] = None  # SPEC-RL lenience l >= 1; BIASED, off (null) by default

@@ -96,7 +96,8 @@ class RolloutClient:
         if isinstance(config, RunConfig):
             run = config
             config = run.rollout
-            seed = run.trainer.seed if seed is None else seed
+            if seed is None:
+                seed = run.trainer.seed if config.seed is None else config.seed
             if history_dir is None:
                 history_dir = config.history.dir or f"{run.output.dir}/history"
         if not isinstance(config, RolloutSection):

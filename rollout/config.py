@@ -47,8 +47,11 @@ class SpecConfig:
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
     min_draft_prob: the adaptive budget (rollout/controller.py) drafts a token only when the
-        chance it is reached and accepted, estimated per request and proposer, is at least
-        this; 0 always drafts max_draft_tokens.
+        chance it is reached and accepted, estimated per proposer and evidence level, is at
+        least this times the fraction of slots in use: with every slot busy a draft token
+        costs about what a request's token does, with a few requests left (the long tail) a
+        step costs about the same however many draft tokens ride on it. 0 always drafts
+        max_draft_tokens.
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact

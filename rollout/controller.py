@@ -1,16 +1,27 @@
 """The adaptive speculation budget: how many draft tokens each request gets this step.
 
 A draft token costs a slot in the forward whether or not it is accepted; it pays only if it
-is reached and accepted. Treat acceptance as geometric: each token of a proposer's draft is
-accepted with probability `a` given the ones before it were, so token i is emitted with
-probability a**i. The controller drafts only the tokens with a**i >= min_draft_prob, which
-gives long drafts where a proposer has been right (history in the long tail) and none where
-it has been wrong (n-gram guesses on a fresh policy), and decides between proposers by the
-expected run sum(a**i).
+is reached and accepted. Treat acceptance as geometric: each token of a draft is accepted
+with probability `a` given the ones before it were, so token i is emitted with probability
+a**i. The controller drafts only the tokens with a**i >= min_draft_prob, which gives long
+drafts where a proposer has been right (history in the long tail) and none where it has been
+wrong (n-gram guesses on a fresh policy), and decides between proposers by the expected run
+sum(a**i).
 
-`a` is estimated per request and proposer from verify trials (a trial is each compared draft
-token: the accepted ones plus the first mismatch), shrunk towards the proposer's running
-rate over all requests, which itself starts from the proposer's `prior` attribute.
+`a` depends less on the proposer than on how much context backs its draft: last epoch's
+response followed from its first token is almost always right, the same response re-aligned
+on a two-token match far less often, and a sibling's text matched on a whole line more often
+than on one token. So each proposer reports its `evidence` for the draft (tokens of context
+that agree with the source it copies from), and `a` is learnt per (proposer, evidence level)
+from verify trials (a trial is each compared draft token: the accepted ones plus the first
+mismatch), shrunk towards the proposer's rate over all levels, which itself starts from the
+proposer's `prior` attribute. Levels are powers of two, so a level is a "how sure" bucket.
+
+The threshold scales with the load (the fraction of slots in use). A full batch pays for
+every draft token about what it pays for a request's token, so a draft token must be likely
+to land. In the long tail a few requests are left, the step costs about the same with or
+without their drafts (fixed overhead on a CPU, weight reads on a GPU), and the rollout ends
+when the slowest of them does: a long shot is then worth its slot.
 """
 from __future__ import annotations
 
@@ -18,43 +29,59 @@ from dataclasses import dataclass, field
 
 from .request import Request
 
-PRIOR_WEIGHT = 4.0  # trials' worth of trust in the all-requests rate for a new request
-GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rate follows the policy
+LEVELS = 7  # evidence levels: 0, 1, 2-3, 4-7, 8-15, 16-31, 32+ tokens
+PRIOR_WEIGHT = 4.0  # trials' worth of trust in the proposer's overall rate for a new level
+GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rates follow the policy
+
+
+def level(evidence: int) -> int:
+    return min(max(int(evidence), 0).bit_length(), LEVELS - 1)
 
 
 @dataclass
 class AdaptiveController:
     min_draft_prob: float = 0.3
-    accepted: dict = field(default_factory=dict)  # proposer name -> accepted tokens (all requests)
+    accepted: dict = field(default_factory=dict)  # name or (name, level) -> accepted tokens
     trials: dict = field(default_factory=dict)
 
     def new_run(self) -> None:
-        for name in self.trials:
-            self.accepted[name] *= GLOBAL_DECAY
-            self.trials[name] *= GLOBAL_DECAY
+        for key in self.trials:
+            self.accepted[key] *= GLOBAL_DECAY
+            self.trials[key] *= GLOBAL_DECAY
 
-    def rate(self, req: Request, proposer) -> float:
+    def rate(self, proposer, evidence: int = 0) -> float:
         name = proposer.name
         prior = getattr(proposer, "prior", 0.5)
         overall = (self.accepted.get(name, 0.0) + 2 * prior) / (self.trials.get(name, 0.0) + 2)
-        return ((req.accepted.get(name, 0) + PRIOR_WEIGHT * overall)
-                / (req.trials.get(name, 0) + PRIOR_WEIGHT))
+        key = (name, level(evidence))
+        return (self.accepted.get(key, 0.0) + PRIOR_WEIGHT * overall) / (self.trials.get(key, 0.0) + PRIOR_WEIGHT)
 
-    def draft_len(self, rate: float, k: int) -> int:
-        """The longest n <= k whose last token is still emitted with probability >= min_draft_prob."""
+    def best_rate(self, proposer) -> float:
+        """The highest rate any evidence level of this proposer has now: no draft of it can
+        be worth more than a k-token draft at this rate."""
+        return max(self.rate(proposer, 1 << lv >> 1) for lv in range(LEVELS))
+
+    def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
+        """The longest n <= k whose last token is still emitted with probability at least
+        min_draft_prob x load (load: the fraction of the engine's slots in use)."""
+        threshold = self.min_draft_prob * min(max(load, 0.0), 1.0)
         n, p = 0, 1.0
-        while n < k and p * rate >= self.min_draft_prob:
+        while n < k and p * rate >= threshold:
             n, p = n + 1, p * rate
         return n
 
-    def record(self, req: Request, name: str, proposed: int, accepted: int) -> None:
+    def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int) -> None:
         trials = accepted + (1 if accepted < proposed else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
         req.trials[name] = req.trials.get(name, 0) + trials
-        self.accepted[name] = self.accepted.get(name, 0.0) + accepted
-        self.trials[name] = self.trials.get(name, 0.0) + trials
+        for key in (name, (name, level(evidence))):
+            self.accepted[key] = self.accepted.get(key, 0.0) + accepted
+            self.trials[key] = self.trials.get(key, 0.0) + trials
 
 
 def expected_run(rate: float, n: int) -> float:
-    return sum(rate ** (i + 1) for i in range(n))
+    """sum(rate**i for i in 1..n): the expected accepted tokens of an n-token draft."""
+    if rate >= 1.0:
+        return float(n)
+    return rate * (1.0 - rate ** n) / (1.0 - rate)

@@ -101,7 +101,11 @@ class Engine:
             r.num_cached, r.slot = 0, -1
             r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
             self._finish_if_done(r)
-        waiting = deque(r for r in waiting if r.finish_reason is None)
+        # Longest expected first (LPT): a request's old response predicts its length, and a long
+        # request admitted late is what stretches a rollout's tail. Requests without one keep their
+        # order, ahead of the rest (they may be long). Order never changes a token.
+        waiting = deque(sorted((r for r in waiting if r.finish_reason is None),
+                               key=lambda r: -len(r.history) if r.history else -math.inf))
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         progress = _progress(len(waiting)) if self.config.show_progress else None
@@ -136,26 +140,28 @@ class Engine:
         self.spec_off_steps += not spec
         # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
         order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
-        rows, plan = [], []  # plan: (request, n_fed, draft, proposer, first logit index)
+        load = len(running) / cfg.max_batch_size
+        best_rates = [(p, self.controller.best_rate(p)) for p in self.proposers] if spec else []
+        rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence), first logit index)
         n_tokens, logit_rows = 0, []
         for req in order:
             if budget <= 0:
                 break
             pending = req.pending()
             fed = pending[:budget]
-            draft, chosen = [], None
+            draft, chosen, evidence = [], None, 0
             if len(fed) == len(pending) and spec:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
                 if room > 0:
-                    draft, chosen = self._propose(req, room)
+                    draft, chosen, evidence = self._propose(req, room, load, best_rates)
             tokens = fed + draft
             rows.append((req.slot, req.num_cached, tokens))
             first = None
             if len(fed) == len(pending):
                 first = len(logit_rows)
                 logit_rows.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
-            plan.append((req, len(fed), draft, chosen, first))
+            plan.append((req, len(fed), draft, (chosen, evidence), first))
             n_tokens += len(tokens)
             budget -= len(tokens)
 
@@ -163,7 +169,7 @@ class Engine:
         logits, _ = self.model(batch, self.cache)
         tokens, logprobs, draft_lps = self._sample(logits, plan)
 
-        for req, n_fed, draft, chosen, first in plan:
+        for req, n_fed, draft, (chosen, evidence), first in plan:
             was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += n_fed
             if first is None:
@@ -187,33 +193,41 @@ class Engine:
                 ys, lps = ys[:accepted], lps[:accepted]
                 req.num_cached -= 1
             if chosen is not None:
-                self.controller.record(req, chosen.name, len(draft), accepted)
+                self.controller.record(req, chosen.name, evidence, len(draft), accepted)
             emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
             for p in self.proposers:
                 mine = draft if p is chosen else []
                 p.observe(req, mine, accepted if p is chosen else 0, emitted)
 
-    def _propose(self, req: Request, k: int):
-        """Ask every proposer for the draft length the adaptive budget grants it; take the
-        draft with the longest expected accepted run."""
-        best, best_value, best_p = [], 0.0, None
-        for p in self.proposers:
-            rate = self.controller.rate(req, p)
-            n = self.controller.draft_len(rate, k)
-            draft = p.propose(req, n)[:n] if n else []
+    def _propose(self, req: Request, k: int, load: float, best_rates):
+        """Ask every proposer for a draft, cut each to the length the adaptive budget grants
+        it at the evidence behind it and this load, and take the one with the longest expected
+        accepted run. best_rates: (proposer, its best rate at any evidence level), which bounds
+        what it could be granted, so a proposer is asked for no more than that and not at all
+        when it could not beat the draft in hand. Returns (draft, proposer, evidence)."""
+        ctl = self.controller
+        best, best_value, best_p, best_ev = [], 0.0, None, 0
+        for p, top in best_rates:
+            cap = ctl.draft_len(top, k, load)
+            if cap == 0 or expected_run(top, cap) <= best_value:
+                continue
+            draft = p.propose(req, cap)
             if not draft:
                 continue
-            value = expected_run(rate, len(draft))
+            evidence = p.evidence(req) if hasattr(p, "evidence") else 0
+            rate = ctl.rate(p, evidence)
+            n = ctl.draft_len(rate, min(cap, len(draft)), load)
+            value = expected_run(rate, n)
             if value > best_value:
-                best, best_value, best_p = list(draft), value, p
-        return best, best_p
+                best, best_value, best_p, best_ev = list(draft[:n]), value, p, evidence
+        return best, best_p, best_ev
 
     def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float], dict]:
         """The exact sample at every logit row; with lenience on, also the new logprob of each
         history draft token (keyed by logit row)."""
         seeds, positions, params, lenient_rows, lenient_tokens = [], [], [], [], []
         lenient = self.config.spec is not None and self.config.spec.lenience is not None
-        for req, _, draft, chosen, first in plan:
+        for req, _, draft, (chosen, _), first in plan:
             if first is None:
                 continue
             t = len(req.output_ids)

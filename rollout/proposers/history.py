@@ -38,6 +38,7 @@ class _State:
     aligned: bool = True
     last: int = -1  # out[pos - 1]
     tentative: bool = False  # ptr is a substitution guess, not yet confirmed by a match
+    run: int = 0  # output tokens that agree with hist up to ptr (the evidence for the next draft)
     index: Optional[dict] = None  # (a, b) -> positions right after each bigram, ascending
 
 
@@ -76,6 +77,13 @@ class HistoryProposer:
             return []
         return st.hist[st.ptr : st.ptr + k]
 
+    def evidence(self, req: Request) -> int:
+        """Tokens of agreement behind the current alignment: the prompt and every output token
+        while the old response has been followed from its start, else the re-alignment match
+        plus the tokens that agreed since."""
+        st = self._states.get(id(req))
+        return 0 if st is None or st.req is not req or not st.aligned else st.run
+
     def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
         if req.history:
             self._sync(req)
@@ -91,7 +99,7 @@ class HistoryProposer:
         out = req.output_ids
         if (st is None or st.req is not req or st.hist is not req.history or st.pos > len(out)
                 or (st.pos and out[st.pos - 1] != st.last)):  # O(1) check that out only grew
-            st = _State(req=req, hist=req.history)
+            st = _State(req=req, hist=req.history, run=len(req.prompt_ids))
             self._states[id(req)] = st
         if st.pos == len(out):
             return st
@@ -103,9 +111,11 @@ class HistoryProposer:
                 continue  # nothing per token; re-aligned from the suffix below
             if st.ptr < n_hist and hist[st.ptr] == out[i]:
                 st.ptr += 1
+                st.run += 1
                 st.tentative = False
                 continue
             missed = True
+            st.run = 0
             anchor = st.ptr
             if not st.tentative and st.ptr + 1 < n_hist and hist[st.ptr + 1] == out[i]:
                 st.ptr += 2  # guess: hist[ptr] was deleted
@@ -124,12 +134,13 @@ class HistoryProposer:
             if found is None and not st.aligned:
                 found = _near(hist, out[-1], anchor, self.max_match)
             if found is not None:
-                st.ptr, st.aligned, st.tentative = found, True, False
+                (st.ptr, st.run), st.aligned, st.tentative = found, True, False
         return st
 
-    def _realign(self, st: _State, out: list[int], anchor: int) -> Optional[int]:
-        """Position in hist right after the longest match of out's suffix (>= min_match
-        tokens) that has a continuation; ties go to the occurrence nearest after `anchor`."""
+    def _realign(self, st: _State, out: list[int], anchor: int) -> Optional[tuple[int, int]]:
+        """(position in hist right after the longest match of out's suffix (>= min_match
+        tokens) that has a continuation, match length); ties go to the occurrence nearest
+        after `anchor`."""
         if len(out) < self.min_match:
             return None
         if st.index is None:
@@ -152,10 +163,10 @@ class HistoryProposer:
                     break
         if best_len < self.min_match:
             return None
-        return best_pos
+        return best_pos, best_len
 
 
-def _near(hist: list[int], tok: int, anchor: int, window: int) -> Optional[int]:
+def _near(hist: list[int], tok: int, anchor: int, window: int) -> Optional[tuple[int, int]]:
     """Position right after the occurrence of tok nearest to `anchor` (within `window`,
     at or after it first) that has a continuation; a single token is weak evidence, so only
     the neighbourhood of where the alignment was lost is searched."""
@@ -163,7 +174,7 @@ def _near(hist: list[int], tok: int, anchor: int, window: int) -> Optional[int]:
     for d in range(window + 1):
         for i in (anchor + d, anchor - d - 1):
             if 0 <= i < n - 1 and hist[i] == tok:
-                return i + 1
+                return i + 1, 1
     return None
 
 

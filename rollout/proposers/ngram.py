@@ -12,8 +12,10 @@ class NgramProposer:
 
     def __init__(self, ngram_sizes: tuple[int, ...] = (3, 2, 1)):
         self.sizes = tuple(sorted(set(ngram_sizes), reverse=True))
+        self._evidence: dict[int, int] = {}  # id(req) -> n of the n-gram behind its last draft
 
     def propose(self, req: Request, k: int) -> list[int]:
+        self._evidence[id(req)] = 0
         ids = req.all_ids
         # bytes.rfind scans in C; a hit counts only on a token boundary (offset % 4 == 0).
         hay = array("i", ids).tobytes()
@@ -28,6 +30,7 @@ class NgramProposer:
                     break
                 if at % 4 == 0:
                     start = at // 4 + n
+                    self._evidence[id(req)] = n
                     return ids[start:start + k]
                 end = at + 4 * n - 1
         return []
@@ -35,5 +38,8 @@ class NgramProposer:
     def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
         pass
 
+    def evidence(self, req: Request) -> int:
+        return self._evidence.get(id(req), 0)
+
     def finish(self, req: Request) -> None:
-        pass
+        self._evidence.pop(id(req), None)

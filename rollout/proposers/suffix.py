@@ -72,9 +72,9 @@ class SuffixIndex:
     def num_tokens(self) -> int:
         return sum(len(q) - 1 for q in self.seqs)
 
-    def match(self, ctx: list[int], max_depth: int, max_candidates: int) -> list[tuple[int, int]]:
-        """Occurrences (seq, pos) of the longest suffix of ctx (<= max_depth tokens) that
-        have a continuation (pos < len(seq)); pos is where the continuation starts."""
+    def match(self, ctx: list[int], max_depth: int, max_candidates: int) -> tuple[int, list[tuple[int, int]]]:
+        """(length, occurrences (seq, pos)) of the longest suffix of ctx (<= max_depth tokens)
+        that has a continuation (pos < len(seq)); pos is where the continuation starts."""
         seqs = self.seqs
         limit = min(max_depth, len(ctx))
         for n, grams in zip(_NGRAMS, self.grams):
@@ -102,14 +102,18 @@ class SuffixIndex:
                 elif m == best:
                     found.append((s, p))
             if found:
-                return found
-        return []
+                return best, found
+        return 0, []
 
     def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> list[int]:
         """Up to k tokens along the most frequent continuation of the occurrences."""
         seqs = self.seqs
         draft: list[int] = []
         while occs and len(draft) < k:
+            if len(occs) == 1:  # one source left: copy it (a response holds no START after 0)
+                s, p = occs[0]
+                draft.extend(seqs[s][p : p + k - len(draft)])
+                break
             counts: dict[int, int] = {}
             for s, p in occs:
                 seq = seqs[s]
@@ -164,6 +168,7 @@ class SuffixProposer:
         self.max_candidates = max_candidates
         self._groups: dict[Hashable, SuffixIndex] = {}
         self._states: dict[int, _State] = {}
+        self._evidence: dict[int, int] = {}  # id(req) -> match length behind its last draft
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -220,15 +225,22 @@ class SuffixProposer:
         if k <= 0:
             return []
         index, ctx = self._sync(req)
-        occs = index.match(ctx, self.max_depth, self.max_candidates)
+        m, occs = index.match(ctx, self.max_depth, self.max_candidates)
+        # a match back to START also matches the prompt, which the whole group shares
+        self._evidence[id(req)] = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
         if not occs:
             return []
         return index.follow(occs, k, self.min_share)
+
+    def evidence(self, req: Request) -> int:
+        """The length of the context suffix the last draft for req was matched on."""
+        return self._evidence.get(id(req), 0)
 
     def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
         self._sync(req)  # siblings see the new tokens from now on
 
     def finish(self, req: Request) -> None:
+        self._evidence.pop(id(req), None)
         st = self._states.get(id(req))
         if st is None or st.req is not req:
             return

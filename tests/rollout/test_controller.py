@@ -20,18 +20,22 @@ def test_draft_len_follows_the_acceptance_rate():
     assert AdaptiveController(min_draft_prob=0.0).draft_len(0.01, 5) == 5
 
 
-def test_rate_learns_per_request_and_overall():
+def test_rate_is_learnt_per_evidence_level():
     c = AdaptiveController()
-    good, bad = Request(0, [1], SP(), 0), Request(1, [1], SP(), 0)
-    p = Named("x")
-    assert c.rate(good, p) == 0.5
+    req = Request(0, [1], SP(), 0)
+    p = Named("x", prior=0.5)
+    assert c.rate(p, 0) == 0.5 and c.rate(p, 40) == 0.5
     for _ in range(10):
-        c.record(good, "x", proposed=4, accepted=4)
-        c.record(bad, "x", proposed=4, accepted=0)
-    assert c.rate(good, p) > 0.85 and c.rate(bad, p) < 0.35
-    assert good.trials["x"] == 40 and bad.trials["x"] == 10  # a mismatch ends the trials of a draft
-    fresh = Request(2, [1], SP(), 0)
-    assert 0.7 < c.rate(fresh, p) < 0.85  # 40 of 50 trials accepted overall, shrunk to the prior
+        c.record(req, "x", evidence=20, proposed=4, accepted=4)  # long matches: right
+        c.record(req, "x", evidence=2, proposed=4, accepted=0)  # short matches: wrong
+    assert c.rate(p, 20) > 0.9 and c.rate(p, 17) == c.rate(p, 20)  # one level: 16-31 tokens
+    assert c.rate(p, 2) < 0.35
+    assert req.trials["x"] == 50 and req.proposed["x"] == 80  # a mismatch ends the trials of a draft
+    assert req.accepted["x"] == 40
+    assert 0.7 < c.rate(p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
+    c.new_run()
+    assert c.rate(p, 20) > 0.85  # halved evidence, same rate
+    assert AdaptiveController().rate(Named("y", prior=0.9)) == 0.9
 
 
 def test_useless_drafts_are_switched_off_and_tokens_unchanged():
@@ -61,3 +65,11 @@ def test_engine_counts_steps_without_drafts():
     plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32))
     plain.generate(prompts, params, seeds=[1, 2, 3])
     assert plain.spec_off_steps == plain.steps > 0
+
+
+def test_the_threshold_falls_with_the_load():
+    c = AdaptiveController(min_draft_prob=0.3)
+    assert c.draft_len(0.5, 16, load=1.0) == 1  # 0.5 >= 0.3 > 0.25
+    assert c.draft_len(0.5, 16, load=0.5) == 2  # threshold 0.15
+    assert c.draft_len(0.5, 16, load=0.125) == 4  # 0.0375: 0.5**4 = 0.0625 >= it > 0.5**5
+    assert c.draft_len(0.99, 16, load=1.0) == 16  # capped by k

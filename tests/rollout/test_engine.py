@@ -169,3 +169,17 @@ def test_update_weights_changes_outputs_and_matches_fresh_engine(hf):
     assert after != before
     eng.update_weights(list(hf.named_parameters()))
     assert tokens(eng.generate(ps, params, seeds=seeds)) == before
+
+
+def test_longest_history_is_admitted_first_and_tokens_do_not_change(hf):
+    ps, params, seeds = prompts(5, seed=9), SamplingParams(max_tokens=12), [3, 4, 5, 6, 7]
+    histories = [[1] * 4, None, [1] * 30, [2] * 9, None]
+    spec = SpecConfig(proposers=("history",))
+    eng = engine(hf, max_batch_size=1, spec=spec)
+    reqs = eng.make_requests(ps, params, seeds, drafts=histories)
+    order = []
+    eng.run(reqs, on_finish=lambda r: order.append(r.index))
+    # one slot: requests finish in the order they were admitted; unknown lengths go first
+    assert order == [1, 4, 2, 3, 0]
+    plain = engine(hf, max_batch_size=1).generate(ps, params, seeds=seeds)
+    assert [r.output_ids for r in reqs] == tokens(plain)

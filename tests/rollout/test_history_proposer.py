@@ -185,3 +185,18 @@ def test_random_edits_never_break_and_reuse_a_lot(seed):
     prop, req = HistoryProposer(), make_req(hist)
     steps = run(prop, req, target, k=16)
     assert len(steps) < len(target) / 5  # most of the response came from history
+
+
+def test_evidence_is_the_agreement_behind_the_alignment():
+    hist = list(range(100, 160))
+    prop, req = HistoryProposer(), make_req(hist, prompt=(1, 2, 3))
+    prop.propose(req, 4)
+    assert prop.evidence(req) == 3  # the prompt: the old response was drawn from the same one
+    req.output_ids = hist[:10]
+    prop.observe(req, [], 0, [])
+    assert prop.evidence(req) == 13  # + ten old tokens followed from the start
+    req.output_ids = hist[:10] + [7, 7] + hist[30:35]  # an edit: re-aligned on hist[30:35]
+    prop.observe(req, [], 0, [])
+    assert prop.propose(req, 2) == hist[35:37]
+    assert prop.evidence(req) == 5  # only the re-alignment's match backs the draft now
+    assert HistoryProposer().evidence(make_req(hist)) == 0  # never seen: no evidence

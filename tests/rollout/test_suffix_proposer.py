@@ -137,7 +137,7 @@ def test_k_and_max_depth_are_respected():
     req.output_ids = [99, 98, 20, 21, 22]
     assert prop.propose(req, 3) == [23, 24, 25]
     index = prop.index_for(0)
-    assert index.match(req.output_ids, 3, 64) == [(0, 24)]  # position in [START] + response
+    assert index.match(req.output_ids, 3, 64) == (3, [(0, 24)])  # position in [START] + response
 
 
 def test_index_is_linear_in_tokens():
@@ -146,7 +146,7 @@ def test_index_is_linear_in_tokens():
     assert index.num_tokens == 1000
     # one entry per position per indexed n-gram length, whatever max_depth is
     assert sum(len(v) for g in index.grams for v in g.values()) <= 3 * 1001
-    assert index.match([-1], 32, 64) == [(s, 1)]  # START: the response's beginning
+    assert index.match([-1], 32, 64) == (1, [(s, 1)])  # START: the response's beginning
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -173,3 +173,17 @@ def test_group_of_similar_siblings_reuses_a_lot(seed):
     assert prop._states == {}
     total_steps = sum(len(s) for s in steps.values())
     assert total_steps < sum(map(len, targets)) / 3
+
+
+def test_evidence_is_the_match_length_and_a_match_from_start_counts_the_prompt():
+    prop = SuffixProposer()
+    prop.add_past_responses(0, [list(range(100, 140))])
+    req = make_req(group=0, prompt=(1, 2, 3, 4))
+    assert prop.propose(req, 3) == [100, 101, 102]
+    assert prop.evidence(req) == 4  # [START] matched: the shared prompt backs the draft
+    req.output_ids = [9, 9, 120, 121, 122]
+    assert prop.propose(req, 2) == [123, 124]
+    assert prop.evidence(req) == 3  # 120 121 122
+    other = make_req(index=1, group=0)
+    other.output_ids = [5, 6, 7, 8]  # occurs nowhere else
+    assert prop.propose(other, 2) == [] and prop.evidence(other) == 0
