@@ -52,7 +52,7 @@ class TaskSection:
     "package.module:function", called as fn(response_text, answer) -> float."""
 
     source: Literal["embedded", "parquet"] = "embedded"
-    embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=16, seed=0))
+    embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
     parquet: ParquetSource = field(default_factory=ParquetSource)
     reward: str = "embedded"
 
@@ -75,7 +75,7 @@ class SpecSection:
     # history + suffix: in the demo, n-gram (prompt lookup) drafts cost more forward work than
     # they save at epoch 0 and add nothing once history exists; add "ngram" for copy-heavy tasks
     proposers: list[str] = field(default_factory=lambda: ["history", "suffix"])
-    max_draft_tokens: int = 8
+    max_draft_tokens: int = 24
     max_batch_for_spec: Optional[int] = None  # more requests running than this: no drafts
     ngram_sizes: list[int] = field(default_factory=lambda: [3, 2, 1])
     min_draft_prob: float = 0.3  # adaptive budget: draft a token only if likely to be accepted
@@ -130,7 +130,7 @@ class PPOSection:
 class TrainerSection:
     algorithm: Literal["grpo", "ppo"] = "grpo"
     epochs: int = 5
-    prompts_per_epoch: int = 16
+    prompts_per_epoch: int = 64
     lr: float = 1e-4
     weight_decay: float = 0.0
     clip_eps: float = 0.2

@@ -38,8 +38,8 @@ adds the probes and the longest-first order.
 Metrics (`RolloutScheduler.run` returns them): rollout_seconds, tail_seconds (from the time 90%
 of the samples had finished to the time all had), worker_busy_fraction (time workers spent
 inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
-forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps and
-fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
+forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps,
+spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
 re-prefills included; chunks lost with a worker are not counted).
 """
 from __future__ import annotations
@@ -125,7 +125,7 @@ class RolloutScheduler:
         self.busy_s: dict = {}  # worker -> seconds inside chunks
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0}
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0}
         idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
@@ -178,6 +178,7 @@ class RolloutScheduler:
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
             self.counts["engine_steps"] += first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
+            self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
         back, done = set(ids), 0
         for res in results:
             i = res["id"]

@@ -28,8 +28,9 @@ A result (dict): id; token_ids and logprobs (the tokens generated in this call o
 finish_reason ("stop" | "length", or None when paused at the end of the chunk); stats (the
 counters, cumulative); finished_at_s (seconds from the start of
 the call to this request's last token, None if paused); for the whole call (same in every
-result): wall_s, engine_steps (target forwards) and fed_tokens (tokens fed to them, prefill
-included) -- the work the call took, independent of how busy the machine was.
+result): wall_s, engine_steps (target forwards), spec_off_steps (those without drafts) and
+fed_tokens (tokens fed to them, prefill included) -- the work the call took, independent of
+how busy the machine was.
 """
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ class RolloutWorker:
         self.busy_s = 0.0
         self.chunks = 0
         self._steps = self._fed = 0  # engine forwards and tokens fed to them: work, not time
+        self._spec_off = 0  # forwards without drafts (the engine counts them per run)
         self.engine.model.register_forward_hook(self._count_forward)
 
     def _count_forward(self, module, args, output) -> None:
@@ -119,7 +121,7 @@ class RolloutWorker:
 
     def run_chunk(self, work: list[dict]) -> list[dict]:
         t0 = time.perf_counter()
-        steps0, fed0 = self._steps, self._fed
+        steps0, fed0, off0 = self._steps, self._fed, self._spec_off
         self._forget_other_rollouts({w.get("rollout") for w in work})
         by_budget: dict[Optional[int], list[dict]] = {}
         for w in work:
@@ -129,7 +131,8 @@ class RolloutWorker:
             results += self._run(items, budget, t0)
         wall = time.perf_counter() - t0
         for r in results:
-            r.update(wall_s=wall, engine_steps=self._steps - steps0, fed_tokens=self._fed - fed0)
+            r.update(wall_s=wall, engine_steps=self._steps - steps0, fed_tokens=self._fed - fed0,
+                     spec_off_steps=self._spec_off - off0)
         self.busy_s += wall
         self.chunks += 1
         return results
@@ -155,6 +158,7 @@ class RolloutWorker:
         finished_at: dict[int, float] = {}
         self.engine.run(reqs, max_new_tokens=budget,
                         on_finish=lambda r: finished_at.__setitem__(id(r), time.perf_counter() - t0))
+        self._spec_off += self.engine.spec_off_steps
         out = []
         for r, w, n0 in zip(reqs, items, starts):
             done_s = finished_at.get(id(r), 0.0) if r.finish_reason else None

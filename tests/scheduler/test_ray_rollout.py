@@ -126,6 +126,7 @@ class TestTwoWorkers:
         assert 0 < m["worker_busy_fraction"] <= 1.0
         assert 0 <= m["tail_seconds"] <= m["rollout_seconds"]
         assert m["generated_tokens"] == sum(len(o.token_ids) for o in outs)
+        assert 0 <= m["spec_off_steps"] < m["engine_steps"]  # the engines' own counts, summed
         # per-request stats add up over chunks: every emitted token came from a forward
         assert all(o.stats["forward_passes"] >= 1 for o in outs)
         assert all(sum(o.stats["accepted"].values()) <= sum(o.stats["proposed"].values()) for o in outs)

@@ -1,0 +1,23 @@
+"""The noise study's arms are the configs they claim to be, and its summary is arithmetic."""
+from rl_integration.config import load_config, validate
+from rl_integration.noise_study import ARMS, summarize
+
+
+def test_arms_configure_what_they_name():
+    cfgs = {arm: load_config(None, make(2)) for arm, make in ARMS.items()}
+    for cfg in cfgs.values():
+        validate(cfg)
+    plain = cfgs["plain"].rollout
+    assert plain.spec is None and not plain.history.enabled and plain.noise == "per_epoch"
+    assert plain.seed == 1002  # its own noise stream: not the per_epoch arm's draws replayed
+    assert cfgs["per_sample"].rollout.noise == "per_sample" and cfgs["per_sample"].rollout.spec is not None
+    assert cfgs["per_epoch"].rollout.noise == "per_epoch" and cfgs["per_epoch"].rollout.spec is not None
+    assert cfgs["per_epoch"].rollout.seed is None  # trainer.seed, as the demo
+
+
+def test_summary():
+    s = summarize({"a": {0: [0.1, 0.2, 0.3, 0.4], 1: [0.3, 0.4, 0.5, 0.6]}})["a"]
+    assert all(abs(a - b) < 1e-12 for a, b in zip(s["mean_curve"], [0.2, 0.3, 0.4, 0.5]))
+    assert all(abs(a - b) < 1e-12 for a, b in zip(s["last3_per_seed"], [0.3, 0.5]))
+    assert abs(s["last3_mean"] - 0.4) < 1e-12
+    assert abs(s["first_epoch_mean"] - 0.2) < 1e-12
