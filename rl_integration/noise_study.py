@@ -23,7 +23,9 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from scheduler.atomic_file import atomic_path, atomic_write_text
+from scheduler.atomic_file import atomic_write_text
+
+from .plots import save_figure
 
 ARMS = {
     "plain": lambda seed: ["rollout.spec=null", "rollout.history.enabled=false", "rollout.noise=per_epoch",
@@ -72,12 +74,7 @@ def plot(results: dict, path: str) -> None:
     ax.set(xlabel="epoch", ylabel="mean reward", title="Embedded GRPO: reward by noise mode")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

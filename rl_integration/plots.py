@@ -34,8 +34,14 @@ def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
     ax_f.legend()
     for ax in (ax_r, ax_t, ax_f):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
+    save_figure(fig, path)
 
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    """Write fig as a PNG through a temporary file and a rename, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=100, format="png")

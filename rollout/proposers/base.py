@@ -21,6 +21,10 @@ class Proposer(Protocol):
         its first `num_accepted` tokens matched, and `emitted` were appended to the output."""
         ...
 
+    # Optional: evidence(req) -> int, the tokens of context that back the draft just proposed
+    # for req (0 = none known). The controller learns acceptance per evidence level
+    # (rollout/controller.py); a proposer without it is judged at level 0.
+
     def finish(self, req: Request) -> None:
         """req leaves this engine: finished, or paused at the end of a chunk of a divided
         rollout (it may come back, here or on another worker). Drop per-request state."""
