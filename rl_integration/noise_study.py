@@ -8,14 +8,21 @@
 
 Every rollout is an exact sample of the current policy in all three; per_sample only
 correlates a prompt's samples across epochs. The study shows whether that correlation changes
-what GRPO learns. Each arm and seed is one `spectail train` run (same config, same epochs);
-the mean reward per epoch goes into one JSON file and one plot.
+what GRPO learns. Each arm and seed is one `spectail train` run (same config, same epochs).
 
-    python -m rl_integration.noise_study --out bench_results/noise_study [--seeds 0 1 2] [--epochs 10]
+Two rewards per epoch go into one JSON file and one plot. The training reward is the mean
+over the epoch's rollout, the curve a trainer watches. Under per_sample noise it is measured on
+the same noise every epoch, so it also counts what the policy learnt about those particular
+draws. The evaluation reward is the policy after the epoch's update, sampled with noise that
+no arm trains on: a seed stream of its own (EVAL_SEED), the same for every arm, seed and
+epoch, n samples of every prompt, plain engine.
+
+    python -m rl_integration.noise_study --out bench_results/noise_study [--seeds 0 1 2] [--epochs 8]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -27,12 +34,44 @@ from scheduler.atomic_file import atomic_write_text
 
 from .plots import save_figure
 
+EVAL_SEED = 777_777
 ARMS = {
     "plain": lambda seed: ["rollout.spec=null", "rollout.history.enabled=false", "rollout.noise=per_epoch",
                            f"rollout.seed={1000 + seed}"],
     "per_sample": lambda seed: ["rollout.noise=per_sample"],
     "per_epoch": lambda seed: ["rollout.noise=per_epoch"],
 }
+
+
+class FreshNoiseEval:
+    """on_epoch_end hook: the policy's mean reward on every problem of the run's data set,
+    n samples each, drawn with the EVAL_SEED stream by the plain engine."""
+
+    def __init__(self, cfg):
+        from .rollout_client import RolloutClient
+        from .trainer import load_policy, load_problems, resolve_reward
+
+        self.cfg = cfg
+        self.problems = load_problems(cfg)
+        model, self.tokenizer, _ = load_policy(cfg, progress=False)
+        self.prompts = [self.tokenizer(p.prompt)["input_ids"] for p in self.problems]
+        self.reward = resolve_reward(cfg.task.reward)
+        eos = self.tokenizer.eos_token_id
+        rollout = dataclasses.replace(cfg.rollout, spec=None, noise="per_sample", seed=EVAL_SEED)
+        self.client = RolloutClient(rollout, model, seed=EVAL_SEED, stop_token_ids=[] if eos is None else [eos],
+                                    plain=True)
+
+    def __call__(self, epoch: int, model) -> dict:
+        from .trainer import compute_rewards
+
+        self.client.update_weights(model)
+        batch = self.client.generate(self.prompts)
+        rewards = compute_rewards(self.reward, self.cfg.task.reward, self.tokenizer, batch,
+                                  [p.answer for p in self.problems])
+        return {"eval_reward": statistics.mean(rewards)}
+
+    def close(self) -> None:
+        self.client.shutdown()
 
 
 def run_arm(arm: str, seed: int, epochs: int, out: str, overrides: Sequence[str]) -> list[dict]:
@@ -42,11 +81,16 @@ def run_arm(arm: str, seed: int, epochs: int, out: str, overrides: Sequence[str]
     cfg = load_config(None, list(overrides) + ARMS[arm](seed) + [
         f"trainer.seed={seed}", f"trainer.epochs={epochs}", f"output.dir={out}/{arm}-seed{seed}",
         "output.plot=false", "output.progress=false", "output.compare=false"])
-    return train(cfg, echo=lambda line: None)
+    evaluate = FreshNoiseEval(cfg)
+    try:
+        return train(cfg, echo=lambda line: None, on_epoch_end=evaluate)
+    finally:
+        evaluate.close()
 
 
 def summarize(results: dict) -> dict:
-    """Per arm: the mean reward curve over seeds, and its last-epochs average per seed."""
+    """Per arm: the mean curve over seeds, the last 3 epochs' average per seed and overall,
+    and the first epoch's mean."""
     out = {}
     for arm, by_seed in results.items():
         curves = list(by_seed.values())
@@ -57,23 +101,25 @@ def summarize(results: dict) -> dict:
     return out
 
 
-def plot(results: dict, path: str) -> None:
+def plot(curves: dict, path: str) -> None:
+    """curves: {panel title: {arm: {seed: [value per epoch]}}}, one panel each."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for color, (arm, by_seed) in zip(("tab:gray", "tab:blue", "tab:orange"), results.items()):
-        curves = list(by_seed.values())
-        epochs = range(len(curves[0]))
-        for c in curves:
-            ax.plot(epochs, c, color=color, alpha=0.25, linewidth=1)
-        ax.plot(epochs, [statistics.mean(v) for v in zip(*curves)], color=color, linewidth=2.5,
-                marker="o", label=f"{arm} (mean of {len(curves)} seeds)")
-    ax.set(xlabel="epoch", ylabel="mean reward", title="Embedded GRPO: reward by noise mode")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(curves), figsize=(6.5 * len(curves), 4), squeeze=False)
+    for ax, (title, results) in zip(axes[0], curves.items()):
+        for color, (arm, by_seed) in zip(("tab:gray", "tab:blue", "tab:orange"), results.items()):
+            runs = list(by_seed.values())
+            epochs = range(len(runs[0]))
+            for c in runs:
+                ax.plot(epochs, c, color=color, alpha=0.25, linewidth=1)
+            ax.plot(epochs, [statistics.mean(v) for v in zip(*runs)], color=color, linewidth=2.5,
+                    marker="o", label=f"{arm} (mean of {len(runs)} seeds)")
+        ax.set(xlabel="epoch", ylabel="mean reward", title=title)
+        ax.grid(alpha=0.3)
+        ax.legend()
     save_figure(fig, path)
 
 
@@ -81,34 +127,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_integration.noise_study", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_results/noise_study", help="folder for the runs, JSON and plot")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides for every run")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
 
-    results: dict = {arm: {} for arm in args.arms}
+    train_r: dict = {arm: {} for arm in args.arms}
+    eval_r: dict = {arm: {} for arm in args.arms}
     total = len(args.arms) * len(args.seeds)
     done = 0
     for seed in args.seeds:
         for arm in args.arms:
             start = time.perf_counter()
             records = run_arm(arm, seed, args.epochs, args.out, args.overrides)
-            results[arm][seed] = [r["reward_mean"] for r in records]
+            train_r[arm][seed] = [r["reward_mean"] for r in records]
+            eval_r[arm][seed] = [r["eval_reward"] for r in records]
             done += 1
-            print(f"[{done}/{total}] {arm:10s} seed {seed}: reward {results[arm][seed][0]:.3f} -> "
-                  f"{results[arm][seed][-1]:.3f} ({time.perf_counter() - start:.0f}s)", flush=True)
-    summary = summarize(results)
-    report = {"epochs": args.epochs, "seeds": args.seeds, "overrides": args.overrides,
-              "rewards": {arm: {str(s): c for s, c in by_seed.items()} for arm, by_seed in results.items()},
-              "summary": summary}
+            print(f"[{done}/{total}] {arm:10s} seed {seed}: training reward {train_r[arm][seed][0]:.3f} -> "
+                  f"{train_r[arm][seed][-1]:.3f}, evaluation {eval_r[arm][seed][0]:.3f} -> {eval_r[arm][seed][-1]:.3f} "
+                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+    report = {"epochs": args.epochs, "seeds": args.seeds, "overrides": args.overrides, "eval_seed": EVAL_SEED}
+    for name, res in (("training_reward", train_r), ("eval_reward", eval_r)):
+        report[name] = {arm: {str(s): c for s, c in by_seed.items()} for arm, by_seed in res.items()}
+        report[name + "_summary"] = summarize(res)
     os.makedirs(args.out, exist_ok=True)
     atomic_write_text(os.path.join(args.out, "noise_study.json"), json.dumps(report, indent=1))
-    plot(results, os.path.join(args.out, "noise_study.png"))
-    for arm, s in summary.items():
-        print(f"{arm:10s} first epoch {s['first_epoch_mean']:.3f}  last 3 epochs {s['last3_mean']:.3f} "
-              f"(per seed {', '.join(f'{x:.3f}' for x in s['last3_per_seed'])})")
+    plot({"training reward (the epoch's rollout)": train_r,
+          "evaluation reward (fresh noise, after the epoch's update)": eval_r},
+         os.path.join(args.out, "noise_study.png"))
+    for name in ("training_reward", "eval_reward"):
+        print(name)
+        for arm, s in report[name + "_summary"].items():
+            print(f"  {arm:10s} first epoch {s['first_epoch_mean']:.3f}  last 3 epochs {s['last3_mean']:.3f} "
+                  f"(per seed {', '.join(f'{x:.3f}' for x in s['last3_per_seed'])})")
     print(f"wrote {args.out}/noise_study.json and {args.out}/noise_study.png")
     return 0
 

@@ -130,8 +130,11 @@ def make_trainer(cfg: RunConfig, model, pad_id: int):
 # ------------------------------------------------------------------------------ the loop
 
 
-def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str], None] = print) -> list[dict]:
-    """Run `cfg.trainer.epochs` epochs; returns the per-epoch metrics records."""
+def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str], None] = print,
+          on_epoch_end: Optional[Callable[[int, torch.nn.Module], Optional[dict]]] = None) -> list[dict]:
+    """Run `cfg.trainer.epochs` epochs; returns the per-epoch metrics records.
+    on_epoch_end(epoch, model): called after the epoch's optimizer steps (an evaluation, a
+    checkpoint); the dict it returns, if any, joins the epoch's metrics record."""
     validate(cfg)
     progress = cfg.output.progress if progress is None else progress
     tr, out_dir = cfg.trainer, cfg.output.dir
@@ -190,6 +193,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
             record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
             record["num_samples"] = len(batch)
+            if on_epoch_end is not None:
+                record.update(on_epoch_end(epoch, model) or {})
             log.append(record)
             if epoch == 0:
                 M.atomic_write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(to_dict(cfg), sort_keys=False))

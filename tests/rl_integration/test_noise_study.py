@@ -21,3 +21,21 @@ def test_summary():
     assert all(abs(a - b) < 1e-12 for a, b in zip(s["last3_per_seed"], [0.3, 0.5]))
     assert abs(s["last3_mean"] - 0.4) < 1e-12
     assert abs(s["first_epoch_mean"] - 0.2) < 1e-12
+
+
+def test_fresh_noise_evaluation_joins_each_epoch_record(tiny_run, tmp_path):
+    import json
+
+    from rl_integration.noise_study import FreshNoiseEval
+    from rl_integration.trainer import train
+
+    cfg = load_config(None, tiny_run + ["trainer.epochs=2", f"output.dir={tmp_path}", "output.plot=false"])
+    evaluate = FreshNoiseEval(cfg)
+    first = evaluate(0, evaluate.client.backend.engine.model)  # the same weights twice: same draws
+    assert first == evaluate(0, evaluate.client.backend.engine.model)
+    assert 0.0 <= first["eval_reward"] <= 1.0
+    records = train(cfg, echo=lambda line: None, on_epoch_end=evaluate)
+    evaluate.close()
+    assert [set(r) >= {"eval_reward"} for r in records] == [True, True]
+    logged = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["eval_reward"] for r in logged] == [r["eval_reward"] for r in records]
