@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    _exit_cleanly_on_sigterm()
     parser = build_parser()
     # overrides may sit between options (`demo a=1 --compare b=2`): argparse hands the ones after
     # an option back as unknown; anything unknown that is not key=value is an error
@@ -88,6 +89,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   + ("tokens identical in every epoch" if identical else
                      "tokens differ where the lenient mode accepted them (biased by design)"))
     return 0
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """`ray job stop`, a scheduler or `kill` send SIGTERM: turn it into SystemExit so the run's
+    finally blocks (Ray workers, temporary policy folders) clean up, as Ctrl-C's do."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _echo(line: str) -> None:

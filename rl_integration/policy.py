@@ -245,6 +245,7 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
     task_cfg.validate()
     root = os.fspath(cache_dir) if cache_dir is not None else default_cache_root()
     folder = os.path.join(root, f"policy-{cache_key(task_cfg, policy_cfg)}")
+    remove_stale_temporaries(root)
     if not os.path.isfile(os.path.join(folder, META_FILE)):  # written last: its presence means complete
         os.makedirs(root, exist_ok=True)
         tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-policy-")
@@ -267,6 +268,26 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
                 shutil.rmtree(tmp, ignore_errors=True)
     model, tokenizer = load_policy(folder)
     return model, tokenizer, folder
+
+
+STALE_TMP_SECONDS = 6 * 3600.0  # far longer than any warm start: its trainer is gone
+
+
+def remove_stale_temporaries(root: str) -> None:
+    """Delete `.tmp-policy-*` folders that no trainer has touched for STALE_TMP_SECONDS (a
+    killed run's leftovers); a fresh one may belong to a trainer still running."""
+    now = time.time()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if (entry.name.startswith(".tmp-policy-") and entry.is_dir(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            pass
 
 
 @torch.no_grad()

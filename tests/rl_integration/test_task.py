@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -214,6 +215,20 @@ def test_interrupted_training_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         load_or_train_policy(TaskConfig(max_count=6), TINY, cache_dir=tmp_path, progress=False)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_runs_temporary_folder_is_removed_once_stale(tmp_path):
+    old, fresh = tmp_path / ".tmp-policy-dead", tmp_path / ".tmp-policy-running"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    long_ago = time.time() - policy_mod.STALE_TMP_SECONDS - 60
+    os.utime(old, (long_ago, long_ago))
+    (tmp_path / "policy-keep").mkdir()  # not a temporary: never touched
+    os.utime(tmp_path / "policy-keep", (long_ago, long_ago))
+    policy_mod.remove_stale_temporaries(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [".tmp-policy-running", "policy-keep"]
+    policy_mod.remove_stale_temporaries(str(tmp_path / "missing"))  # no cache yet: nothing to do
 
 
 def test_qwen2_policy_keeps_its_tokenizer(tmp_path):

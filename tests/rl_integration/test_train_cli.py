@@ -124,3 +124,28 @@ def test_bad_input_fails_by_name_and_leaves_no_files(tiny_run, tmp_path, capsys)
                     str(out)], capsys)
     assert rc == 2 and "cannot be imported" in err
 
+
+
+def test_sigterm_during_the_warm_start_leaves_no_temporary_folder(tiny_run, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache = tmp_path / "cache"
+    args = [sys.executable, "-m", "rl_integration.train", "--config", "examples/demo.yaml", *tiny_run,
+            f"policy.cache_dir={cache}", "policy.embedded.sft_steps=100000", "--out", str(tmp_path / "out")]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen(args, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not glob.glob(str(cache / ".tmp-policy-*")):  # training has started
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the warm start never began"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert os.listdir(cache) == []  # the temporary policy folder went with the run
