@@ -105,7 +105,7 @@ class RolloutSection:
     top_k: int = 0
     max_tokens: int = 512
     n: int = 8  # samples per prompt (a GRPO group)
-    noise: Literal["per_sample", "per_epoch"] = "per_sample"
+    noise: Literal["per_sample", "per_epoch"] = "per_epoch"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     spec: Optional[SpecSection] = field(default_factory=SpecSection)
     history: HistorySection = field(default_factory=HistorySection)

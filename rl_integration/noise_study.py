@@ -2,13 +2,14 @@
 
 - plain: no speculation, no history; every epoch draws fresh noise (a sampling seed stream of
   its own, `rollout.seed` = 1000 + seed), as a trainer without spectail would;
-- per_sample: spectail's default. A sample keeps its Gumbel noise across epochs, which is what
-  lets last epoch's response draft this one's;
-- per_epoch: spectail with fresh noise every epoch (the epoch enters the seed).
+- per_sample: spectail with a sample keeping its Gumbel noise across epochs, which lets last
+  epoch's response draft this one's for long runs;
+- per_epoch: spectail with fresh noise every epoch (the epoch enters the seed; the default).
 
-Every rollout is an exact sample of the current policy in all three; per_sample only
-correlates a prompt's samples across epochs. The study shows whether that correlation changes
-what GRPO learns. Each arm and seed is one `spectail train` run (same config, same epochs).
+Speculation never changes a token, so the only question is the noise. Under per_epoch every
+rollout is an exact sample of the current policy. Under per_sample the noise is the same one the
+weights were trained on, so given the weights it is no longer fresh. The study shows whether
+that changes what GRPO learns (it does: see the README). Each arm and seed is one `spectail train` run (same config, same epochs).
 
 Two rewards per epoch go into one JSON file and one plot. The training reward is the mean
 over the epoch's rollout, the curve a trainer watches. Under per_sample noise it is measured on

@@ -10,12 +10,16 @@ per-step / per-epoch metrics.
     metrics = client.end_epoch()                   # epoch aggregate; history written; epoch += 1
 
 Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, epoch]), where key(p) is
-`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_sample" (the
-default) the seed is fixed across epochs: every epoch's sample s of p is drawn with the same
-Gumbel noise, so where the policy barely moved it reproduces last epoch's tokens and history
-reuse accepts long runs of them. With noise="per_epoch" the epoch enters the hash: samples are
-independent across epochs (the textbook setting) and reuse is lower. Both are exact samples of
-the current policy; per_sample correlates a prompt's samples across epochs (not within one).
+`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_epoch" (the
+default) the epoch enters the hash: every epoch draws fresh noise, as a trainer without
+spectail would, and last epoch's response still agrees with the new one wherever the policy is
+confident. With noise="per_sample" the seed is fixed across epochs: sample s of p is drawn with
+the same Gumbel noise every epoch, so where the policy barely moved it reproduces last epoch's
+tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
+draws, so given the weights the noise is no longer fresh: the samples lean towards what was
+rewarded before, the training reward over-states the policy, and the noise study
+(rl_integration/noise_study.py, README) measured a lower reward on fresh noise after 8 epochs.
+per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
 newest stored response to the same (prompt, sample index) from an earlier epoch

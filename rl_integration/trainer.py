@@ -163,6 +163,10 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     random.Random(tr.seed).shuffle(order)
     log = M.MetricsLog(out_dir)
     compare = cfg.output.compare
+    if cfg.rollout.noise == "per_sample" and tr.epochs > 1:
+        echo("WARNING: rollout.noise=per_sample: every epoch reuses each sample's noise, and the weights are "
+             "trained on those draws, so later epochs' samples lean towards what was rewarded before (the "
+             "README's noise study measured lower reward); per_epoch is the unbiased default")
     if cfg.rollout.lenient is not None:
         echo(f"WARNING: rollout.lenient={cfg.rollout.lenient}: history tokens are accepted leniently, so samples "
              "are BIASED (not exact samples of the policy); see lenient_tokens in metrics.jsonl")

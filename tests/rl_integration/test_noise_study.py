@@ -15,6 +15,12 @@ def test_arms_configure_what_they_name():
     assert cfgs["per_epoch"].rollout.seed is None  # trainer.seed, as the demo
 
 
+def test_fresh_noise_is_the_default():
+    from rl_integration.config import RolloutSection
+
+    assert RolloutSection().noise == "per_epoch" == load_config(None, []).rollout.noise
+
+
 def test_summary():
     s = summarize({"a": {0: [0.1, 0.2, 0.3, 0.4], 1: [0.3, 0.4, 0.5, 0.6]}})["a"]
     assert all(abs(a - b) < 1e-12 for a, b in zip(s["mean_curve"], [0.2, 0.3, 0.4, 0.5]))

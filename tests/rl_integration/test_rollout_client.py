@@ -26,7 +26,7 @@ def model():
 
 
 def section(**kw):
-    base = dict(max_tokens=12, n=3, max_batch_size=16, max_model_len=64)
+    base = dict(max_tokens=12, n=3, max_batch_size=16, max_model_len=64, noise="per_sample")
     base.update(kw)
     return RolloutSection(**base)
 

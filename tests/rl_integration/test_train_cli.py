@@ -38,6 +38,14 @@ def test_demo_end_to_end_with_compare(tiny_run, tmp_path, capsys):
     assert (out / "config.yaml").is_file()
     assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary files left
     assert "epoch reward" in printed and "speedup" in printed and "tokens identical in every epoch" in printed
+    assert "WARNING" not in printed  # the default noise is fresh every epoch
+
+
+def test_per_sample_noise_is_warned_about(tiny_run, tmp_path, capsys):
+    rc = cli.main(["demo", *tiny_run, "trainer.epochs=2", "rollout.noise=per_sample", "--no-compare",
+                   "--out", str(tmp_path / "ps")])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "WARNING: rollout.noise=per_sample" in printed
 
 
 def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, capsys):
