@@ -58,7 +58,7 @@ class FreshNoiseEval:
         self.prompts = [self.tokenizer(p.prompt)["input_ids"] for p in self.problems]
         self.reward = resolve_reward(cfg.task.reward)
         eos = self.tokenizer.eos_token_id
-        rollout = dataclasses.replace(cfg.rollout, spec=None, noise="per_sample", seed=EVAL_SEED)
+        rollout = dataclasses.replace(cfg.rollout, spec=None, noise="per_sample")
         self.client = RolloutClient(rollout, model, seed=EVAL_SEED, stop_token_ids=[] if eos is None else [eos],
                                     plain=True)
 

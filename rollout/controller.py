@@ -50,16 +50,19 @@ class AdaptiveController:
             self.trials[key] *= GLOBAL_DECAY
 
     def rate(self, proposer, evidence: int = 0) -> float:
-        name = proposer.name
-        prior = getattr(proposer, "prior", 0.5)
-        overall = (self.accepted.get(name, 0.0) + 2 * prior) / (self.trials.get(name, 0.0) + 2)
-        key = (name, level(evidence))
-        return (self.accepted.get(key, 0.0) + PRIOR_WEIGHT * overall) / (self.trials.get(key, 0.0) + PRIOR_WEIGHT)
+        return self._level_rates(proposer, [level(evidence)])[0]
 
     def best_rate(self, proposer) -> float:
         """The highest rate any evidence level of this proposer has now: no draft of it can
         be worth more than a k-token draft at this rate."""
-        return max(self.rate(proposer, 1 << lv >> 1) for lv in range(LEVELS))
+        return max(self._level_rates(proposer, range(LEVELS)))
+
+    def _level_rates(self, proposer, levels) -> list[float]:
+        name = proposer.name
+        prior = getattr(proposer, "prior", 0.5)
+        overall = (self.accepted.get(name, 0.0) + 2 * prior) / (self.trials.get(name, 0.0) + 2)
+        return [(self.accepted.get((name, lv), 0.0) + PRIOR_WEIGHT * overall)
+                / (self.trials.get((name, lv), 0.0) + PRIOR_WEIGHT) for lv in levels]
 
     def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
         """The longest n <= k whose last token is still emitted with probability at least
@@ -71,10 +74,9 @@ class AdaptiveController:
         return n
 
     def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int) -> None:
-        trials = accepted + (1 if accepted < proposed else 0)
+        trials = accepted + (1 if accepted < proposed else 0)  # the compared draft tokens
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        req.trials[name] = req.trials.get(name, 0) + trials
         for key in (name, (name, level(evidence))):
             self.accepted[key] = self.accepted.get(key, 0.0) + accepted
             self.trials[key] = self.trials.get(key, 0.0) + trials

@@ -29,7 +29,6 @@ class Request:
     forward_passes: int = 0
     proposed: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
-    trials: dict = field(default_factory=dict)  # draft tokens compared: accepted + first mismatch
     lenient: int = 0  # tokens accepted by the (biased) lenient mode
 
     @property

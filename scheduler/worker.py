@@ -18,8 +18,8 @@ A work item (dict):
     params          SamplingParams
     draft           a previous response for the "history" proposer, or None
     draft_logprobs  its old logprobs (read only by the biased lenient mode), or None
-    stats           the request's counters so far: forward_passes, proposed, accepted, trials,
-                    lenient (the adaptive draft budget reads them; they are returned updated)
+    stats           the request's counters so far: forward_passes, proposed, accepted, lenient
+                    (the per-sample stats; they are returned updated)
     group           GRPO group id (hashable) or None
     rollout         id of the rollout the item belongs to (groups are scoped by it)
     max_new_tokens  the chunk: pause after this many new tokens (None = run to the end)
@@ -71,7 +71,7 @@ def as_engine_model(source):
                      f"state dict) pair or a transformers model, got {type(source).__name__}")
 
 
-STAT_FIELDS = ("forward_passes", "proposed", "accepted", "trials", "lenient")
+STAT_FIELDS = ("forward_passes", "proposed", "accepted", "lenient")
 
 
 def get_stats(req) -> dict:

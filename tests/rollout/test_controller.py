@@ -30,7 +30,7 @@ def test_rate_is_learnt_per_evidence_level():
         c.record(req, "x", evidence=2, proposed=4, accepted=0)  # short matches: wrong
     assert c.rate(p, 20) > 0.9 and c.rate(p, 17) == c.rate(p, 20)  # one level: 16-31 tokens
     assert c.rate(p, 2) < 0.35
-    assert req.trials["x"] == 50 and req.proposed["x"] == 80  # a mismatch ends the trials of a draft
+    assert c.trials["x"] == 50 and req.proposed["x"] == 80  # a mismatch ends the trials of a draft
     assert req.accepted["x"] == 40
     assert 0.7 < c.rate(p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
     c.new_run()
