@@ -165,17 +165,15 @@ class RolloutClient:
         self._next_group += len(prompts)
         drafts = draft_lps = None
         if self.history is not None:
-            if self.cfg.lenient is None:
-                drafts = self.history.drafts_for(prompt_ids, [s for _, s in rows], before_epoch=epoch)
-            else:  # lenient acceptance compares new logprobs with the old ones
-                found = [self.history.lookup(prompt_ids[i], s, before_epoch=epoch) for i, (_, s) in enumerate(rows)]
-                drafts = [None if h is None else h.token_ids for h in found]
-                draft_lps = [None if h is None else h.logprobs for h in found]
-                drafts = [d if lp is not None else None for d, lp in zip(drafts, draft_lps)]
+            # The old logprobs travel with the drafts: they say how sure the old policy was of
+            # each token, which the engine's budget reads (and the lenient mode compares with).
+            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_epoch=epoch)
+            drafts = [None if h is None else h.token_ids for h in found]
+            draft_lps = [None if h is None else h.logprobs for h in found]
 
         start = time.perf_counter()
-        extra = {} if draft_lps is None else {"draft_logprobs": draft_lps}
-        completions = self.backend.generate(prompt_ids, self.params, seeds, drafts=drafts, groups=groups, **extra)
+        completions = self.backend.generate(prompt_ids, self.params, seeds, drafts=drafts, groups=groups,
+                                            draft_logprobs=draft_lps)
         seconds = time.perf_counter() - start
         if len(completions) != len(rows):
             raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")

@@ -17,6 +17,14 @@ from verify trials (a trial is each compared draft token: the accepted ones plus
 mismatch), shrunk towards the proposer's rate over all levels, which itself starts from the
 proposer's `prior` attribute. Levels are powers of two, so a level is a "how sure" bucket.
 
+Within a draft, tokens differ too: a proposer that copies sampled text knows how likely the
+policy that wrote each token found it (the old response's logprobs, a sibling's logprobs). With
+fresh noise a copied token is accepted about as often as that probability, with a sample's own
+old noise far more often; so a proposer may also report each draft token's `confidence`, and
+`a` is then learnt per (proposer, evidence level, confidence bin), shrunk towards the level's
+rate. A draft is cut where the product of its tokens' rates falls under the threshold, which
+stops it right before the uncertain token instead of after an average number of tokens.
+
 The threshold scales with the load (the fraction of slots in use). A full batch pays for
 every draft token about what it pays for a request's token, so a draft token must be likely
 to land. In the long tail a few requests are left, the step costs about the same with or
@@ -25,7 +33,9 @@ when the slowest of them does: a long shot is then worth its slot.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 from .request import Request
 
@@ -34,14 +44,24 @@ PRIOR_WEIGHT = 4.0  # trials' worth of trust in the proposer's overall rate for 
 GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rates follow the policy
 
 
+CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.97, 0.99)  # bins: unknown, then < 0.5, ..., >= 0.99
+
+
 def level(evidence: int) -> int:
     return min(max(int(evidence), 0).bit_length(), LEVELS - 1)
+
+
+def confidence_bin(q: Optional[float]) -> int:
+    """0 for unknown (None, negative or NaN), else 1 + the number of edges q reaches."""
+    if q is None or not q >= 0:  # (NaN too: a continued request's earlier tokens)
+        return 0
+    return 1 + bisect.bisect_right(CONFIDENCE_EDGES, q)
 
 
 @dataclass
 class AdaptiveController:
     min_draft_prob: float = 0.3
-    accepted: dict = field(default_factory=dict)  # name or (name, level) -> accepted tokens
+    accepted: dict = field(default_factory=dict)  # name, (name, level), (name, level, bin) -> tokens
     trials: dict = field(default_factory=dict)
 
     def new_run(self) -> None:
@@ -53,9 +73,19 @@ class AdaptiveController:
         return self._level_rates(proposer, [level(evidence)])[0]
 
     def best_rate(self, proposer) -> float:
-        """The highest rate any evidence level of this proposer has now: no draft of it can
-        be worth more than a k-token draft at this rate."""
-        return max(self._level_rates(proposer, range(LEVELS)))
+        """The highest rate any evidence level (or confidence bin) of this proposer has now:
+        no draft of it can be worth more than a k-token draft at this rate."""
+        levels = self._level_rates(proposer, range(LEVELS))
+        bins = range(1, len(CONFIDENCE_EDGES) + 2)
+        return max(max(self._bin_rates(proposer, lv, rate, bins)) for lv, rate in enumerate(levels))
+
+    def token_rates(self, proposer, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
+        """The acceptance rate of each of n draft tokens (confidence: one per token, or None)."""
+        lv = level(evidence)
+        rate = self._level_rates(proposer, [lv])[0]
+        if confidence is None:
+            return [rate] * n
+        return self._bin_rates(proposer, lv, rate, [confidence_bin(q) for q in confidence[:n]])
 
     def _level_rates(self, proposer, levels) -> list[float]:
         name = proposer.name
@@ -63,6 +93,12 @@ class AdaptiveController:
         overall = (self.accepted.get(name, 0.0) + 2 * prior) / (self.trials.get(name, 0.0) + 2)
         return [(self.accepted.get((name, lv), 0.0) + PRIOR_WEIGHT * overall)
                 / (self.trials.get((name, lv), 0.0) + PRIOR_WEIGHT) for lv in levels]
+
+    def _bin_rates(self, proposer, lv: int, level_rate: float, bins) -> list[float]:
+        name, acc, trials = proposer.name, self.accepted, self.trials
+        return [level_rate if b == 0 else
+                (acc.get((name, lv, b), 0.0) + PRIOR_WEIGHT * level_rate) / (trials.get((name, lv, b), 0.0) + PRIOR_WEIGHT)
+                for b in bins]
 
     def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
         """The longest n <= k whose last token is still emitted with probability at least
@@ -73,13 +109,34 @@ class AdaptiveController:
             n, p = n + 1, p * rate
         return n
 
-    def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int) -> None:
+    def cut(self, rates: Sequence[float], load: float = 1.0) -> tuple[int, float]:
+        """(n, expected accepted tokens): the longest prefix of a draft whose last token is
+        still reached and accepted with probability >= min_draft_prob x load."""
+        threshold = self.min_draft_prob * min(max(load, 0.0), 1.0)
+        n, p, value = 0, 1.0, 0.0
+        for a in rates:
+            if p * a < threshold:
+                break
+            n, p = n + 1, p * a
+            value += p
+        return n, value
+
+    def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int,
+               confidence: Optional[Sequence[float]] = None) -> None:
         trials = accepted + (1 if accepted < proposed else 0)  # the compared draft tokens
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        for key in (name, (name, level(evidence))):
+        lv = level(evidence)
+        for key in (name, (name, lv)):
             self.accepted[key] = self.accepted.get(key, 0.0) + accepted
             self.trials[key] = self.trials.get(key, 0.0) + trials
+        if confidence is not None:
+            for i in range(trials):
+                b = confidence_bin(confidence[i])
+                if b:
+                    key = (name, lv, b)
+                    self.accepted[key] = self.accepted.get(key, 0.0) + (i < accepted)
+                    self.trials[key] = self.trials.get(key, 0.0) + 1
 
 
 def expected_run(rate: float, n: int) -> float:

@@ -65,8 +65,8 @@ class Engine:
                  draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[Completion]:
         """Complete every prompt. seeds default to fresh random ones (returned in Completion.seed);
         drafts are previous responses for the "history" proposer; groups tie GRPO siblings
-        together for the "suffix" proposer; draft_logprobs (the drafts' old logprobs) are read
-        only by the lenient mode."""
+        together for the "suffix" proposer; draft_logprobs (the drafts' old logprobs) tell the
+        budget how sure the old policy was of each token (and the lenient mode compares them)."""
         requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
                                       draft_logprobs=draft_logprobs)
         try:
@@ -142,26 +142,26 @@ class Engine:
         order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
         load = len(running) / cfg.max_batch_size
         best_rates = [(p, self.controller.best_rate(p)) for p in self.proposers] if spec else []
-        rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence), first logit index)
+        rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence, confidence), first logit index)
         n_tokens, logit_rows = 0, []
         for req in order:
             if budget <= 0:
                 break
             pending = req.pending()
             fed = pending[:budget]
-            draft, chosen, evidence = [], None, 0
+            draft, source = [], (None, 0, None)
             if len(fed) == len(pending) and spec:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
                 if room > 0:
-                    draft, chosen, evidence = self._propose(req, room, load, best_rates)
+                    draft, source = self._propose(req, room, load, best_rates)
             tokens = fed + draft
             rows.append((req.slot, req.num_cached, tokens))
             first = None
             if len(fed) == len(pending):
                 first = len(logit_rows)
                 logit_rows.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
-            plan.append((req, len(fed), draft, (chosen, evidence), first))
+            plan.append((req, len(fed), draft, source, first))
             n_tokens += len(tokens)
             budget -= len(tokens)
 
@@ -169,7 +169,7 @@ class Engine:
         logits, _ = self.model(batch, self.cache)
         tokens, logprobs, draft_lps = self._sample(logits, plan)
 
-        for req, n_fed, draft, (chosen, evidence), first in plan:
+        for req, n_fed, draft, (chosen, evidence, confidence), first in plan:
             was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += n_fed
             if first is None:
@@ -193,20 +193,21 @@ class Engine:
                 ys, lps = ys[:accepted], lps[:accepted]
                 req.num_cached -= 1
             if chosen is not None:
-                self.controller.record(req, chosen.name, evidence, len(draft), accepted)
+                self.controller.record(req, chosen.name, evidence, len(draft), accepted, confidence)
             emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
             for p in self.proposers:
                 mine = draft if p is chosen else []
                 p.observe(req, mine, accepted if p is chosen else 0, emitted)
 
     def _propose(self, req: Request, k: int, load: float, best_rates):
-        """Ask every proposer for a draft, cut each to the length the adaptive budget grants
-        it at the evidence behind it and this load, and take the one with the longest expected
-        accepted run. best_rates: (proposer, its best rate at any evidence level), which bounds
-        what it could be granted, so a proposer is asked for no more than that and not at all
-        when it could not beat the draft in hand. Returns (draft, proposer, evidence)."""
+        """Ask every proposer for a draft, cut each where the adaptive budget stops granting
+        tokens (by the evidence behind it, its tokens' confidence and this load), and take the
+        one with the longest expected accepted run. best_rates: (proposer, its best rate at any
+        level), which bounds what it could be granted, so a proposer is asked for no more than
+        that and not at all when it could not beat the draft in hand.
+        Returns (draft, (proposer, evidence, confidence))."""
         ctl = self.controller
-        best, best_value, best_p, best_ev = [], 0.0, None, 0
+        best, best_value, best_source = [], 0.0, (None, 0, None)
         for p, top in best_rates:
             cap = ctl.draft_len(top, k, load)
             if cap == 0 or expected_run(top, cap) <= best_value:
@@ -215,19 +216,19 @@ class Engine:
             if not draft:
                 continue
             evidence = p.evidence(req) if hasattr(p, "evidence") else 0
-            rate = ctl.rate(p, evidence)
-            n = ctl.draft_len(rate, min(cap, len(draft)), load)
-            value = expected_run(rate, n)
+            confidence = p.confidence(req) if hasattr(p, "confidence") else None
+            n, value = ctl.cut(ctl.token_rates(p, evidence, confidence, min(cap, len(draft))), load)
             if value > best_value:
-                best, best_value, best_p, best_ev = list(draft[:n]), value, p, evidence
-        return best, best_p, best_ev
+                best, best_value = list(draft[:n]), value
+                best_source = (p, evidence, None if confidence is None else list(confidence[:n]))
+        return best, best_source
 
     def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float], dict]:
         """The exact sample at every logit row; with lenience on, also the new logprob of each
         history draft token (keyed by logit row)."""
         seeds, positions, params, lenient_rows, lenient_tokens = [], [], [], [], []
         lenient = self.config.spec is not None and self.config.spec.lenience is not None
-        for req, _, draft, (chosen, _), first in plan:
+        for req, _, draft, (chosen, _, _), first in plan:
             if first is None:
                 continue
             t = len(req.output_ids)

@@ -18,7 +18,7 @@ class Request:
     params: SamplingParams
     seed: int
     history: Optional[list[int]] = None  # a previous response, drafted from by "history"
-    history_logprobs: Optional[list[float]] = None  # its logprobs (only the lenient mode reads them)
+    history_logprobs: Optional[list[float]] = None  # its logprobs: drafts' confidence, and lenience
     group: Optional[int] = None  # requests sharing a prompt in one GRPO group
     budget_end: Optional[int] = None  # pause (unfinished) once output reaches this length
     slot: int = -1

@@ -18,7 +18,7 @@ MAX_SEED = 2**63
 def make_requests(vocab_size: int, max_model_len: int, prompt_token_ids, sampling_params=SamplingParams(),
                   seeds=None, drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
     """seeds default to fresh random ones; drafts are previous responses (the "history"
-    proposer), draft_logprobs their old logprobs (lenient mode only), groups tie GRPO siblings,
+    proposer), draft_logprobs their old logprobs (how sure the old policy was of each token), groups tie GRPO siblings,
     outputs are tokens already generated (to continue a divided rollout)."""
     n = len(prompt_token_ids)
     params = _per_prompt_params(sampling_params, n)

@@ -167,14 +167,16 @@ class HistoryStore:
     def drafts_for(self, prompts: Sequence[Sequence[int]], sample_indices: Sequence[int],
                    before_epoch: Optional[int] = None) -> list[Optional[list[int]]]:
         """Token ids of the newest stored response per (prompt, sample index), or None."""
+        return [None if r is None else r.token_ids
+                for r in self.records_for(prompts, sample_indices, before_epoch)]
+
+    def records_for(self, prompts: Sequence[Sequence[int]], sample_indices: Sequence[int],
+                    before_epoch: Optional[int] = None) -> list[Optional[HistoryRecord]]:
+        """The newest stored record per (prompt, sample index), or None; the files are listed once."""
         if len(prompts) != len(sample_indices):
-            raise ValueError(f"drafts_for got {len(prompts)} prompts but {len(sample_indices)} sample indices")
+            raise ValueError(f"records_for got {len(prompts)} prompts but {len(sample_indices)} sample indices")
         files = self._files()
-        out = []
-        for prompt_ids, idx in zip(prompts, sample_indices):
-            rec = self._lookup(files, prompt_ids, idx, before_epoch)
-            out.append(rec.token_ids if rec is not None else None)
-        return out
+        return [self._lookup(files, p, i, before_epoch) for p, i in zip(prompts, sample_indices)]
 
     def _lookup(self, files, prompt_ids, sample_index, before_epoch) -> Optional[HistoryRecord]:
         key = prompt_key(prompt_ids)

@@ -17,7 +17,7 @@ A work item (dict):
     seed            int in [0, 2**63)
     params          SamplingParams
     draft           a previous response for the "history" proposer, or None
-    draft_logprobs  its old logprobs (read only by the biased lenient mode), or None
+    draft_logprobs  its old logprobs (the drafts' confidence; the lenient mode compares them), or None
     stats           the request's counters so far: forward_passes, proposed, accepted, lenient
                     (the per-sample stats; they are returned updated)
     group           GRPO group id (hashable) or None

@@ -24,6 +24,9 @@ class Proposer(Protocol):
     # Optional: evidence(req) -> int, the tokens of context that back the draft just proposed
     # for req (0 = none known). The controller learns acceptance per evidence level
     # (rollout/controller.py); a proposer without it is judged at level 0.
+    # Optional: confidence(req) -> list[float] | None, one per token of that draft: the
+    # probability the policy gave the token where the proposer copied it from (negative or NaN
+    # where unknown). The controller learns acceptance per confidence bin too.
 
     def finish(self, req: Request) -> None:
         """req leaves this engine: finished, or paused at the end of a chunk of a divided

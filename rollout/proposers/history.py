@@ -23,6 +23,7 @@ guesses: the engine verifies every token, so a wrong alignment costs a forward, 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -40,6 +41,8 @@ class _State:
     tentative: bool = False  # ptr is a substitution guess, not yet confirmed by a match
     run: int = 0  # output tokens that agree with hist up to ptr (the evidence for the next draft)
     index: Optional[dict] = None  # (a, b) -> positions right after each bigram, ascending
+    probs: Optional[list[float]] = None  # exp(the old logprobs), made on first use
+    drafted: int = 0  # length of the last draft, which started at ptr
 
 
 class HistoryProposer:
@@ -75,7 +78,9 @@ class HistoryProposer:
         st = self._sync(req)
         if not st.aligned or st.ptr >= len(st.hist):
             return []
-        return st.hist[st.ptr : st.ptr + k]
+        draft = st.hist[st.ptr : st.ptr + k]
+        st.drafted = len(draft)
+        return draft
 
     def evidence(self, req: Request) -> int:
         """Tokens of agreement behind the current alignment: the prompt and every output token
@@ -83,6 +88,17 @@ class HistoryProposer:
         plus the tokens that agreed since."""
         st = self._states.get(id(req))
         return 0 if st is None or st.req is not req or not st.aligned else st.run
+
+    def confidence(self, req: Request) -> Optional[list[float]]:
+        """How likely the old policy found each token of the last draft (from the old logprobs),
+        or None when they are unknown."""
+        st = self._states.get(id(req))
+        lps = req.history_logprobs
+        if st is None or st.req is not req or lps is None or len(lps) != len(st.hist):
+            return None
+        if st.probs is None:
+            st.probs = [math.exp(lp) for lp in lps]
+        return st.probs[st.ptr : st.ptr + st.drafted]
 
     def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
         if req.history:

@@ -19,11 +19,17 @@ Drafting for a request:
    that continue with it and repeat, up to k tokens. The context grows with the draft, so
    there is no depth cap on following.
 
+Each indexed token also keeps the probability the policy gave it where it was sampled (a
+sibling's logprob, an old response's logprob; -1 when unknown). A draft token's `confidence`
+is that of its newest occurrence: siblings in flight share the weights and, matched back to
+the start, the very context, so it is the acceptance chance of that token under fresh noise.
+
 A request's own tokens are indexed too (siblings and its own repetitions draft from them); its
 current end has no continuation, so it never matches itself trivially.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Optional
 
@@ -36,24 +42,29 @@ _NGRAMS = (4, 2, 1)  # indexed suffix lengths, longest first
 class SuffixIndex:
     """Positional suffix index over the responses of one group."""
 
-    __slots__ = ("seqs", "grams")
+    __slots__ = ("seqs", "probs", "grams")
 
     def __init__(self):
         self.seqs: list[list[int]] = []  # each [START, t1, t2, ...]
+        self.probs: list[list[float]] = []  # parallel to seqs: each token's probability, -1 unknown
         self.grams: tuple[dict, ...] = tuple({} for _ in _NGRAMS)  # per n: n-gram -> [(seq, pos)]
 
     def new_sequence(self) -> int:
         s = len(self.seqs)
         self.seqs.append([START])
+        self.probs.append([1.0])
         self.grams[_NGRAMS.index(1)].setdefault(START, []).append((s, 1))
         return s
 
-    def add_sequence(self, tokens) -> int:
+    def add_sequence(self, tokens, probs=None) -> int:
         s = self.new_sequence()
-        self.extend(s, tokens)
+        self.extend(s, tokens, probs)
         return s
 
-    def extend(self, s: int, tokens) -> None:
+    def extend(self, s: int, tokens, probs=None) -> None:
+        """Append tokens to sequence s; probs: one probability per token, or None (unknown)."""
+        tokens = list(tokens)
+        self.probs[s].extend([-1.0] * len(tokens) if probs is None else probs)
         seq = self.seqs[s]
         for t in tokens:
             seq.append(int(t))
@@ -105,14 +116,18 @@ class SuffixIndex:
                 return best, found
         return 0, []
 
-    def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> list[int]:
-        """Up to k tokens along the most frequent continuation of the occurrences."""
-        seqs = self.seqs
+    def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> tuple[list[int], list[float]]:
+        """Up to k tokens along the most frequent continuation of the occurrences, and the
+        confidence of each (see the module docstring)."""
+        seqs, probs = self.seqs, self.probs
         draft: list[int] = []
+        conf: list[float] = []
         while occs and len(draft) < k:
             if len(occs) == 1:  # one source left: copy it (a response holds no START after 0)
                 s, p = occs[0]
-                draft.extend(seqs[s][p : p + k - len(draft)])
+                end = p + k - len(draft)
+                draft.extend(seqs[s][p:end])
+                conf.extend(probs[s][p:end])
                 break
             counts: dict[int, int] = {}
             for s, p in occs:
@@ -126,9 +141,17 @@ class SuffixIndex:
             tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
             if tok < 0 or cnt < min_share * total:
                 break
+            nxt, q = [], -1.0
+            for s, p in occs:
+                seq = seqs[s]
+                if p < len(seq) and seq[p] == tok:
+                    nxt.append((s, p + 1))
+                    if q < 0:
+                        q = probs[s][p]
             draft.append(tok)
-            occs = [(s, p + 1) for s, p in occs if p < len(seqs[s]) and seqs[s][p] == tok]
-        return draft
+            conf.append(q)
+            occs = nxt
+        return draft, conf
 
 
 @dataclass
@@ -169,6 +192,7 @@ class SuffixProposer:
         self._groups: dict[Hashable, SuffixIndex] = {}
         self._states: dict[int, _State] = {}
         self._evidence: dict[int, int] = {}  # id(req) -> match length behind its last draft
+        self._confidence: dict[int, list[float]] = {}  # id(req) -> its last draft's confidence
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -211,12 +235,13 @@ class SuffixProposer:
             fresh = st is None or self._groups.get(st.key) is not st.index
             index = self._index(key)
             if req.history and fresh:
-                index.add_sequence(req.history)
+                index.add_sequence(req.history, _probs(req.history_logprobs, len(req.history)))
             st = _State(req=req, key=key, index=index, seq=index.new_sequence())
             self._states[id(req)] = st
         seq = index.seqs[st.seq]
         if len(seq) - 1 < len(out):
-            index.extend(st.seq, out[len(seq) - 1 :])
+            n = len(seq) - 1
+            index.extend(st.seq, out[n:], _probs(req.logprobs[n:], len(out) - n))
         return index, seq
 
     # -- the Proposer protocol -------------------------------------------------------------
@@ -230,17 +255,23 @@ class SuffixProposer:
         self._evidence[id(req)] = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
         if not occs:
             return []
-        return index.follow(occs, k, self.min_share)
+        draft, self._confidence[id(req)] = index.follow(occs, k, self.min_share)
+        return draft
 
     def evidence(self, req: Request) -> int:
         """The length of the context suffix the last draft for req was matched on."""
         return self._evidence.get(id(req), 0)
+
+    def confidence(self, req: Request) -> Optional[list[float]]:
+        """Per token of the last draft for req: the probability where it was sampled (-1 unknown)."""
+        return self._confidence.get(id(req))
 
     def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
         self._sync(req)  # siblings see the new tokens from now on
 
     def finish(self, req: Request) -> None:
         self._evidence.pop(id(req), None)
+        self._confidence.pop(id(req), None)
         st = self._states.get(id(req))
         if st is None or st.req is not req:
             return
@@ -249,3 +280,10 @@ class SuffixProposer:
         del self._states[id(req)]
         if st.key[0] == "private":
             self._groups.pop(st.key, None)
+
+
+def _probs(logprobs, n: int) -> Optional[list[float]]:
+    """exp of n logprobs (NaN stays NaN: unknown), or None when they are missing or short."""
+    if logprobs is None or len(logprobs) < n:
+        return None
+    return [math.exp(lp) for lp in logprobs[:n]]

@@ -73,3 +73,22 @@ def test_the_threshold_falls_with_the_load():
     assert c.draft_len(0.5, 16, load=0.5) == 2  # threshold 0.15
     assert c.draft_len(0.5, 16, load=0.125) == 4  # 0.0375: 0.5**4 = 0.0625 >= it > 0.5**5
     assert c.draft_len(0.99, 16, load=1.0) == 16  # capped by k
+
+
+def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
+    c = AdaptiveController(min_draft_prob=0.3)
+    req = Request(0, [1], SP(), 0)
+    p = Named("x", prior=0.5)
+    sure, unsure = 0.995, 0.4
+    for _ in range(20):  # fresh noise: sure tokens land, unsure ones mostly do not
+        c.record(req, "x", 20, proposed=4, accepted=3, confidence=[sure, sure, sure, unsure])
+    rates = c.token_rates(p, 20, [sure, sure, unsure, sure], 4)
+    assert rates[0] == rates[1] == rates[3] > 0.9 and rates[2] < 0.2
+    n, value = c.cut(rates, load=1.0)
+    assert n == 2 and abs(value - (rates[0] + rates[0] ** 2)) < 1e-12  # stops before the unsure one
+    assert c.token_rates(p, 20, None, 3) == [c.rate(p, 20)] * 3  # no confidence: the level's rate
+    assert c.token_rates(p, 20, [-1.0, float("nan")], 2) == [c.rate(p, 20)] * 2  # unknown: likewise
+    assert c.best_rate(p) == rates[0]
+    a, b = rates[0], rates[2]
+    n, value = c.cut(rates, load=0.01)  # the long tail: a long shot is worth its slot
+    assert n == 4 and abs(value - (a + a * a + a * a * b + a * a * b * a)) < 1e-12

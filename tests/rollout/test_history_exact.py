@@ -43,6 +43,36 @@ def test_history_and_suffix_identical_to_plain_across_epochs(dtype):
     assert reused[0] == 0 and min(reused[1:]) > 0.3, reused
 
 
+def test_fresh_noise_with_old_logprobs_identical_to_plain():
+    """per_epoch noise: the old responses and their logprobs (the drafts' confidence) only
+    guide the budget; every token is still the plain engine's."""
+    hf = tiny_hf_model("llama", vocab=VOCAB, seed=23)
+    prompts = [[5, 6, 7], [9, 1, 2, 3, 4]]
+    ids = [p for p in prompts for _ in range(N)]
+    groups = [g for g in range(len(prompts)) for _ in range(N)]
+    params = SamplingParams(temperature=0.7, max_tokens=40)
+    cfg = dict(max_batch_size=5, max_model_len=64)
+    plain = Engine.from_pretrained(hf, EngineConfig(**cfg))
+    spec = Engine.from_pretrained(hf, EngineConfig(**cfg, spec=SpecConfig(
+        proposers=("history", "suffix"), max_draft_tokens=8)))
+    old = None
+    for epoch in range(3):
+        seeds = [100 * epoch + i for i in range(len(ids))]  # fresh noise every epoch
+        if epoch:
+            weights = nudge(hf, 0.02, 10 + epoch)
+            plain.update_weights(weights)
+            spec.update_weights(weights)
+        ref = plain.generate(ids, params, seeds=seeds)
+        out = spec.generate(ids, params, seeds=seeds, groups=groups,
+                            drafts=None if old is None else [o.token_ids for o in old],
+                            draft_logprobs=None if old is None else [o.logprobs for o in old])
+        assert [o.token_ids for o in out] == [o.token_ids for o in ref], f"epoch {epoch}"
+        assert sum((o.logprobs for o in out), []) == pytest.approx(sum((o.logprobs for o in ref), []), abs=1e-5)
+        old = ref
+    proposed = [sum(o.stats["proposed"].get(name, 0) for o in out) for name in ("history", "suffix")]
+    assert min(proposed) > 0, proposed  # both sources were verified, not skipped
+
+
 def test_lenient_mode_is_flagged_and_off_by_default():
     hf = tiny_hf_model("llama", vocab=VOCAB, seed=22)
     prompts, params = [[1, 2, 3], [4, 5, 6]], SamplingParams(temperature=1.0, max_tokens=20)

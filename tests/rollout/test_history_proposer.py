@@ -200,3 +200,17 @@ def test_evidence_is_the_agreement_behind_the_alignment():
     assert prop.propose(req, 2) == hist[35:37]
     assert prop.evidence(req) == 5  # only the re-alignment's match backs the draft now
     assert HistoryProposer().evidence(make_req(hist)) == 0  # never seen: no evidence
+
+
+def test_confidence_is_the_old_policy_probability_of_each_draft_token():
+    import math
+
+    r = Request(0, [1], SamplingParams(), 0, history=[5, 6, 7, 8], history_logprobs=[-0.1, -0.2, -0.3, -0.4])
+    h = HistoryProposer()
+    assert h.propose(r, 2) == [5, 6]
+    assert h.confidence(r) == pytest.approx([math.exp(-0.1), math.exp(-0.2)])
+    r.output_ids = [5, 6]
+    h.observe(r, [5, 6], 2, [5, 6])
+    assert h.propose(r, 5) == [7, 8]
+    assert h.confidence(r) == pytest.approx([math.exp(-0.3), math.exp(-0.4)])
+    assert HistoryProposer().confidence(Request(1, [1], SamplingParams(), 0, history=[5])) is None

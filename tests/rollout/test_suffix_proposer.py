@@ -187,3 +187,26 @@ def test_evidence_is_the_match_length_and_a_match_from_start_counts_the_prompt()
     other = make_req(index=1, group=0)
     other.output_ids = [5, 6, 7, 8]  # occurs nowhere else
     assert prop.propose(other, 2) == [] and prop.evidence(other) == 0
+
+
+def test_drafts_carry_the_confidence_of_their_source_tokens():
+    import math
+
+    def req(i, out=(), lps=(), **kw):
+        r = Request(i, [1, 2], SamplingParams(), i, group=7, **kw)
+        r.output_ids, r.logprobs = list(out), list(lps)
+        return r
+
+    sfx = SuffixProposer()
+    sfx.observe(req(0, [3, 4, 9], [-0.2, -0.3, -1.5]), [], 0, [])
+    b = req(1, history=[3, 4, 5, 6], history_logprobs=[0.0, -0.1, -2.0, -0.5])
+    # b's old response is indexed after the sibling, so it is the newest source of 3 and 4; at the
+    # fork (5 or 9, one each) the smaller id wins; then only the old response goes on
+    assert sfx.propose(b, 4) == [3, 4, 5, 6]
+    assert sfx.confidence(b) == pytest.approx([1.0, math.exp(-0.1), math.exp(-2.0), math.exp(-0.5)])
+    sfx.observe(req(2, [3, 4], [-0.7, -0.8]), [], 0, [])  # a newer sibling speaks for 3 and 4
+    assert sfx.propose(b, 2) == [3, 4]
+    assert sfx.confidence(b) == pytest.approx([math.exp(-0.7), math.exp(-0.8)])
+    nan = float("nan")
+    sfx.observe(req(3, [3], [nan]), [], 0, [])  # continued from elsewhere: its logprob is unknown
+    assert sfx.propose(b, 1) == [3] and math.isnan(sfx.confidence(b)[0])
