@@ -34,8 +34,9 @@ when the slowest of them does: a long shot is then worth its slot.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from .request import Request
 
@@ -45,6 +46,7 @@ GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rates follow th
 
 
 CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.97, 0.99)  # bins: unknown, then < 0.5, ..., >= 0.99
+NUM_BINS = len(CONFIDENCE_EDGES) + 2
 
 
 def level(evidence: int) -> int:
@@ -70,35 +72,29 @@ class AdaptiveController:
             self.trials[key] *= GLOBAL_DECAY
 
     def rate(self, proposer, evidence: int = 0) -> float:
-        return self._level_rates(proposer, [level(evidence)])[0]
+        return self.table(proposer)[level(evidence)][0]
 
     def best_rate(self, proposer) -> float:
         """The highest rate any evidence level (or confidence bin) of this proposer has now:
         no draft of it can be worth more than a k-token draft at this rate."""
-        levels = self._level_rates(proposer, range(LEVELS))
-        bins = range(1, len(CONFIDENCE_EDGES) + 2)
-        return max(max(self._bin_rates(proposer, lv, rate, bins)) for lv, rate in enumerate(levels))
+        return max(map(max, self.table(proposer)))
 
     def token_rates(self, proposer, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
         """The acceptance rate of each of n draft tokens (confidence: one per token, or None)."""
-        lv = level(evidence)
-        rate = self._level_rates(proposer, [lv])[0]
-        if confidence is None:
-            return [rate] * n
-        return self._bin_rates(proposer, lv, rate, [confidence_bin(q) for q in confidence[:n]])
+        return list(rates_from(self.table(proposer), evidence, confidence, n))
 
-    def _level_rates(self, proposer, levels) -> list[float]:
-        name = proposer.name
-        prior = getattr(proposer, "prior", 0.5)
-        overall = (self.accepted.get(name, 0.0) + 2 * prior) / (self.trials.get(name, 0.0) + 2)
-        return [(self.accepted.get((name, lv), 0.0) + PRIOR_WEIGHT * overall)
-                / (self.trials.get((name, lv), 0.0) + PRIOR_WEIGHT) for lv in levels]
-
-    def _bin_rates(self, proposer, lv: int, level_rate: float, bins) -> list[float]:
+    def table(self, proposer) -> list[list[float]]:
+        """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's
+        rate. The engine reads it once per step: rates move only when a step is recorded."""
         name, acc, trials = proposer.name, self.accepted, self.trials
-        return [level_rate if b == 0 else
-                (acc.get((name, lv, b), 0.0) + PRIOR_WEIGHT * level_rate) / (trials.get((name, lv, b), 0.0) + PRIOR_WEIGHT)
-                for b in bins]
+        prior = getattr(proposer, "prior", 0.5)
+        overall = (acc.get(name, 0.0) + 2 * prior) / (trials.get(name, 0.0) + 2)
+        rows = []
+        for lv in range(LEVELS):
+            rate = (acc.get((name, lv), 0.0) + PRIOR_WEIGHT * overall) / (trials.get((name, lv), 0.0) + PRIOR_WEIGHT)
+            rows.append([rate] + [(acc.get((name, lv, b), 0.0) + PRIOR_WEIGHT * rate)
+                                  / (trials.get((name, lv, b), 0.0) + PRIOR_WEIGHT) for b in range(1, NUM_BINS)])
+        return rows
 
     def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
         """The longest n <= k whose last token is still emitted with probability at least
@@ -109,7 +105,7 @@ class AdaptiveController:
             n, p = n + 1, p * rate
         return n
 
-    def cut(self, rates: Sequence[float], load: float = 1.0) -> tuple[int, float]:
+    def cut(self, rates: Iterable[float], load: float = 1.0) -> tuple[int, float]:
         """(n, expected accepted tokens): the longest prefix of a draft whose last token is
         still reached and accepted with probability >= min_draft_prob x load."""
         threshold = self.min_draft_prob * min(max(load, 0.0), 1.0)
@@ -137,6 +133,16 @@ class AdaptiveController:
                     key = (name, lv, b)
                     self.accepted[key] = self.accepted.get(key, 0.0) + (i < accepted)
                     self.trials[key] = self.trials.get(key, 0.0) + 1
+
+
+def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
+               n: int) -> Iterator[float]:
+    """The acceptance rate of each of n draft tokens from a proposer's rate table, lazily
+    (`cut` reads only as far as it drafts)."""
+    row = table[level(evidence)]
+    if confidence is None:
+        return itertools.repeat(row[0], n)
+    return (row[confidence_bin(q)] for q in itertools.islice(confidence, n))
 
 
 def expected_run(rate: float, n: int) -> float:

@@ -18,7 +18,7 @@ import torch
 
 from . import sampling
 from .batch import ForwardBatch
-from .controller import AdaptiveController, expected_run
+from .controller import AdaptiveController, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
 from .proposers import make_proposers
@@ -141,7 +141,8 @@ class Engine:
         # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
         order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
         load = len(running) / cfg.max_batch_size
-        best_rates = [(p, self.controller.best_rate(p)) for p in self.proposers] if spec else []
+        tables = [(p, self.controller.table(p)) for p in self.proposers] if spec else []
+        tables = [(p, t, max(map(max, t))) for p, t in tables]  # (proposer, rates, its best rate)
         rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence, confidence), first logit index)
         n_tokens, logit_rows = 0, []
         for req in order:
@@ -154,7 +155,7 @@ class Engine:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
                 if room > 0:
-                    draft, source = self._propose(req, room, load, best_rates)
+                    draft, source = self._propose(req, room, load, tables)
             tokens = fed + draft
             rows.append((req.slot, req.num_cached, tokens))
             first = None
@@ -199,16 +200,16 @@ class Engine:
                 mine = draft if p is chosen else []
                 p.observe(req, mine, accepted if p is chosen else 0, emitted)
 
-    def _propose(self, req: Request, k: int, load: float, best_rates):
+    def _propose(self, req: Request, k: int, load: float, tables):
         """Ask every proposer for a draft, cut each where the adaptive budget stops granting
         tokens (by the evidence behind it, its tokens' confidence and this load), and take the
-        one with the longest expected accepted run. best_rates: (proposer, its best rate at any
-        level), which bounds what it could be granted, so a proposer is asked for no more than
-        that and not at all when it could not beat the draft in hand.
+        one with the longest expected accepted run. tables: (proposer, its rate table, its best
+        rate); the best rate bounds what it could be granted, so a proposer is asked for no
+        more than that and not at all when it could not beat the draft in hand.
         Returns (draft, (proposer, evidence, confidence))."""
         ctl = self.controller
         best, best_value, best_source = [], 0.0, (None, 0, None)
-        for p, top in best_rates:
+        for p, table, top in tables:
             cap = ctl.draft_len(top, k, load)
             if cap == 0 or expected_run(top, cap) <= best_value:
                 continue
@@ -217,7 +218,7 @@ class Engine:
                 continue
             evidence = p.evidence(req) if hasattr(p, "evidence") else 0
             confidence = p.confidence(req) if hasattr(p, "confidence") else None
-            n, value = ctl.cut(ctl.token_rates(p, evidence, confidence, min(cap, len(draft))), load)
+            n, value = ctl.cut(rates_from(table, evidence, confidence, min(cap, len(draft))), load)
             if value > best_value:
                 best, best_value = list(draft[:n]), value
                 best_source = (p, evidence, None if confidence is None else list(confidence[:n]))

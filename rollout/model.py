@@ -130,14 +130,20 @@ class Attention(nn.Module):
         cache.write(layer, batch.token_slots, batch.positions, k, v)
 
         out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
+        # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
+        # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
+        # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
+        expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
         for g, group in enumerate(batch.groups):
             rows, length = group.num_rows, group.max_row_len
             grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
             grid[group.pad_index] = q[group.token_index]
             grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
             keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
+            if expand > 1:
+                keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
             o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
-                                               enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+                                               enable_gqa=expand == 1 and cfg.num_heads != cfg.num_kv_heads)
             out[group.token_index] = o.transpose(1, 2).reshape(rows * length, -1)[group.pad_index]
         return self.o_proj(out)
 

@@ -21,7 +21,7 @@ Drafting for a request:
 
 Each indexed token also keeps the probability the policy gave it where it was sampled (a
 sibling's logprob, an old response's logprob; -1 when unknown). A draft token's `confidence`
-is that of its newest occurrence: siblings in flight share the weights and, matched back to
+is that of its newest occurrence that knows it: siblings in flight share the weights and, matched back to
 the start, the very context, so it is the acceptance chance of that token under fresh noise.
 
 A request's own tokens are indexed too (siblings and its own repetitions draft from them); its
@@ -119,38 +119,33 @@ class SuffixIndex:
     def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> tuple[list[int], list[float]]:
         """Up to k tokens along the most frequent continuation of the occurrences, and the
         confidence of each (see the module docstring)."""
-        seqs, probs = self.seqs, self.probs
+        live = [(self.seqs[s], self.probs[s], p) for s, p in occs]  # newest first
         draft: list[int] = []
         conf: list[float] = []
-        while occs and len(draft) < k:
-            if len(occs) == 1:  # one source left: copy it (a response holds no START after 0)
-                s, p = occs[0]
+        while live and len(draft) < k:
+            if len(live) == 1:  # one source left: copy it (a response holds no START after 0)
+                seq, probs, p = live[0]
                 end = p + k - len(draft)
-                draft.extend(seqs[s][p:end])
-                conf.extend(probs[s][p:end])
+                draft.extend(seq[p:end])
+                conf.extend(probs[p:end])
                 break
-            counts: dict[int, int] = {}
-            for s, p in occs:
-                seq = seqs[s]
-                if p < len(seq):
-                    t = seq[p]
+            nexts = [seq[p] for seq, _, p in live if p < len(seq)]
+            if not nexts:
+                break
+            tok = nexts[0]
+            if nexts.count(tok) < len(nexts):  # a fork (siblings agree most of the time)
+                counts: dict[int, int] = {}
+                for t in nexts:
                     counts[t] = counts.get(t, 0) + 1
-            if not counts:
+                tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+                if cnt < min_share * len(nexts):
+                    break
+            if tok < 0:
                 break
-            total = sum(counts.values())
-            tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-            if tok < 0 or cnt < min_share * total:
-                break
-            nxt, q = [], -1.0
-            for s, p in occs:
-                seq = seqs[s]
-                if p < len(seq) and seq[p] == tok:
-                    nxt.append((s, p + 1))
-                    if q < 0:
-                        q = probs[s][p]
+            live = [(seq, probs, p + 1) for seq, probs, p in live if p < len(seq) and seq[p] == tok]
+            q = next((probs[p - 1] for _, probs, p in live if probs[p - 1] >= 0), -1.0)
             draft.append(tok)
             conf.append(q)
-            occs = nxt
         return draft, conf
 
 

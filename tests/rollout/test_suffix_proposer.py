@@ -209,4 +209,8 @@ def test_drafts_carry_the_confidence_of_their_source_tokens():
     assert sfx.confidence(b) == pytest.approx([math.exp(-0.7), math.exp(-0.8)])
     nan = float("nan")
     sfx.observe(req(3, [3], [nan]), [], 0, [])  # continued from elsewhere: its logprob is unknown
-    assert sfx.propose(b, 1) == [3] and math.isnan(sfx.confidence(b)[0])
+    assert sfx.propose(b, 1) == [3]
+    assert sfx.confidence(b) == pytest.approx([math.exp(-0.7)])  # the newest that knows it
+    solo, other = SuffixProposer(), req(5)
+    solo.observe(req(4, [3], [nan]), [], 0, [])
+    assert solo.propose(other, 1) == [3] and math.isnan(solo.confidence(other)[0])  # none knows it
