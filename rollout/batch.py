@@ -6,6 +6,10 @@ FLOP is spent on padding. Attention pads rows into [R, L] grids against [R, K] c
 a single grid would make every row pay for the longest context and the longest row of the
 step, which in a long-tail rollout is most of the work. So rows are grouped by context length
 (powers of two) and by whether they are long prompt chunks, and each group gets its own grid.
+
+That trade is the CPU's, where attention FLOPs cost time. On a GPU a small model's step is bound
+by kernel launches, a dozen per group and layer, while padded FLOPs are nearly free: there
+`min_bucket` is the model length, and decodes and drafts share one grid.
 """
 from __future__ import annotations
 
@@ -15,7 +19,11 @@ from typing import Optional
 import torch
 
 PREFILL_ROW = 16  # rows longer than this (prompt chunks) are not padded together with decodes
-MIN_BUCKET = 64  # context lengths up to this share one group
+MIN_BUCKET = 64  # context lengths up to this share one group (the CPU default)
+
+
+def min_bucket_for(device: torch.device, max_model_len: int) -> int:
+    return MIN_BUCKET if device.type == "cpu" else max_model_len
 
 
 @dataclass
@@ -53,9 +61,10 @@ class ForwardBatch:
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
-              device: torch.device | str) -> "ForwardBatch":
+              device: torch.device | str, min_bucket: int = MIN_BUCKET) -> "ForwardBatch":
         """rows: (slot, start position, new token ids) per row; slots distinct.
-        logit_index: indices into the concatenated tokens that need logits."""
+        logit_index: indices into the concatenated tokens that need logits.
+        min_bucket: context lengths up to this share one attention group."""
         if not rows:
             raise ValueError("a forward needs at least one row")
         slots = [r[0] for r in rows]
@@ -70,7 +79,7 @@ class ForwardBatch:
 
         buckets: dict[tuple[int, bool], list[int]] = {}
         for i, (slot, start, ids) in enumerate(rows):
-            key = (_bucket(start + len(ids)), len(ids) > PREFILL_ROW)
+            key = (max(min_bucket, _pow2(start + len(ids))), len(ids) > PREFILL_ROW)
             buckets.setdefault(key, []).append(i)
         groups = [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)
                   for _, members in sorted(buckets.items())]
@@ -81,8 +90,8 @@ class ForwardBatch:
         return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), groups)
 
 
-def _bucket(kv_len: int) -> int:
-    return max(MIN_BUCKET, 1 << (kv_len - 1).bit_length())
+def _pow2(kv_len: int) -> int:
+    return 1 << (kv_len - 1).bit_length()
 
 
 def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:

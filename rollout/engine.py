@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import sampling
-from .batch import ForwardBatch
+from .batch import ForwardBatch, min_bucket_for
 from .controller import AdaptiveController, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
@@ -31,6 +31,7 @@ class Engine:
         config.validate()
         self.model, self.config = model, config
         self.device = torch.device(config.device)
+        self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec)
         self.controller = AdaptiveController(config.spec.min_draft_prob if config.spec else 0.0)
@@ -166,7 +167,7 @@ class Engine:
             n_tokens += len(tokens)
             budget -= len(tokens)
 
-        batch = ForwardBatch.build(rows, logit_rows, self.device)
+        batch = ForwardBatch.build(rows, logit_rows, self.device, self.min_bucket)
         logits, _ = self.model(batch, self.cache)
         tokens, logprobs, draft_lps = self._sample(logits, plan)
 

@@ -101,6 +101,20 @@ def test_identical_across_batch_compositions(hf):
     assert alone[0].token_ids == full[4].token_ids
 
 
+def test_one_attention_grid_as_on_a_gpu_is_identical(hf):
+    """A GPU engine puts every decode and draft row in one attention grid (launches cost more
+    than padding there); the tokens are those of the CPU's grouping by context length."""
+    ps, seeds = prompts(8, seed=4), list(range(8))
+    params = SamplingParams(temperature=1.0, max_tokens=60)
+    cpu = engine(hf, max_batch_size=8, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
+    gpu_like = engine(hf, max_batch_size=8, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
+    gpu_like.min_bucket = gpu_like.config.max_model_len
+    assert cpu.min_bucket == 64
+    a, b = cpu.generate(ps, params, seeds=seeds), gpu_like.generate(ps, params, seeds=seeds)
+    assert tokens(a) == tokens(b) and any(len(o.token_ids) + len(p) > 64 for o, p in zip(a, ps))
+    assert sum((o.logprobs for o in a), []) == pytest.approx(sum((o.logprobs for o in b), []), abs=1e-5)
+
+
 def test_float64_speculation_is_identical():
     hf = tiny_hf_model("qwen3", vocab=VOCAB, seed=11, dtype=torch.float64)
     ps, seeds = prompts(5, seed=2), [5, 6, 7, 8, 9]
