@@ -47,7 +47,8 @@ class SpecConfig:
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
     min_draft_prob: the adaptive budget (rollout/controller.py) drafts a token only when the
-        chance it is reached and accepted, estimated per proposer and evidence level, is at
+        chance it is reached and accepted, estimated per proposer, evidence level and the
+        token's confidence (its logprob where it was sampled, when the proposer knows it), is at
         least this times the fraction of slots in use: with every slot busy a draft token
         costs about what a request's token does, with a few requests left (the long tail) a
         step costs about the same however many draft tokens ride on it. 0 always drafts

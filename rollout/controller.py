@@ -99,11 +99,7 @@ class AdaptiveController:
     def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
         """The longest n <= k whose last token is still emitted with probability at least
         min_draft_prob x load (load: the fraction of the engine's slots in use)."""
-        threshold = self.min_draft_prob * min(max(load, 0.0), 1.0)
-        n, p = 0, 1.0
-        while n < k and p * rate >= threshold:
-            n, p = n + 1, p * rate
-        return n
+        return self.cut(itertools.repeat(rate, k), load)[0]
 
     def cut(self, rates: Iterable[float], load: float = 1.0) -> tuple[int, float]:
         """(n, expected accepted tokens): the longest prefix of a draft whose last token is
