@@ -31,7 +31,7 @@ from .task import TaskConfig
 
 # Draft sources the engine can build today (rollout.proposers.make_proposers); "drafter" is
 # known to SpecConfig but not built yet.
-AVAILABLE_PROPOSERS = ("history", "suffix", "ngram")
+AVAILABLE_PROPOSERS = ("history", "suffix", "lookahead", "ngram")
 
 # ------------------------------------------------------------------------------ the sections
 
@@ -72,9 +72,10 @@ class PolicySection:
 class SpecSection:
     """Speculation (rollout.config.SpecConfig). Drafts never change the tokens, only speed."""
 
-    # history + suffix: in the demo, n-gram (prompt lookup) drafts cost more forward work than
-    # they save at epoch 0 and add nothing once history exists; add "ngram" for copy-heavy tasks
-    proposers: list[str] = field(default_factory=lambda: ["history", "suffix"])
+    # history + suffix + lookahead: in the demo, n-gram (prompt lookup) drafts cost more forward
+    # work than they save at epoch 0 and add nothing once history exists; add "ngram" for
+    # copy-heavy tasks
+    proposers: list[str] = field(default_factory=lambda: ["history", "suffix", "lookahead"])
     max_draft_tokens: int = 24
     max_batch_for_spec: Optional[int] = None  # more requests running than this: no drafts
     ngram_sizes: list[int] = field(default_factory=lambda: [3, 2, 1])

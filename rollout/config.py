@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
-KNOWN_PROPOSERS = ("ngram", "history", "suffix", "drafter")
+KNOWN_PROPOSERS = ("ngram", "history", "suffix", "lookahead", "drafter")
 
 
 @dataclass(frozen=True)

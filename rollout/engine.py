@@ -22,7 +22,7 @@ from .controller import AdaptiveController, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
 from .proposers import make_proposers
-from .request import Request
+from .request import Lookahead, Request
 from .requests import make_requests
 
 
@@ -197,6 +197,10 @@ class Engine:
             if chosen is not None:
                 self.controller.record(req, chosen.name, evidence, len(draft), accepted, confidence)
             emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+            req.lookahead = None
+            if accepted + 1 < len(ys) and len(emitted) == accepted + 1 and not req.finish_reason:
+                req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
+                                          [math.exp(lp) for lp in lps[accepted + 1:]])
             for p in self.proposers:
                 mine = draft if p is chosen else []
                 p.observe(req, mine, accepted if p is chosen else 0, emitted)

@@ -8,6 +8,15 @@ from .config import SamplingParams
 
 
 @dataclass
+class Lookahead:
+    """The target's samples past the last rejected draft token (see proposers/lookahead.py)."""
+
+    position: int  # the response position of tokens[0]
+    tokens: list[int]
+    probs: list[float]  # the probability of each where it was sampled
+
+
+@dataclass
 class Request:
     """A prompt being completed. Tokens in `prompt_ids + output_ids` at positions below
     `num_cached` are in this request's KV-cache slot; the rest are `pending` (fed next step).
@@ -30,6 +39,7 @@ class Request:
     proposed: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
     lenient: int = 0  # tokens accepted by the (biased) lenient mode
+    lookahead: Optional[Lookahead] = None  # set by the engine after a draft was rejected
 
     @property
     def all_ids(self) -> list[int]:

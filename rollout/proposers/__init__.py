@@ -16,6 +16,9 @@ def make_proposers(spec) -> list:
         elif name == "history":
             from .history import HistoryProposer
             out.append(HistoryProposer())
+        elif name == "lookahead":
+            from .lookahead import LookaheadProposer
+            out.append(LookaheadProposer())
         elif name == "suffix":
             from .suffix import SuffixProposer
             out.append(SuffixProposer())

@@ -1,0 +1,41 @@
+"""Lookahead: the target's own samples past a rejected draft token draft the next step.
+
+A verify step samples every draft position. Past the first mismatch those samples are
+conditioned on the wrong token, so the engine emits none of them, but they are good guesses:
+what a model writes a few tokens on rarely hangs on one earlier token (a digit, a word choice).
+So the engine keeps them on the request (`Request.lookahead`, with their probabilities), and this
+proposer offers them, after the corrected token, as the next draft. When a request's text has
+drifted from everything the group wrote (an early slip shifts every later line), history and
+siblings have nothing to copy, and this is what still drafts: the request then needs about a
+third fewer steps in the demo. Like every draft, these are verified against the exact sample:
+a wrong guess costs a forward slot, never a token.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..request import Request
+
+
+class LookaheadProposer:
+    name = "lookahead"
+    prior = 0.5
+
+    def propose(self, req: Request, k: int) -> list[int]:
+        la = req.lookahead
+        if k <= 0 or la is None or la.position != len(req.output_ids):
+            return []  # none left from the last step, or stale (the output moved on)
+        return la.tokens[:k]
+
+    def evidence(self, req: Request) -> int:
+        return 0  # one level: the controller learns from the confidence of each token
+
+    def confidence(self, req: Request) -> Optional[list[float]]:
+        la = req.lookahead
+        return None if la is None else la.probs
+
+    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
+        pass  # the engine refreshes req.lookahead after every verify
+
+    def finish(self, req: Request) -> None:
+        req.lookahead = None
