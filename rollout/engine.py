@@ -142,8 +142,11 @@ class Engine:
         # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
         order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
         load = len(running) / cfg.max_batch_size
-        tables = [(p, self.controller.table(p)) for p in self.proposers] if spec else []
-        tables = [(p, t, max(map(max, t))) for p, t in tables]  # (proposer, rates, its best rate)
+        tables = []  # (proposer, its rate table, its best rate, the most draft tokens that earns now)
+        for p in self.proposers if spec else ():
+            table = self.controller.table(p)
+            top = max(map(max, table))
+            tables.append((p, table, top, self.controller.draft_len(top, cfg.spec.max_draft_tokens, load)))
         rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence, confidence), first logit index)
         n_tokens, logit_rows = 0, []
         for req in order:
@@ -209,13 +212,12 @@ class Engine:
         """Ask every proposer for a draft, cut each where the adaptive budget stops granting
         tokens (by the evidence behind it, its tokens' confidence and this load), and take the
         one with the longest expected accepted run. tables: (proposer, its rate table, its best
-        rate); the best rate bounds what it could be granted, so a proposer is asked for no
-        more than that and not at all when it could not beat the draft in hand.
-        Returns (draft, (proposer, evidence, confidence))."""
+        rate, the draft tokens that rate earns): a proposer is asked for no more than that, and
+        not at all when even its best could not beat the draft in hand. Returns (draft, (proposer, evidence, confidence))."""
         ctl = self.controller
         best, best_value, best_source = [], 0.0, (None, 0, None)
-        for p, table, top in tables:
-            cap = ctl.draft_len(top, k, load)
+        for p, table, top, most in tables:
+            cap = min(most, k)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(top, cap) <= best_value:
                 continue
             draft = p.propose(req, cap)
