@@ -213,7 +213,8 @@ class Engine:
         tokens (by the evidence behind it, its tokens' confidence and this load), and take the
         one with the longest expected accepted run. tables: (proposer, its rate table, its best
         rate, the draft tokens that rate earns): a proposer is asked for no more than that, and
-        not at all when even its best could not beat the draft in hand. Returns (draft, (proposer, evidence, confidence))."""
+        not at all when even its best could not beat the draft in hand.
+        Returns (draft, (proposer, evidence, confidence))."""
         ctl = self.controller
         best, best_value, best_source = [], 0.0, (None, 0, None)
         for p, table, top, most in tables:
