@@ -34,6 +34,8 @@ class Engine:
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec)
+        # the samples past a rejected draft token are kept only when a proposer reads them
+        self.keeps_lookahead = any(p.name == "lookahead" for p in self.proposers)
         self.controller = AdaptiveController(config.spec.min_draft_prob if config.spec else 0.0)
         self.steps = self.spec_off_steps = 0  # forwards of the last run(), and those without drafts
 
@@ -201,7 +203,8 @@ class Engine:
                 self.controller.record(req, chosen.name, evidence, len(draft), accepted, confidence)
             emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
             req.lookahead = None
-            if accepted + 1 < len(ys) and len(emitted) == accepted + 1 and not req.finish_reason:
+            if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
+                    and not req.finish_reason):
                 req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
                                           [math.exp(lp) for lp in lps[accepted + 1:]])
             for p in self.proposers:
