@@ -30,6 +30,7 @@ current end has no continuation, so it never matches itself trivially.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Hashable, Optional
 
@@ -47,13 +48,13 @@ class SuffixIndex:
     def __init__(self):
         self.seqs: list[list[int]] = []  # each [START, t1, t2, ...]
         self.probs: list[list[float]] = []  # parallel to seqs: each token's probability, -1 unknown
-        self.grams: tuple[dict, ...] = tuple({} for _ in _NGRAMS)  # per n: n-gram -> [(seq, pos)]
+        self.grams: tuple[dict, ...] = tuple(defaultdict(list) for _ in _NGRAMS)  # per n: n-gram -> [(seq, pos)]
 
     def new_sequence(self) -> int:
         s = len(self.seqs)
         self.seqs.append([START])
         self.probs.append([1.0])
-        self.grams[_NGRAMS.index(1)].setdefault(START, []).append((s, 1))
+        self.grams[_NGRAMS.index(1)][START].append((s, 1))
         return s
 
     def add_sequence(self, tokens, probs=None) -> int:
@@ -63,21 +64,19 @@ class SuffixIndex:
 
     def extend(self, s: int, tokens, probs=None) -> None:
         """Append tokens to sequence s; probs: one probability per token, or None (unknown)."""
-        tokens = list(tokens)
+        tokens = [int(t) for t in tokens]
         self.probs[s].extend([-1.0] * len(tokens) if probs is None else probs)
         seq = self.seqs[s]
+        g4, g2, g1 = self.grams  # one per _NGRAMS, unrolled: this runs for every token
         for t in tokens:
-            seq.append(int(t))
+            seq.append(t)
             end = len(seq)  # the n-gram seq[end-n:end] is followed by position `end`
             occ = (s, end)
-            for n, grams in zip(_NGRAMS, self.grams):
-                if end >= n:
-                    key = tuple(seq[end - n : end]) if n > 1 else seq[end - 1]
-                    lst = grams.get(key)
-                    if lst is None:
-                        grams[key] = [occ]
-                    else:
-                        lst.append(occ)
+            g1[t].append(occ)
+            if end >= 2:
+                g2[seq[-2], t].append(occ)
+                if end >= 4:
+                    g4[seq[-4], seq[-3], seq[-2], t].append(occ)
 
     @property
     def num_tokens(self) -> int:
@@ -105,9 +104,7 @@ class SuffixIndex:
                 seen += 1
                 if seen > max_candidates:
                     break
-                m = n  # seq[p-n:p] == ctx[-n:] by the index
-                while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
-                    m += 1
+                m = _match_length(seq, p, ctx, n, min(limit, p))
                 if m > best:
                     best, found = m, [(s, p)]
                 elif m == best:
@@ -129,6 +126,17 @@ class SuffixIndex:
                 draft.extend(seq[p:end])
                 conf.extend(probs[p:end])
                 break
+            run = _agreed_run(live, k - len(draft))
+            if run:  # every occurrence continues the same way for `run` tokens: take them at once
+                seq, probs, p = live[0]
+                draft.extend(seq[p:p + run])
+                for j in range(p, p + run):
+                    q = probs[j]
+                    if not q >= 0:  # the newest occurrence does not know it (-1 or NaN): ask the others
+                        q = next((pr[pj + j - p] for _, pr, pj in live[1:] if pr[pj + j - p] >= 0), -1.0)
+                    conf.append(q)
+                live = [(seq, probs, p + run) for seq, probs, p in live]
+                continue
             nexts = [seq[p] for seq, _, p in live if p < len(seq)]
             if not nexts:
                 break
@@ -276,6 +284,34 @@ class SuffixProposer:
         del self._states[id(req)]
         if st.key[0] == "private":
             self._groups.pop(st.key, None)
+
+
+def _match_length(seq: list[int], p: int, ctx: list[int], lo: int, hi: int) -> int:
+    """The longest m <= hi with seq[p-m:p] == ctx[-m:], given it holds for m = lo. A suffix
+    that matches has every shorter one matching, so bisect on slice comparisons (in C)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if seq[p - mid:p] == ctx[-mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _agreed_run(live: list[tuple[list, list, int]], k: int) -> int:
+    """How many tokens (<= k) every occurrence in live continues with alike, none running out.
+    Slices compare in C, so an agreeing run costs no Python step per token."""
+    seq0, _, p0 = live[0]
+    run = min(k, min(len(seq) - p for seq, _, p in live))
+    for seq, _, p in live[1:]:
+        if run <= 0:
+            return 0
+        if seq[p:p + run] != seq0[p0:p0 + run]:
+            j = 0
+            while seq[p + j] == seq0[p0 + j]:
+                j += 1
+            run = j
+    return max(run, 0)
 
 
 def _probs(logprobs, n: int) -> Optional[list[float]]:
