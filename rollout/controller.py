@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from .request import Request
 
@@ -123,22 +123,25 @@ class AdaptiveController:
             self.accepted[key] = self.accepted.get(key, 0.0) + accepted
             self.trials[key] = self.trials.get(key, 0.0) + trials
         if confidence is not None:
-            for i in range(trials):
-                b = confidence_bin(confidence[i])
+            acc, tri = self.accepted, self.trials
+            for i, q in enumerate(confidence[:trials]):
+                b = confidence_bin(q)
                 if b:
                     key = (name, lv, b)
-                    self.accepted[key] = self.accepted.get(key, 0.0) + (i < accepted)
-                    self.trials[key] = self.trials.get(key, 0.0) + 1
+                    acc[key] = acc.get(key, 0.0) + (i < accepted)
+                    tri[key] = tri.get(key, 0.0) + 1
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
-               n: int) -> Iterator[float]:
-    """The acceptance rate of each of n draft tokens from a proposer's rate table, lazily
-    (`cut` reads only as far as it drafts)."""
+               n: int) -> list[float]:
+    """The acceptance rate of each of n draft tokens from a proposer's rate table. (This runs
+    for every draft of every request each step, hence confidence_bin inlined.)"""
     row = table[level(evidence)]
     if confidence is None:
-        return itertools.repeat(row[0], n)
-    return (row[confidence_bin(q)] for q in itertools.islice(confidence, n))
+        return [row[0]] * n
+    unknown, edges = row[0], CONFIDENCE_EDGES
+    return [row[1 + bisect.bisect_right(edges, q)] if q is not None and q >= 0 else unknown
+            for q in itertools.islice(confidence, n)]
 
 
 def expected_run(rate: float, n: int) -> float:

@@ -104,7 +104,9 @@ class SuffixIndex:
                 seen += 1
                 if seen > max_candidates:
                     break
-                m = _match_length(seq, p, ctx, n, min(limit, p))
+                m = n  # seq[p-n:p] == ctx[-n:] by the index (matches run a few tokens: no bisecting)
+                while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
+                    m += 1
                 if m > best:
                     best, found = m, [(s, p)]
                 elif m == best:
@@ -130,11 +132,12 @@ class SuffixIndex:
             if run:  # every occurrence continues the same way for `run` tokens: take them at once
                 seq, probs, p = live[0]
                 draft.extend(seq[p:p + run])
-                for j in range(p, p + run):
-                    q = probs[j]
-                    if not q >= 0:  # the newest occurrence does not know it (-1 or NaN): ask the others
-                        q = next((pr[pj + j - p] for _, pr, pj in live[1:] if pr[pj + j - p] >= 0), -1.0)
-                    conf.append(q)
+                known = probs[p:p + run]
+                total = sum(known)
+                if min(known) < 0 or total != total:  # the newest occurrence does not know some (-1, NaN)
+                    known = [q if q >= 0 else next((pr[pj + j] for _, pr, pj in live[1:] if pr[pj + j] >= 0), -1.0)
+                             for j, q in enumerate(known)]
+                conf.extend(known)
                 live = [(seq, probs, p + run) for seq, probs, p in live]
                 continue
             nexts = [seq[p] for seq, _, p in live if p < len(seq)]
@@ -284,18 +287,6 @@ class SuffixProposer:
         del self._states[id(req)]
         if st.key[0] == "private":
             self._groups.pop(st.key, None)
-
-
-def _match_length(seq: list[int], p: int, ctx: list[int], lo: int, hi: int) -> int:
-    """The longest m <= hi with seq[p-m:p] == ctx[-m:], given it holds for m = lo. A suffix
-    that matches has every shorter one matching, so bisect on slice comparisons (in C)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if seq[p - mid:p] == ctx[-mid:]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _agreed_run(live: list[tuple[list, list, int]], k: int) -> int:
