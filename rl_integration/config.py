@@ -79,7 +79,8 @@ class SpecSection:
     max_draft_tokens: int = 24
     max_batch_for_spec: Optional[int] = None  # more requests running than this: no drafts
     ngram_sizes: list[int] = field(default_factory=lambda: [3, 2, 1])
-    min_draft_prob: float = 0.3  # adaptive budget: draft a token only if likely to be accepted
+    # adaptive budget: draft a token only if likely to be accepted; null: by device (0.3 CPU, 0.05 GPU)
+    min_draft_prob: Optional[float] = None
 
 
 @dataclass
@@ -358,7 +359,8 @@ def validate(cfg: RunConfig) -> None:
              "must be >= 0 or null", s.max_batch_for_spec)
         need(bool(s.ngram_sizes) and min(s.ngram_sizes) >= 1, "rollout.spec.ngram_sizes",
              "must be integers >= 1", s.ngram_sizes)
-        need(0.0 <= s.min_draft_prob < 1.0, "rollout.spec.min_draft_prob", "must be in [0, 1)", s.min_draft_prob)
+        need(s.min_draft_prob is None or 0.0 <= s.min_draft_prob < 1.0, "rollout.spec.min_draft_prob",
+             "must be null (by device) or in [0, 1)", s.min_draft_prob)
     _wrap(lambda: engine_config(r).validate(), "rollout")
 
     need(tr.epochs >= 1, "trainer.epochs", "must be >= 1", tr.epochs)

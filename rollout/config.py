@@ -52,7 +52,9 @@ class SpecConfig:
         least this times the fraction of slots in use: with every slot busy a draft token
         costs about what a request's token does, with a few requests left (the long tail) a
         step costs about the same however many draft tokens ride on it. 0 always drafts
-        max_draft_tokens.
+        max_draft_tokens. None (the default) picks by device (controller.default_min_draft_prob):
+        0.3 on a CPU, where every fed token costs compute, 0.05 on a GPU, where a decode step
+        costs its weight reads and launches more than its tokens.
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
@@ -63,7 +65,7 @@ class SpecConfig:
     max_draft_tokens: int = 8
     max_batch_for_spec: Optional[int] = None
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
-    min_draft_prob: float = 0.3
+    min_draft_prob: Optional[float] = None
     lenience: Optional[float] = None
 
     def validate(self) -> None:
@@ -76,8 +78,9 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
         if self.max_batch_for_spec is not None and self.max_batch_for_spec < 0:
             raise ValueError(f"SpecConfig.max_batch_for_spec must be >= 0 or None, got {self.max_batch_for_spec}")
-        if not 0.0 <= self.min_draft_prob < 1.0:
-            raise ValueError(f"SpecConfig.min_draft_prob must be in [0, 1), got {self.min_draft_prob}")
+        if self.min_draft_prob is not None and not 0.0 <= self.min_draft_prob < 1.0:
+            raise ValueError(f"SpecConfig.min_draft_prob must be None (by device) or in [0, 1), "
+                             f"got {self.min_draft_prob}")
         if self.lenience is not None and not self.lenience >= 1.0:
             raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:

@@ -19,7 +19,7 @@ import torch
 
 from . import sampling
 from .batch import ForwardBatch, min_bucket_for
-from .controller import AdaptiveController, expected_run, rates_from
+from .controller import AdaptiveController, default_min_draft_prob, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .model import CausalLM
 from .proposers import make_proposers
@@ -37,7 +37,8 @@ class Engine:
         self.proposers = make_proposers(config.spec)
         # the samples past a rejected draft token are kept only when a proposer reads them
         self.keeps_lookahead = any(p.name == "lookahead" for p in self.proposers)
-        self.controller = AdaptiveController(config.spec.min_draft_prob if config.spec else 0.0)
+        threshold = config.spec.min_draft_prob if config.spec else 0.0
+        self.controller = AdaptiveController(default_min_draft_prob(self.device) if threshold is None else threshold)
         self.steps = self.spec_off_steps = 0  # forwards of the last run(), and those without drafts
 
     @classmethod

@@ -92,3 +92,17 @@ def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
     a, b = rates[0], rates[2]
     n, value = c.cut(rates, load=0.01)  # the long tail: a long shot is worth its slot
     assert n == 4 and abs(value - (a + a * a + a * a * b + a * a * b * a)) < 1e-12
+
+
+def test_the_default_threshold_is_chosen_by_device_and_bad_values_are_named():
+    import pytest
+    from rollout.controller import default_min_draft_prob
+    assert default_min_draft_prob("cpu") == 0.3
+    assert default_min_draft_prob("cuda:0") == 0.05  # a step's tokens are nearly free on a GPU
+    hf = tiny_hf_model()
+    by_device = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, spec=SpecConfig()))
+    assert by_device.controller.min_draft_prob == 0.3
+    given = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, spec=SpecConfig(min_draft_prob=0.1)))
+    assert given.controller.min_draft_prob == 0.1
+    with pytest.raises(ValueError, match="min_draft_prob"):
+        SpecConfig(min_draft_prob=1.5).validate()
