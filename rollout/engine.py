@@ -252,11 +252,10 @@ class Engine:
         for req, _, draft, (chosen, _, _), first in plan:
             if first is None:
                 continue
-            t = len(req.output_ids)
-            for i in range(len(draft) + 1):
-                seeds.append(req.seed)
-                positions.append(t + i)
-                params.append(req.params)
+            t, n = len(req.output_ids), len(draft) + 1
+            seeds.extend([req.seed] * n)
+            positions.extend(range(t, t + n))
+            params.extend([req.params] * n)
             if lenient and chosen is not None and chosen.name == "history":
                 lenient_rows.extend(range(first, first + len(draft)))
                 lenient_tokens.extend(draft)

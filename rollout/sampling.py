@@ -322,6 +322,12 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
 def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """[M] (temperature float32, top_k int64, top_p float32) from objects with
     .temperature, .top_k, .top_p (rollout.config.SamplingParams), one per row."""
+    first = params_list[0] if len(params_list) else None
+    if first is not None and params_list.count(first) == len(params_list):  # one object for all rows: the usual case
+        m = len(params_list)
+        return (torch.full((m,), float(first.temperature), dtype=torch.float32, device=device),
+                torch.full((m,), int(first.top_k), dtype=torch.int64, device=device),
+                torch.full((m,), float(first.top_p), dtype=torch.float32, device=device))
     temperature = torch.tensor([float(p.temperature) for p in params_list], dtype=torch.float32)
     top_k = torch.tensor([int(p.top_k) for p in params_list], dtype=torch.int64)
     top_p = torch.tensor([float(p.top_p) for p in params_list], dtype=torch.float32)
