@@ -214,3 +214,49 @@ def test_drafts_carry_the_confidence_of_their_source_tokens():
     solo, other = SuffixProposer(), req(5)
     solo.observe(req(4, [3], [nan]), [], 0, [])
     assert solo.propose(other, 1) == [3] and math.isnan(solo.confidence(other)[0])  # none knows it
+
+
+def _reference_follow(index, occs, k, min_share):
+    """follow, one token at a time: the majority continuation (ties: smaller id) while its share
+    holds, and the confidence of its newest occurrence that knows it (-1: none does)."""
+    live = [(index.seqs[s], index.probs[s], p) for s, p in occs]
+    draft, conf = [], []
+    while live and len(draft) < k:
+        nexts = [seq[p] for seq, _, p in live if p < len(seq)]
+        if not nexts:
+            break
+        counts = {}
+        for t in nexts:
+            counts[t] = counts.get(t, 0) + 1
+        tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        if cnt < min_share * len(nexts) or tok < 0:
+            break
+        live = [(seq, probs, p + 1) for seq, probs, p in live if p < len(seq) and seq[p] == tok]
+        draft.append(tok)
+        conf.append(next((probs[p - 1] for _, probs, p in live if probs[p - 1] >= 0), -1.0))
+    return draft, conf
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_match_and_follow_agree_with_a_token_by_token_reference(seed):
+    """The index follows agreeing occurrences a run at a time; that must draft exactly what the
+    token-by-token majority walk drafts, confidences included (unknown ones as -1 or NaN)."""
+    rng = random.Random(seed)
+    index = SuffixIndex()
+    base = [rng.randrange(4) for _ in range(60)]
+    for _ in range(8):  # siblings: the same text with a few edits, so occurrences agree for runs
+        seq = [t if rng.random() > 0.08 else rng.randrange(4) for t in base][: rng.randint(20, 60)]
+        probs = [rng.choice([-1.0, float("nan"), rng.random()]) if rng.random() < 0.3 else rng.random()
+                 for _ in seq]
+        index.add_sequence(seq, probs)
+    for _ in range(200):
+        s = rng.randrange(len(index.seqs))
+        ctx = index.seqs[s][: rng.randint(1, len(index.seqs[s]))]
+        m, occs = index.match(ctx, max_depth=rng.choice([2, 8, 32]), max_candidates=rng.choice([1, 4, 16]))
+        if not occs:
+            continue
+        k, share = rng.randint(1, 30), rng.choice([0.0, 0.3, 0.6])
+        got, got_conf = index.follow(occs, k, share)
+        want, want_conf = _reference_follow(index, occs, k, share)
+        assert got == want
+        assert [q if q >= 0 else -1.0 for q in got_conf] == pytest.approx(want_conf)
