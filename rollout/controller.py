@@ -94,7 +94,7 @@ class AdaptiveController:
 
     def token_rates(self, proposer, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
         """The acceptance rate of each of n draft tokens (confidence: one per token, or None)."""
-        return list(rates_from(self.table(proposer), evidence, confidence, n))
+        return rates_from(self.table(proposer), evidence, confidence, n)
 
     def table(self, proposer) -> list[list[float]]:
         """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's
@@ -147,14 +147,11 @@ class AdaptiveController:
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
                n: int) -> list[float]:
-    """The acceptance rate of each of n draft tokens from a proposer's rate table. (This runs
-    for every draft of every request each step, hence confidence_bin inlined.)"""
+    """The acceptance rate of each of n draft tokens from a proposer's rate table."""
     row = table[level(evidence)]
     if confidence is None:
         return [row[0]] * n
-    unknown, edges = row[0], CONFIDENCE_EDGES
-    return [row[1 + bisect.bisect_right(edges, q)] if q is not None and q >= 0 else unknown
-            for q in itertools.islice(confidence, n)]
+    return [row[confidence_bin(q)] for q in itertools.islice(confidence, n)]
 
 
 def expected_run(rate: float, n: int) -> float:

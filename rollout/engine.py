@@ -117,7 +117,7 @@ class Engine:
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
-        # heap (a trainer's is large): a tenth of a spectail step's host time on the demo.
+        # heap (a trainer's is large): about 15% of a spectail step's host time on the demo.
         gc.disable()
         try:
             while waiting or running:

@@ -322,9 +322,9 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
 def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """[M] (temperature float32, top_k int64, top_p float32) from objects with
     .temperature, .top_k, .top_p (rollout.config.SamplingParams), one per row."""
-    first = params_list[0] if len(params_list) else None
-    if first is not None and params_list.count(first) == len(params_list):  # one object for all rows: the usual case
-        m = len(params_list)
+    m = len(params_list)
+    if m and params_list.count(params_list[0]) == m:  # every row alike, the usual case: no per-row lists
+        first = params_list[0]
         return (torch.full((m,), float(first.temperature), dtype=torch.float32, device=device),
                 torch.full((m,), int(first.top_k), dtype=torch.int64, device=device),
                 torch.full((m,), float(first.top_p), dtype=torch.float32, device=device))

@@ -104,7 +104,7 @@ class SuffixIndex:
                 seen += 1
                 if seen > max_candidates:
                     break
-                m = n  # seq[p-n:p] == ctx[-n:] by the index (matches run a few tokens: no bisecting)
+                m = n  # seq[p-n:p] == ctx[-n:] by the index
                 while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
                     m += 1
                 if m > best:
@@ -135,8 +135,7 @@ class SuffixIndex:
                 known = probs[p:p + run]
                 total = sum(known)
                 if min(known) < 0 or total != total:  # the newest occurrence does not know some (-1, NaN)
-                    known = [q if q >= 0 else next((pr[pj + j] for _, pr, pj in live[1:] if pr[pj + j] >= 0), -1.0)
-                             for j, q in enumerate(known)]
+                    known = [q if q >= 0 else _newest_known(live, j) for j, q in enumerate(known)]
                 conf.extend(known)
                 live = [(seq, probs, p + run) for seq, probs, p in live]
                 continue
@@ -154,9 +153,8 @@ class SuffixIndex:
             if tok < 0:
                 break
             live = [(seq, probs, p + 1) for seq, probs, p in live if p < len(seq) and seq[p] == tok]
-            q = next((probs[p - 1] for _, probs, p in live if probs[p - 1] >= 0), -1.0)
             draft.append(tok)
-            conf.append(q)
+            conf.append(_newest_known(live, -1))
         return draft, conf
 
 
@@ -287,6 +285,11 @@ class SuffixProposer:
         del self._states[id(req)]
         if st.key[0] == "private":
             self._groups.pop(st.key, None)
+
+
+def _newest_known(live: list[tuple[list, list, int]], offset: int) -> float:
+    """The probability of the token at p + offset in the newest occurrence that knows it (-1: none)."""
+    return next((probs[p + offset] for _, probs, p in live if probs[p + offset] >= 0), -1.0)
 
 
 def _agreed_run(live: list[tuple[list, list, int]], k: int) -> int:
