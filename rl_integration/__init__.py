@@ -1,5 +1,6 @@
 """What users touch: the RolloutClient facade, GRPO and PPO trainers, the embedded task, run
 configs, metrics and plots, and the `spectail` command line (rl_integration.cli)."""
+import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
 from .config import RunConfig, load_config
 from .grpo import GRPOTrainer, clipped_policy_loss, group_advantages, k3_kl, masked_aggregate
 from .ppo import PPOTrainer, clipped_value_loss, gae, token_rewards

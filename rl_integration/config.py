@@ -102,6 +102,7 @@ class RolloutSection:
     max_num_batched_tokens: int = 2048
     dtype: str = "float32"
     device: str = "cpu"
+    num_threads: Optional[int] = None  # the engine's torch threads (null: by model size, rollout/threads.py)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -147,7 +148,7 @@ class TrainerSection:
     max_grad_norm: float = 1.0
     seed: int = 0  # seeds sampling noise, prompt order and minibatch order
     device: str = "cpu"
-    num_threads: int = 2  # torch threads (0: leave torch's setting alone)
+    num_threads: Optional[int] = None  # torch threads for the optimizer steps (null: every usable core)
     ppo: PPOSection = field(default_factory=PPOSection)
 
 
@@ -375,7 +376,8 @@ def validate(cfg: RunConfig) -> None:
     need(tr.minibatch_size >= 0, "trainer.minibatch_size", "must be >= 0 (0 = whole rollout)", tr.minibatch_size)
     need(tr.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1", tr.micro_batch_size)
     need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
-    need(tr.num_threads >= 0, "trainer.num_threads", "must be >= 0", tr.num_threads)
+    need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
+         tr.num_threads)
     need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
     need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
     need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
@@ -401,4 +403,4 @@ def engine_config(r: RolloutSection, spec: Any = "config"):
         min_draft_prob=s.min_draft_prob, lenience=r.lenient)
     return EngineConfig(max_batch_size=r.max_batch_size, max_model_len=r.max_model_len,
                         max_num_batched_tokens=r.max_num_batched_tokens, dtype=r.dtype, device=r.device,
-                        spec=spec_cfg)
+                        num_threads=r.num_threads, spec=spec_cfg)

@@ -27,6 +27,8 @@ from typing import Callable, Optional
 import torch
 import yaml
 
+from rollout import threads
+
 from . import metrics as M
 from .config import RunConfig, to_dict, validate
 from .rollout_client import RolloutClient
@@ -138,8 +140,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     validate(cfg)
     progress = cfg.output.progress if progress is None else progress
     tr, out_dir = cfg.trainer, cfg.output.dir
-    if tr.num_threads:
-        torch.set_num_threads(tr.num_threads)
+    train_threads = threads.trainer_threads(tr.num_threads)
+    threads.announce(f"optimizer steps use {train_threads} torch thread(s)")
     problems = load_problems(cfg)
     reward = resolve_reward(cfg.task.reward)
     model, tokenizer, folder = load_policy(cfg, progress)
@@ -184,7 +186,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
                 _label(plain, f"epoch {epoch} plain")
                 ref = plain.generate([prompts[i] for i in idx], epoch=epoch)
                 extra = _compare_record(batch, ref, echo)
-            stats = trainer.step(batch, rewards)
+            with threads.using(train_threads):
+                stats = trainer.step(batch, rewards)
             client.update_weights(model)
             if plain is not None:
                 plain.update_weights(model)

@@ -7,11 +7,13 @@ max_tokens (no stop token). Useful tokens are the tokens each request asked for;
 server) must run every batch until its longest request is done, which is the long tail's cost.
 
     python -m rollout.bench [--prompts 64] [--batch 32] [--out bench_results/rollout.json]
+    python -m rollout.bench --busy [...]   threads on a shared machine (rollout/bench_threads.py)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -65,6 +67,10 @@ def run_engine(model, prompts, lengths, batch: int, spec, max_model_len: int):
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--busy" in argv:
+        from . import bench_threads
+        return bench_threads.main([a for a in argv if a != "--busy"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)

@@ -94,6 +94,8 @@ class EngineConfig:
     max_batch_size: KV-cache slots; at most this many requests run at once.
     max_model_len: prompt + response tokens per request.
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
+    num_threads: torch intra-op threads while the engine runs on a CPU; None picks them by model
+        size and the cores this process may use (rollout/threads.py).
     """
 
     max_batch_size: int = 64
@@ -103,6 +105,7 @@ class EngineConfig:
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
     show_progress: bool = False
+    num_threads: Optional[int] = None
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -111,6 +114,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"EngineConfig.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
+            raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
+                             f"got {self.num_threads!r}")
         torch_dtype(self.dtype)
         if self.spec is not None:
             self.spec.validate()

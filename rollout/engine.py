@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import sampling
+from . import sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .controller import AdaptiveController, default_min_draft_prob, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
@@ -40,6 +40,12 @@ class Engine:
         threshold = config.spec.min_draft_prob if config.spec else 0.0
         self.controller = AdaptiveController(default_min_draft_prob(self.device) if threshold is None else threshold)
         self.steps = self.spec_off_steps = 0  # forwards of the last run(), and those without drafts
+        self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
+        if self.device.type == "cpu":
+            per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
+            self.num_threads = threads.engine_threads(config.num_threads, per_token)
+            threads.announce(f"engine uses {self.num_threads} torch thread(s) for a model of "
+                             f"{per_token / 1e6:.1f}M parameters per token")
 
     @classmethod
     def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> "Engine":
@@ -120,28 +126,32 @@ class Engine:
         # heap (a trainer's is large): about 15% of a spectail step's host time on the demo.
         gc.disable()
         try:
-            while waiting or running:
-                while waiting and free:
-                    req = waiting.popleft()
-                    req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
-                    running.append(req)
-                self._step(running)
-                for req in [r for r in running if r.finish_reason or r.paused]:
-                    running.remove(req)
-                    heapq.heappush(free, req.slot)
-                    req.slot = -1
-                    for p in self.proposers:  # finished or paused: it leaves this engine
-                        p.finish(req)
-                    if req.finish_reason and on_finish is not None:
-                        on_finish(req)
-                    if progress is not None:
-                        progress.update(1)
+            with threads.using(self.num_threads):
+                self._loop(waiting, running, free, on_finish, progress)
         finally:
             if gc_was_on:
                 gc.enable()
             if progress is not None:
                 progress.close()
         return requests
+
+    def _loop(self, waiting: deque, running: list[Request], free: list[int], on_finish, progress) -> None:
+        while waiting or running:
+            while waiting and free:
+                req = waiting.popleft()
+                req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
+                running.append(req)
+            self._step(running)
+            for req in [r for r in running if r.finish_reason or r.paused]:
+                running.remove(req)
+                heapq.heappush(free, req.slot)
+                req.slot = -1
+                for p in self.proposers:  # finished or paused: it leaves this engine
+                    p.finish(req)
+                if req.finish_reason and on_finish is not None:
+                    on_finish(req)
+                if progress is not None:
+                    progress.update(1)
 
     def _step(self, running: list[Request]) -> None:
         cfg = self.config

@@ -1,4 +1,5 @@
 """Everything distributed: workers, the rollout scheduler, and the rollout history store."""
+import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
 from .history_store import HistoryRecord, HistoryStore, prompt_key
 from .ray_backend import RayRolloutBackend
 from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig, tail_seconds

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from rollout import Completion, EngineConfig, SamplingParams
+from rollout import Completion, EngineConfig, SamplingParams, threads
 from rollout.engine import to_completion
 from rollout.requests import make_requests
 
@@ -136,6 +136,11 @@ class WorkerPool:
                  actor_options: Optional[dict] = None):
         self.payload, self.engine_config = payload, engine_config
         self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
+        # OpenMP reads its wait policy when torch loads: it must be in the worker's environment
+        # from the start (rollout/threads.py); the user's runtime_env variables win.
+        runtime_env = dict(self.options.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**threads.worker_env(), **(runtime_env.get("env_vars") or {})}
+        self.options["runtime_env"] = runtime_env
         self.num_threads = max(1, int(num_cpus)) if engine_config.device == "cpu" else None
         self.start_timeout_s, self.restart = start_timeout_s, restart
         self.max_restarts = self.restarts_left = max_restarts  # replacements per rollout
