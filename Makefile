@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,11 @@ demo: $(STAMP)
 	$(BIN)/spectail demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python -m rollout.bench

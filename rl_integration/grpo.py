@@ -33,7 +33,6 @@ import torch
 
 from .logprobs import pad_2d, token_logprobs
 
-
 # ------------------------------------------------------------------------------ arithmetic
 
 

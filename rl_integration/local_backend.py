@@ -27,7 +27,8 @@ class LocalBackend:
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(requests), desc=self.desc, unit="sample", leave=False, disable=None)  # None: off when not a terminal
+            # disable=None: off when not a terminal
+            bar = tqdm(total=len(requests), desc=self.desc, unit="sample", leave=False, disable=None)
         start = time.perf_counter()
 
         def on_finish(req):

@@ -9,7 +9,8 @@
 Speculation never changes a token, so the only question is the noise. Under per_epoch every
 rollout is an exact sample of the current policy. Under per_sample the noise is the same one the
 weights were trained on, so given the weights it is no longer fresh. The study shows whether
-that changes what GRPO learns (it does: see the README). Each arm and seed is one `spectail train` run (same config, same epochs).
+that changes what GRPO learns (it does: see the README). Each arm and seed is one `spectail train`
+run (same config, same epochs).
 
 Two rewards per epoch go into one JSON file and one plot. The training reward is the mean
 over the epoch's rollout, the curve a trainer watches. Under per_sample noise it is measured on

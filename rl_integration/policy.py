@@ -3,9 +3,9 @@ worked solutions, cached on disk as a normal Hugging Face checkpoint.
 
     model, tok, folder = load_or_train_policy(TaskConfig(), PolicyConfig())
 
-The first call trains (1800 steps: 72 s measured on one core of a shared 2-core machine with
-the defaults, up to twice that when the other core's neighbours are busy) into a temporary folder beside the cache entry and renames it into place, so an
-interrupted run leaves no half-written entry; later calls load `folder` in about a second.
+The first call trains (1800 steps with the defaults; about a minute on one CPU core) into a
+temporary folder beside the cache entry and renames it into place, so an interrupted run leaves
+no half-written entry; later calls load `folder` in about a second.
 `folder` holds config.json, model.safetensors, the tokenizer files and `spectail_sft.json` (what
 training did), and loads with `AutoModelForCausalLM.from_pretrained` /
 `AutoTokenizer.from_pretrained`.

@@ -21,7 +21,6 @@ from torch import nn
 from .grpo import GRPOTrainer, clipped_policy_loss, masked_aggregate
 from .logprobs import pad_2d, token_logprobs
 
-
 # ------------------------------------------------------------------------------ arithmetic
 
 

@@ -37,7 +37,6 @@ sample's stats["lenient"] counts its leniently accepted tokens.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,12 +44,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from scheduler.history_store import HistoryRecord, HistoryStore, prompt_key
+from rollout.seeds import prompt_key, sample_seed
+from scheduler.history_store import HistoryRecord, HistoryStore
 
 from . import metrics as M
 from .config import RolloutSection, RunConfig, engine_config
-
-MAX_SEED = 2**63
 
 
 @dataclass
@@ -77,13 +75,6 @@ class RolloutBatch:
     @property
     def num_prompts(self) -> int:
         return len(self) // self.n if self.n else 0
-
-
-def sample_seed(run_seed: int, key: str, sample_index: int, epoch: Optional[int] = None) -> int:
-    """A 63-bit seed from (run seed, prompt identity, sample index[, epoch]); stable everywhere."""
-    text = f"{int(run_seed)}|{key}|{int(sample_index)}|{'' if epoch is None else int(epoch)}"
-    digest = hashlib.blake2b(text.encode(), digest_size=8, person=b"spectail-seed").digest()
-    return int.from_bytes(digest, "little") % MAX_SEED
 
 
 class RolloutClient:

@@ -75,7 +75,8 @@ def resolve_reward(spec: str) -> Callable[[str, str], float]:
 
 def load_policy(cfg: RunConfig, progress: bool):
     """(model, tokenizer, folder) of the configured policy, float32, in eval mode."""
-    from .policy import load_or_train_policy, load_policy as load_folder
+    from .policy import load_or_train_policy
+    from .policy import load_policy as load_folder
 
     p = cfg.policy
     if p.source == "embedded":

@@ -4,7 +4,7 @@ from .threads import set_wait_policy
 
 set_wait_policy()  # before torch loads OpenMP (rollout/threads.py)
 
-from .config import Completion, EngineConfig, SamplingParams, SpecConfig
-from .engine import Engine
+from .config import Completion, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
+from .engine import Engine  # noqa: E402
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "SpecConfig", "Completion"]

@@ -61,7 +61,7 @@ class ForwardBatch:
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
-              device: torch.device | str, min_bucket: int = MIN_BUCKET) -> "ForwardBatch":
+              device: torch.device | str, min_bucket: int = MIN_BUCKET) -> ForwardBatch:
         """rows: (slot, start position, new token ids) per row; slots distinct.
         logit_index: indices into the concatenated tokens that need logits.
         min_bucket: context lengths up to this share one attention group."""
@@ -78,7 +78,7 @@ class ForwardBatch:
             token_slots.extend([slot] * len(ids))
 
         buckets: dict[tuple[int, bool], list[int]] = {}
-        for i, (slot, start, ids) in enumerate(rows):
+        for i, (_, start, ids) in enumerate(rows):
             key = (max(min_bucket, _pow2(start + len(ids))), len(ids) > PREFILL_ROW)
             buckets.setdefault(key, []).append(i)
         groups = [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)

@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
                                [o.token_ids for o in ngram] == [o.token_ids for o in plain],
                                "accepted": sum(o.stats["accepted"].get("ngram", 0) for o in ngram),
                                "proposed": sum(o.stats["proposed"].get("ngram", 0) for o in ngram)}
-    for name, r in results.items():
+    for r in results.values():
         r["tokens_per_second"] = useful / r["seconds"]
         r["speedup_vs_hf"] = hf_s / r["seconds"]
     print(f"{'':16}{'seconds':>9}{'tok/s':>9}{'vs HF':>8}")

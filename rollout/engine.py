@@ -19,8 +19,8 @@ import torch
 
 from . import sampling, threads
 from .batch import ForwardBatch, min_bucket_for
-from .controller import AdaptiveController, default_min_draft_prob, expected_run, rates_from
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
+from .controller import AdaptiveController, default_min_draft_prob, expected_run, rates_from
 from .model import CausalLM
 from .proposers import make_proposers
 from .request import Lookahead, Request
@@ -48,7 +48,7 @@ class Engine:
                              f"{per_token / 1e6:.1f}M parameters per token")
 
     @classmethod
-    def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> "Engine":
+    def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> Engine:
         config.validate()
         model = CausalLM.from_pretrained(model_or_path, torch_dtype(config.dtype), config.device)
         return cls(model, config)

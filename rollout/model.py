@@ -218,7 +218,7 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_or_path, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "CausalLM":
+                        device: str | torch.device = "cpu") -> CausalLM:
         """A local Hugging Face checkpoint folder, or an in-memory transformers causal LM."""
         if isinstance(model_or_path, (str, Path)):
             hf_config, tensors = _read_checkpoint(Path(model_or_path))

@@ -11,8 +11,7 @@ from typing import Iterable
 
 from .config import SamplingParams
 from .request import Request
-
-MAX_SEED = 2**63
+from .seeds import MAX_SEED
 
 
 def make_requests(vocab_size: int, max_model_len: int, prompt_token_ids, sampling_params=SamplingParams(),

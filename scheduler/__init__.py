@@ -1,9 +1,10 @@
 """Everything distributed: workers, the rollout scheduler, and the rollout history store."""
 import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
-from .history_store import HistoryRecord, HistoryStore, prompt_key
+
+from .history_store import HistoryRecord, HistoryStore
 from .ray_backend import RayRolloutBackend
 from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig, tail_seconds
 from .worker import RolloutWorker
 
-__all__ = ["HistoryRecord", "HistoryStore", "prompt_key", "RayRolloutBackend", "RolloutScheduler",
+__all__ = ["HistoryRecord", "HistoryStore", "RayRolloutBackend", "RolloutScheduler",
            "SchedulerConfig", "RolloutWorker", "MODES", "tail_seconds"]

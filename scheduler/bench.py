@@ -116,7 +116,8 @@ def main(argv=None) -> dict:
                     m.update(workload=k, repeat=rep)
                     runs.append(m)
                     print(f"  {mode:16s} rollout {m['rollout_seconds']:6.2f}s  tail {m['tail_seconds']:6.2f}s  "
-                          f"busy {m['worker_busy_fraction']:.2f}  chunks {m['chunks']:3d}  steps {m['engine_steps']:5d}  "
+                          f"busy {m['worker_busy_fraction']:.2f}  chunks {m['chunks']:3d}  "
+                          f"steps {m['engine_steps']:5d}  "
                           f"fed {m['fed_tokens']:6d}")
             print("  token-identical across modes and runs: True")
     finally:

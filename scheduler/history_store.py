@@ -15,11 +15,9 @@ wrong draft would still only cost speed: the engine verifies every drafted token
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
-import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +26,8 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from rollout.seeds import prompt_key
 
 from .atomic_file import TMP_SUFFIX, atomic_path
 
@@ -48,16 +48,6 @@ SCHEMA = pa.schema(
 )
 _FILE_RE = re.compile(r"^epoch-(\d+)\.parquet$")
 _STALE_TMP_SECONDS = 3600.0
-
-
-def prompt_key(prompt_ids: Sequence[int]) -> str:
-    """Stable identity of a prompt: blake2b-128 of its token ids as int32 little-endian."""
-    ids = [int(t) for t in prompt_ids]
-    try:
-        data = struct.pack(f"<{len(ids)}i", *ids)
-    except struct.error as e:
-        raise ValueError(f"prompt token ids must fit in int32: {e}") from None
-    return hashlib.blake2b(data, digest_size=16, person=b"spectail-prompt").hexdigest()
 
 
 @dataclass
@@ -135,7 +125,7 @@ class HistoryStore:
                 e, p, s = sized.pop(0)
                 doomed.append((e, p))
                 total -= s
-        for epoch, path in doomed:
+        for _, path in doomed:
             try:
                 path.unlink()
             except FileNotFoundError:

@@ -1,8 +1,8 @@
 import pytest
-
-import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
 import torch
 import transformers
+
+import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
 
 ARCH_CONFIGS = {
     "llama": lambda kw: transformers.LlamaConfig(**kw, tie_word_embeddings=False),

@@ -8,7 +8,8 @@ import pytest
 TINY_RUN = [
     "task.embedded.min_start=0", "task.embedded.max_start=4", "task.embedded.min_count=1",
     "task.embedded.max_count=2", "task.embedded.num_problems=8", "task.embedded.seed=0",
-    "policy.embedded.arch=llama", "policy.embedded.hidden_size=32", "policy.embedded.num_layers=1", "policy.embedded.num_heads=2",
+    "policy.embedded.arch=llama", "policy.embedded.hidden_size=32", "policy.embedded.num_layers=1",
+    "policy.embedded.num_heads=2",
     "policy.embedded.num_kv_heads=1", "policy.embedded.intermediate_size=64", "policy.embedded.sft_steps=80",
     "policy.embedded.sft_tokens_per_batch=512", "policy.embedded.sft_pool=512", "policy.embedded.lr=0.01",
     "policy.embedded.warmup_steps=2", "policy.embedded.num_threads=0",

@@ -10,8 +10,9 @@ import torch
 
 from rl_integration.config import RolloutSection, RunConfig, SpecSection
 from rl_integration.metrics import tail_seconds
-from rl_integration.rollout_client import RolloutClient, sample_seed
-from scheduler.history_store import HistoryStore, prompt_key
+from rl_integration.rollout_client import RolloutClient
+from rollout.seeds import prompt_key, sample_seed
+from scheduler.history_store import HistoryStore
 from tests.conftest import tiny_hf_model
 
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10], [1, 11, 12, 13]]

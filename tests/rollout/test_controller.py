@@ -1,8 +1,8 @@
 """The adaptive budget drafts where drafts pay and stops where they do not, never changing a token."""
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.config import SamplingParams as SP
 from rollout.controller import AdaptiveController
 from rollout.request import Request
-from rollout.config import SamplingParams as SP
 from tests.conftest import tiny_hf_model
 
 
@@ -96,6 +96,7 @@ def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
 
 def test_the_default_threshold_is_chosen_by_device_and_bad_values_are_named():
     import pytest
+
     from rollout.controller import default_min_draft_prob
     assert default_min_draft_prob("cpu") == 0.3
     assert default_min_draft_prob("cuda:0") == 0.05  # a step's tokens are nearly free on a GPU

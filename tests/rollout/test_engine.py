@@ -34,12 +34,13 @@ class OracleProposer:
 
     def finish(self, req):
         pass
+NGRAM4 = SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0)
 
 
 def prompts(n=7, seed=0):
     rng = random.Random(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         base = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))]
         out.append(base * rng.randint(1, 3))  # repetition gives the n-gram proposer something
     return out
@@ -75,7 +76,7 @@ def test_speculation_and_batching_do_not_change_tokens(hf, params):
     ref = engine(hf, max_batch_size=8).generate(ps, params, seeds=seeds)
     assert any(len(o.token_ids) > 5 for o in ref)
     for bs in (1, 3, 8):
-        spec = engine(hf, max_batch_size=bs, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
+        spec = engine(hf, max_batch_size=bs, spec=NGRAM4)
         assert tokens(spec.generate(ps, params, seeds=seeds)) == tokens(ref), f"ngram, batch {bs}"
     oracle = engine(hf, max_batch_size=3, spec=SpecConfig(max_draft_tokens=6, min_draft_prob=0.0))
     oracle.proposers = [OracleProposer({tuple(p): o.token_ids for p, o in zip(ps, ref)})]
@@ -106,8 +107,8 @@ def test_one_attention_grid_as_on_a_gpu_is_identical(hf):
     than padding there); the tokens are those of the CPU's grouping by context length."""
     ps, seeds = prompts(8, seed=4), list(range(8))
     params = SamplingParams(temperature=1.0, max_tokens=60)
-    cpu = engine(hf, max_batch_size=8, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
-    gpu_like = engine(hf, max_batch_size=8, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0))
+    cpu = engine(hf, max_batch_size=8, spec=NGRAM4)
+    gpu_like = engine(hf, max_batch_size=8, spec=NGRAM4)
     gpu_like.min_bucket = gpu_like.config.max_model_len
     assert cpu.min_bucket == 64
     a, b = cpu.generate(ps, params, seeds=seeds), gpu_like.generate(ps, params, seeds=seeds)
@@ -144,7 +145,8 @@ def test_chunked_prefill_and_divided_rollout_are_identical(hf):
 def test_logprobs_match_transformers_teacher_forced(hf):
     ps, seeds = prompts(4, seed=4), [1, 2, 3, 4]
     for params in (SamplingParams(temperature=0.7, max_tokens=20), SamplingParams(temperature=1.0, max_tokens=20)):
-        outs = engine(hf, max_batch_size=4, spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0)).generate(ps, params, seeds=seeds)
+        outs = engine(hf, max_batch_size=4, spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0)).generate(
+            ps, params, seeds=seeds)
         for p, o in zip(ps, outs):
             with torch.no_grad():
                 logits = hf(torch.tensor([p + o.token_ids])).logits[0, len(p) - 1:-1].float()

@@ -123,7 +123,8 @@ def test_chi_square_pvalue_matches_tables():
     counts[1] -= d
     assert chi_square_pvalue(counts, probs) == pytest.approx(0.01, rel=1e-3)
     d = math.sqrt(3.841 * 500.0 / 2)
-    assert chi_square_pvalue(torch.tensor([500.0 + d, 500.0 - d]), torch.tensor([0.5, 0.5])) == pytest.approx(0.05, rel=1e-3)
+    half = torch.tensor([0.5, 0.5])
+    assert chi_square_pvalue(torch.tensor([500.0 + d, 500.0 - d]), half) == pytest.approx(0.05, rel=1e-3)
 
 
 def test_chi_square_rejects_the_wrong_temperature():

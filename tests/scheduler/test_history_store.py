@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scheduler import HistoryRecord, HistoryStore, prompt_key
+from rollout.seeds import prompt_key
+from scheduler import HistoryRecord, HistoryStore
 from scheduler import history_store as hs
 
 LOGGER = "scheduler.history_store"
