@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attend, folds_heads
 from .batch import ForwardBatch
 from .kv_cache import KVCache
+from .linear import Projection, packs_on, projection, weights_version
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -93,10 +95,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, as transformers does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # Normalise in float32 and cast back before the weight, as transformers does (torch's
+        # fused rms_norm gives the bits of transformers' pow-mean-rsqrt in float32).
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -107,6 +108,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
+    """Weights only (Hugging Face names); the computation is `_layer` with packed projections."""
+
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
@@ -117,35 +120,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.cfg, self.window = cfg, window
-
-    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int, masks: dict):
-        cfg, n = self.cfg, x.shape[0]
-        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        cache.write(layer, batch.token_slots, batch.positions, k, v)
-
-        out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
-        # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
-        # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
-        # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
-        expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
-        for g, group in enumerate(batch.groups):
-            rows, length = group.num_rows, group.max_row_len
-            grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
-            grid[group.pad_index] = q[group.token_index]
-            grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-            keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
-            if expand > 1:
-                keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
-            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
-                                               enable_gqa=expand == 1 and cfg.num_heads != cfg.num_kv_heads)
-            out[group.token_index] = o.transpose(1, 2).reshape(rows * length, -1)[group.pad_index]
-        return self.o_proj(out)
+        self.window = window
 
 
 class MLP(nn.Module):
@@ -156,9 +131,6 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
@@ -168,10 +140,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, cache, layer, masks):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer, masks)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -179,6 +147,36 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.sliding_windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class LayerKernels:
+    """A layer's projections as they run (rollout/linear.py): fused and packed on the CPU."""
+
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+
+
+@dataclass
+class Kernels:
+    version: tuple  # linear.weights_version of the model they were built from
+    layers: list[LayerKernels]
+    lm_head: Projection
+
+
+@dataclass
+class Step:
+    """What every layer of one forward shares."""
+
+    batch: ForwardBatch
+    cache: KVCache
+    cos: torch.Tensor
+    sin: torch.Tensor
+    masks: dict  # window -> {group index: mask}
+    write_index: torch.Tensor
+    fold_heads: bool  # attention.folds_heads
 
 
 class CausalLM(nn.Module):
@@ -193,21 +191,53 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_scaling = rope_scaling
+        self._kernels: Optional[Kernels] = None
+
+    def kernels(self) -> Kernels:
+        """The packed projections of the current weights, rebuilt when any weight changed."""
+        version = weights_version(self)
+        if self._kernels is None or self._kernels.version != version:
+            p = self.lm_head.weight
+            pack = packs_on(p.device, p.dtype)
+            layers = [LayerKernels(
+                projection([a.q_proj, a.k_proj, a.v_proj], pack), projection([a.o_proj], pack),
+                projection([m.gate_proj, m.up_proj], pack), projection([m.down_proj], pack))
+                for a, m in ((layer.self_attn, layer.mlp) for layer in self.model.layers)]
+            self._kernels = Kernels(version, layers, projection([self.lm_head], pack))
+        return self._kernels
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logits [M, V] float32, hidden [M, d]) for the tokens in batch.logit_index."""
+        kernels = self.kernels()
         x = self.model.embed_tokens(batch.token_ids)
         freqs = batch.positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
+        fold = folds_heads(x.device, x.dtype)
+        masks = {w: [g.mask(w, x.dtype, kernel_causal=not fold) for g in batch.groups]
                  for w in set(self.cfg.sliding_windows)}
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, cache, i, masks)
+        step = Step(batch, cache, cos, sin, masks, cache.write_index(batch.token_slots, batch.positions), fold)
+        for i, (layer, k) in enumerate(zip(self.model.layers, kernels.layers)):
+            x = self._layer(x, i, layer, k, step)
         hidden = self.model.norm(x[batch.logit_index])
-        return self.lm_head(hidden).float(), hidden
+        return kernels.lm_head(hidden)[0].float(), hidden
+
+    def _layer(self, x: torch.Tensor, i: int, layer: DecoderLayer, k: LayerKernels, step: Step) -> torch.Tensor:
+        cfg, n, attn = self.cfg, x.shape[0], layer.self_attn
+        q, key, value = k.qkv(layer.input_layernorm(x))
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        key = key.view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, key = attn.q_norm(q), attn.k_norm(key)
+        q, key = rotate(q, step.cos, step.sin), rotate(key, step.cos, step.sin)
+        step.cache.write(i, step.write_index, key, value.reshape(n, cfg.num_kv_heads, cfg.head_dim))
+        o = attend(q, step.batch.groups, step.cache, i, step.masks[attn.window], cfg.num_kv_heads,
+                   step.fold_heads)
+        x = k.o(o, residual=x)[0]
+        gate, up = k.gate_up(layer.post_attention_layernorm(x))
+        return k.down(F.silu(gate) * up, residual=x)[0]
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
@@ -266,6 +296,7 @@ class CausalLM(nn.Module):
         with torch.no_grad():
             for p, t in checked:
                 p.copy_(t)
+        self.kernels()  # repack now, so the next forward does not pay for it
         return len(checked)
 
 

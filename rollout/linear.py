@@ -1,0 +1,80 @@
+"""The model's linear layers as the CPU runs them fastest: oneDNN with weights packed once.
+
+torch's `F.linear` sends float32 to MKL's sgemm, which on this kind of CPU reaches about half the
+matmul throughput oneDNN does with its weights reordered ahead of time into its blocked layout
+(prepacked), and whose result for a row changes with how many rows share the call (a different
+kernel for one, two or three rows). oneDNN's packed kernels in float32 and bfloat16 give a row
+the same bits whatever the row count (tested in tests/rollout/test_linear.py), which is what
+speculation relies on: a verify row must be computed the way a decode row is.
+
+Projections that read the same input are fused into one packed matmul (q|k|v, gate|up); the
+Hugging Face-named modules stay the weights' owners (load_weights, state_dict), the packs are
+derived copies, rebuilt by `pack_projections` after any change. Where oneDNN cannot help
+(float64, or any device but the CPU) each projection stays a plain `F.linear` on the module's own
+weight, so nothing is duplicated on an accelerator.
+
+The packed call is torch's own oneDNN operator, the one inductor's weight prepacking emits
+(torch/_inductor/fx_passes/mkldnn_fusion.py: `_reorder_linear_weight` then `_linear_pointwise`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# The row count the packed layout is tuned for; any row count works with it. A decode step's rows.
+PACK_ROWS = 32
+
+
+def packs_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether linear layers of this device and dtype run packed through oneDNN."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available())
+
+
+@dataclass
+class Projection:
+    """One or more linear maps of the same input: `proj(x)` returns their outputs, in order.
+
+    Packed: one oneDNN weight for all of them (outputs are column slices of one matmul).
+    Plain: the modules' own weights, one F.linear each."""
+
+    sizes: tuple[int, ...]
+    packed: Optional[torch.Tensor]  # oneDNN weight [sum(sizes), in] or None
+    bias: Optional[torch.Tensor]  # fused bias for the packed weight
+    plain: tuple[tuple[torch.Tensor, Optional[torch.Tensor]], ...]  # (weight, bias) per map when not packed
+
+    def __call__(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+        """The maps of x; with residual (one map only), map(x) + residual in one pass."""
+        if self.packed is not None:
+            if residual is not None:
+                return [torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")]
+            y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return [y] if len(self.sizes) == 1 else list(y.split(self.sizes, dim=-1))
+        ys = [F.linear(x, w, b) for w, b in self.plain]
+        if residual is not None:
+            ys[0] = ys[0] + residual
+        return ys
+
+
+def projection(linears: Sequence[nn.Linear], pack: bool) -> Projection:
+    sizes = tuple(m.out_features for m in linears)
+    plain = tuple((m.weight, m.bias) for m in linears)
+    if not pack:
+        return Projection(sizes, None, None, plain)
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
+        bias = None
+        if linears[0].bias is not None:
+            bias = torch.cat([m.bias for m in linears]).contiguous()
+    return Projection(sizes, packed, bias, ())
+
+
+def weights_version(module: nn.Module) -> tuple:
+    """Changes whenever a parameter is written in place or replaced: packs built at one version
+    are stale at another."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in module.parameters())
