@@ -4,13 +4,25 @@ Each grid's queries are scattered into an [R, H, L, D] tensor (or, for a lone pr
 are a view of the batch's queries), attend to the cache's keys of R consecutive slots read in
 place, and are gathered back into the batch's token order.
 
-torch's scaled_dot_product_attention computes every grid. In bfloat16 on the CPU the query
-heads that share a KV head are folded into the query-length axis ([R, KV, H/KV * L, D], each
-row with its position's mask row) instead of passing `enable_gqa`: the CPU flash kernel's
-grouped-head path in bfloat16 was several times slower than the same kernel on folded heads
-(bench_results/speed_attention.json); the values are the same either way.
+On the CPU a grid is two batched matmuls around a float32 softmax (`_attend_matmul`), not torch's
+flash kernel, for the invariant (DESIGN.md): the flash kernel's result for a query changes with
+the grid's key length and query length (its key blocks are sized from them), so a verify row
+would not reproduce its decode. Here the scores are keys @ queries^T (the key length is the
+matmul's row count, never a reduction), padded keys get exactly zero probability, and the query
+heads that share a KV head are folded into the queries' axis ([R, KV, H/KV * L, D]). oneDNN's
+bfloat16 matmuls then give a query the same bits in any grid, prompt chunks included. MKL's
+float32/float64 matmuls pick their kernel by the number of query columns (1-4 and 8 share one,
+5, 6, 7 and 12+ others) and of probability rows (1-3 one, 4+ another), so there the folded
+queries go through the matmuls in chunks of 4 or 8 (`_chunks`), a short last chunk padded by
+repeating a query: every query of every row, decode, verify or prompt, meets the same kernels
+(measured on this machine's MKL; tests/rollout/test_invariance.py fails where another CPU's
+kernels split differently). torch's softmax takes a scalar path for rows shorter than a vector
+register and a vectorised one from there on (other bits), so a grid reads at least `MIN_KEYS`
+cached positions (the extra ones masked out).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,22 +30,26 @@ import torch.nn.functional as F
 from .batch import AttentionGroup
 from .kv_cache import KVCache
 
+QUERY_CHUNKS = (4, 8)  # float32 / float64 on the CPU: folded queries per matmul (see above)
+MIN_KEYS = 16  # keys a grid reads at least on the CPU: softmax rows as long as an AVX-512 register
 
-def folds_heads(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether grouped query heads are folded into the query axis (then every grid needs a mask)."""
-    return device.type == "cpu" and dtype == torch.bfloat16
+
+def key_width(group: AttentionGroup, cache: KVCache) -> int:
+    """How many cached positions a CPU grid reads: its K, at least MIN_KEYS (within the cache)."""
+    return max(group.kv_len, min(MIN_KEYS, cache.max_len))
+
+
+def uses_matmul(device: torch.device) -> bool:
+    """Whether grids run as `_attend_matmul` (then every grid needs an explicit mask)."""
+    return device.type == "cpu"
 
 
 def attend(q: torch.Tensor, groups: list[AttentionGroup], cache: KVCache, layer: int,
-           masks: list, num_kv_heads: int, fold: bool) -> torch.Tensor:
-    """q: [N, H, D] -> [N, H * D]. masks[g]: group g's mask (None: plain causal); fold: see
-    `folds_heads`."""
+           masks: list, num_kv_heads: int) -> torch.Tensor:
+    """q: [N, H, D] -> [N, H * D]. masks[g]: group g's additive mask, whose width is the keys
+    read (None: plain causal over the group's K)."""
     n, heads, d = q.shape
     out = q.new_empty(n, heads * d)
-    # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
-    # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
-    # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
-    expand = heads // num_kv_heads if q.is_cuda and heads != num_kv_heads else 1
     for g, group in enumerate(groups):
         rows, length = group.num_rows, group.max_row_len
         if group.tokens is not None:
@@ -43,15 +59,12 @@ def attend(q: torch.Tensor, groups: list[AttentionGroup], cache: KVCache, layer:
             grid = q.new_zeros(rows * length, heads, d)
             grid.index_copy_(0, group.pad_index, q.index_select(0, group.token_index))
             grid = grid.view(rows, length, heads, d).transpose(1, 2)
-        keys, values = cache.read(layer, group.first_slot, rows, group.kv_len)
         mask = masks[g]
-        if fold and heads != num_kv_heads:
-            o = _attend_folded(grid, keys, values, mask)
+        keys, values = cache.read(layer, group.first_slot, rows, group.kv_len if mask is None else mask.shape[-1])
+        if uses_matmul(q.device):
+            o = _attend_matmul(grid, keys, values, mask)
         else:
-            if expand > 1:
-                keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
-            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=expand == 1 and heads != num_kv_heads)
+            o = _attend_fused(grid, keys, values, mask)
         o = o.transpose(1, 2).reshape(rows * length, heads * d)
         if group.tokens is not None:
             out[group.tokens[0]:group.tokens[1]] = o
@@ -60,13 +73,44 @@ def attend(q: torch.Tensor, groups: list[AttentionGroup], cache: KVCache, layer:
     return out
 
 
-def _attend_folded(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+def _attend_matmul(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:
-    """[R, H, L, D] queries against [R, KV, K, D] keys and values with an [R, 1, L, K] mask: the
-    H // KV query heads of a KV head become H // KV * L query rows of one head."""
+    """[R, H, L, D] queries against [R, KV, K, D] keys and values; mask [R, 1, H/KV * L, K]
+    float32, folded (`AttentionGroup.mask(fold=H // KV)`)."""
     rows, heads, length, d = grid.shape
     kv, kv_len = keys.shape[1], keys.shape[2]
-    share = heads // kv
-    q = grid.reshape(rows, kv, share * length, d)
-    mask = mask[:, :, None].expand(rows, 1, share, length, kv_len).reshape(rows, 1, share * length, kv_len)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).view(rows, heads, length, d)
+    folded = heads // kv * length
+    q = grid.reshape(rows, kv, folded, d)
+    outs = []
+    for a, size in _chunks(folded, grid.dtype):
+        qc, mc = q[:, :, a:a + size], mask[:, :, a:a + size]
+        if qc.shape[2] < size:  # pad by repeating the first query (and its mask row)
+            pad = size - qc.shape[2]
+            qc = torch.cat([qc, qc[:, :, :1].expand(rows, kv, pad, d)], dim=2)
+            mc = torch.cat([mc, mc[:, :, :1].expand(rows, 1, pad, kv_len)], dim=2)
+        scores = torch.matmul(keys, qc.transpose(-1, -2)).transpose(-1, -2).float()  # [R, KV, chunk, K]
+        probs = torch.softmax(scores.mul_(d ** -0.5).add_(mc), dim=-1).to(grid.dtype)
+        outs.append(torch.matmul(probs, values))
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return o[:, :, :folded].reshape(rows, heads, length, d)
+
+
+def _chunks(folded: int, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """(start, size) of the query chunks: one for oneDNN's bfloat16, else sizes from QUERY_CHUNKS."""
+    if dtype == torch.bfloat16:
+        return [(0, folded)]
+    small, large = QUERY_CHUNKS
+    return [(a, small if folded - a <= small else large) for a in range(0, folded, large)]
+
+
+def _attend_fused(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  mask: Optional[torch.Tensor]) -> torch.Tensor:
+    heads, kv = grid.shape[1], keys.shape[1]
+    # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
+    # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
+    # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
+    if heads != kv:
+        keys, values = keys.repeat_interleave(heads // kv, 1), values.repeat_interleave(heads // kv, 1)
+    if mask is not None:
+        mask = mask.to(grid.dtype)
+    return F.scaled_dot_product_attention(grid, keys, values, attn_mask=mask, is_causal=mask is None)

@@ -50,20 +50,24 @@ class AttentionGroup:
     tokens: Optional[tuple[int, int]]  # one row without padding: the grid is batch tokens [a, b)
     causal: bool  # one row from position 0: a plain causal mask (query i sees keys <= i)
 
-    def mask(self, window: Optional[int], dtype: torch.dtype, kernel_causal: bool = True) -> Optional[torch.Tensor]:
-        """[R, 1, L, K] additive mask (0 or -inf): a query at position p sees keys at positions
-        <= p (and > p - window). Padding queries see key 0 only, so softmax stays finite; their
-        outputs are dropped. None when `causal`, no window and kernel_causal: the attention
-        kernel's own causal mask does it."""
-        if self.causal and window is None and kernel_causal:
+    def mask(self, window: Optional[int], dtype: torch.dtype, kernel_causal: bool = True,
+             fold: int = 1, width: Optional[int] = None) -> Optional[torch.Tensor]:
+        """[R, 1, fold * L, width] additive mask (0 or -inf) over the first `width` (default K)
+        cached positions: a query at position p sees keys at positions <= p (and > p - window);
+        rows repeat `fold` times (query heads folded into the query axis, head-major). Padding
+        queries see key 0 only, so softmax stays finite; their outputs are dropped. None when
+        `causal`, no window, no fold and kernel_causal: the attention kernel's causal mask does it."""
+        if self.causal and window is None and kernel_causal and fold == 1:
             return None
-        keys = torch.arange(self.kv_len, device=self.query_pos.device)
+        keys = torch.arange(max(self.kv_len, width or 0), device=self.query_pos.device)
         q = self.query_pos[:, :, None]
         seen = keys <= q
         if window is not None:
             seen &= keys > q - window
         seen |= (q < 0) & (keys == 0)
         mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
+        if fold > 1:
+            mask = mask.repeat(1, fold, 1)
         return mask[:, None]
 
 
