@@ -1,8 +1,9 @@
 """Attention of a ragged batch against the KV cache, grid by grid (rollout/batch.py builds them).
 
-Each grid's queries are scattered into an [R, H, L, D] tensor (or, for a lone prompt chunk,
-are a view of the batch's queries), attend to the cache's keys of R consecutive slots read in
-place, and are gathered back into the batch's token order.
+A grid's queries are scattered out of the batch's [N, H, D] queries into a padded grid, attend
+to the cache's keys of R consecutive slots read in place, and are gathered back into the
+batch's token order. `plan` derives, once per forward, each grid's scatter indices and masks;
+`attend` runs every grid of one layer.
 
 On the CPU a grid is two batched matmuls around a float32 softmax (`_attend_matmul`), not torch's
 flash kernel, for the invariant (DESIGN.md): the flash kernel's result for a query changes with
@@ -13,8 +14,8 @@ heads that share a KV head are folded into the queries' axis ([R, KV, H/KV * L, 
 bfloat16 matmuls then give a query the same bits in any grid, prompt chunks included. MKL's
 float32/float64 matmuls pick their kernel by the number of query columns (1-4 and 8 share one,
 5, 6, 7 and 12+ others) and of probability rows (1-3 one, 4+ another), so there the folded
-queries go through the matmuls in chunks of 4 or 8 (`_chunks`), a short last chunk padded by
-repeating a query: every query of every row, decode, verify or prompt, meets the same kernels
+queries go through the matmuls in chunks of 4 or 8 (`_chunks`), a short last chunk padded with
+zero queries: every query of every row, decode, verify or prompt, meets the same kernels
 (measured on this machine's MKL; tests/rollout/test_invariance.py fails where another CPU's
 kernels split differently). torch's softmax takes a scalar path for rows shorter than a vector
 register and a vectorised one from there on (other bits), so a grid reads at least `MIN_KEYS`
@@ -22,6 +23,7 @@ cached positions (the extra ones masked out).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -34,65 +36,95 @@ QUERY_CHUNKS = (4, 8)  # float32 / float64 on the CPU: folded queries per matmul
 MIN_KEYS = 16  # keys a grid reads at least on the CPU: softmax rows as long as an AVX-512 register
 
 
-def key_width(group: AttentionGroup, cache: KVCache) -> int:
-    """How many cached positions a CPU grid reads: its K, at least MIN_KEYS (within the cache)."""
-    return max(group.kv_len, min(MIN_KEYS, cache.max_len))
-
-
 def uses_matmul(device: torch.device) -> bool:
-    """Whether grids run as `_attend_matmul` (then every grid needs an explicit mask)."""
+    """Whether grids run as `_attend_matmul` (the CPU) rather than torch's fused kernels."""
     return device.type == "cpu"
 
 
-def attend(q: torch.Tensor, groups: list[AttentionGroup], cache: KVCache, layer: int,
-           masks: list, num_kv_heads: int) -> torch.Tensor:
-    """q: [N, H, D] -> [N, H * D]. masks[g]: group g's additive mask, whose width is the keys
-    read (None: plain causal over the group's K)."""
+@dataclass
+class Grid:
+    """One AttentionGroup as a layer runs it.
+
+    CPU: queries folded per KV head ([R, KV, P, D], P = H/KV * L rounded up to whole chunks),
+    `target`/`source` scatter them between q.view(N * H, D) and the grid's rows. Accelerators:
+    the [R, H, L, D] grid of the group's token_index/pad_index (or a view of a lone row)."""
+
+    group: AttentionGroup
+    masks: dict  # window -> additive mask ([R, 1, P, width] float32 on the CPU; None: plain causal)
+    width: int  # cached positions read
+    padded: int = 0  # P
+    chunks: tuple = ()  # (start, size) of the query chunks along P
+    source: Optional[torch.Tensor] = None  # [n * H] rows of q.view(N * H, D)
+    target: Optional[torch.Tensor] = None  # [n * H] rows of the grid viewed [R * KV * P, D]
+
+
+def plan(groups: list[AttentionGroup], num_heads: int, num_kv_heads: int, dtype: torch.dtype,
+         cache: KVCache, windows: set) -> list[Grid]:
+    """Every group's Grid for one forward (its layers share them)."""
+    if not groups or not uses_matmul(groups[0].query_pos.device):
+        return [Grid(g, {w: g.mask(w, dtype) for w in windows}, g.kv_len) for g in groups]
+    return [_cpu_grid(g, num_heads, num_kv_heads, dtype, cache, windows) for g in groups]
+
+
+def _cpu_grid(group: AttentionGroup, heads: int, kv: int, dtype: torch.dtype, cache: KVCache, windows: set) -> Grid:
+    share, length = heads // kv, group.max_row_len
+    chunks = _chunks(share * length, dtype)
+    padded = chunks[-1][0] + chunks[-1][1]
+    width = max(group.kv_len, min(MIN_KEYS, cache.max_len))
+    device = group.query_pos.device
+    if group.tokens is not None:
+        tokens = torch.arange(*group.tokens, device=device)
+        slots = torch.arange(length, device=device)
+    else:
+        tokens, slots = group.token_index, group.pad_index
+    head = torch.arange(heads, device=device)
+    row, position = slots // length, slots % length
+    target = ((row[:, None] * kv + head // share) * padded + head % share * length + position[:, None]).flatten()
+    source = (tokens[:, None] * heads + head).flatten()
+    masks = {w: _pad_rows(group.mask(w, torch.float32, kernel_causal=False, fold=share, width=width), padded)
+             for w in windows}
+    return Grid(group, masks, width, padded, tuple(chunks), source, target)
+
+
+def _pad_rows(mask: torch.Tensor, rows: int) -> torch.Tensor:
+    """Extra query rows (chunk padding, zero queries) see key 0 only."""
+    extra = rows - mask.shape[2]
+    if extra == 0:
+        return mask
+    pad = torch.full((*mask.shape[:2], extra, mask.shape[3]), float("-inf"), dtype=mask.dtype, device=mask.device)
+    pad[..., 0] = 0.0
+    return torch.cat([mask, pad], dim=2)
+
+
+def attend(q: torch.Tensor, grids: list[Grid], cache: KVCache, layer: int, window: Optional[int]) -> torch.Tensor:
+    """q: [N, H, D] -> [N, H * D], every grid of `plan` for this layer's window."""
     n, heads, d = q.shape
     out = q.new_empty(n, heads * d)
-    for g, group in enumerate(groups):
-        rows, length = group.num_rows, group.max_row_len
-        if group.tokens is not None:
-            a, b = group.tokens
-            grid = q[a:b].view(1, length, heads, d).transpose(1, 2)
-        else:
-            grid = q.new_zeros(rows * length, heads, d)
-            grid.index_copy_(0, group.pad_index, q.index_select(0, group.token_index))
-            grid = grid.view(rows, length, heads, d).transpose(1, 2)
-        mask = masks[g]
-        keys, values = cache.read(layer, group.first_slot, rows, group.kv_len if mask is None else mask.shape[-1])
-        if uses_matmul(q.device):
-            o = _attend_matmul(grid, keys, values, mask)
-        else:
-            o = _attend_fused(grid, keys, values, mask)
-        o = o.transpose(1, 2).reshape(rows * length, heads * d)
-        if group.tokens is not None:
-            out[group.tokens[0]:group.tokens[1]] = o
-        else:
-            out.index_copy_(0, group.token_index, o.index_select(0, group.pad_index))
+    if grids and grids[0].target is not None:
+        rows_in, rows_out = q.mul(d ** -0.5).view(n * heads, d), out.view(n * heads, d)
+        for grid in grids:
+            group = grid.group
+            keys, values = cache.read(layer, group.first_slot, group.num_rows, grid.width)
+            folded = q.new_zeros(group.num_rows * keys.shape[1] * grid.padded, d)
+            folded.index_copy_(0, grid.target, rows_in.index_select(0, grid.source))
+            o = _attend_matmul(folded.view(group.num_rows, keys.shape[1], grid.padded, d), keys, values,
+                               grid.masks[window], grid.chunks)
+            rows_out.index_copy_(0, grid.source, o.view(-1, d).index_select(0, grid.target))
+        return out
+    for grid in grids:
+        _attend_fused_group(q, out, grid, cache, layer, window)
     return out
 
 
-def _attend_matmul(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
-    """[R, H, L, D] queries against [R, KV, K, D] keys and values; mask [R, 1, H/KV * L, K]
-    float32, folded (`AttentionGroup.mask(fold=H // KV)`)."""
-    rows, heads, length, d = grid.shape
-    kv, kv_len = keys.shape[1], keys.shape[2]
-    folded = heads // kv * length
-    q = grid.reshape(rows, kv, folded, d)
+def _attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   chunks: tuple) -> torch.Tensor:
+    """[R, KV, P, D] scaled queries against [R, KV, K, D] keys and values; mask [R, 1, P, K]."""
     outs = []
-    for a, size in _chunks(folded, grid.dtype):
-        qc, mc = q[:, :, a:a + size], mask[:, :, a:a + size]
-        if qc.shape[2] < size:  # pad by repeating the first query (and its mask row)
-            pad = size - qc.shape[2]
-            qc = torch.cat([qc, qc[:, :, :1].expand(rows, kv, pad, d)], dim=2)
-            mc = torch.cat([mc, mc[:, :, :1].expand(rows, 1, pad, kv_len)], dim=2)
-        scores = torch.matmul(keys, qc.transpose(-1, -2)).transpose(-1, -2).float()  # [R, KV, chunk, K]
-        probs = torch.softmax(scores.mul_(d ** -0.5).add_(mc), dim=-1).to(grid.dtype)
+    for a, size in chunks:
+        scores = torch.matmul(keys, q[:, :, a:a + size].transpose(-1, -2)).transpose(-1, -2)  # [R, KV, size, K]
+        probs = torch.softmax(scores + mask[:, :, a:a + size], dim=-1).to(q.dtype)  # float32 softmax
         outs.append(torch.matmul(probs, values))
-    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return o[:, :, :folded].reshape(rows, heads, length, d)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def _chunks(folded: int, dtype: torch.dtype) -> list[tuple[int, int]]:
@@ -103,6 +135,25 @@ def _chunks(folded: int, dtype: torch.dtype) -> list[tuple[int, int]]:
     return [(a, small if folded - a <= small else large) for a in range(0, folded, large)]
 
 
+def _attend_fused_group(q: torch.Tensor, out: torch.Tensor, grid: Grid, cache: KVCache, layer: int,
+                        window: Optional[int]) -> None:
+    group, (_, heads, d) = grid.group, q.shape
+    rows, length = group.num_rows, group.max_row_len
+    if group.tokens is not None:
+        a, b = group.tokens
+        queries = q[a:b].view(1, length, heads, d).transpose(1, 2)
+    else:
+        queries = q.new_zeros(rows * length, heads, d)
+        queries.index_copy_(0, group.pad_index, q.index_select(0, group.token_index))
+        queries = queries.view(rows, length, heads, d).transpose(1, 2)
+    keys, values = cache.read(layer, group.first_slot, rows, grid.width)
+    o = _attend_fused(queries, keys, values, grid.masks[window]).transpose(1, 2).reshape(rows * length, heads * d)
+    if group.tokens is not None:
+        out[group.tokens[0]:group.tokens[1]] = o
+    else:
+        out.index_copy_(0, group.token_index, o.index_select(0, group.pad_index))
+
+
 def _attend_fused(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   mask: Optional[torch.Tensor]) -> torch.Tensor:
     heads, kv = grid.shape[1], keys.shape[1]
@@ -111,6 +162,4 @@ def _attend_fused(grid: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
     if heads != kv:
         keys, values = keys.repeat_interleave(heads // kv, 1), values.repeat_interleave(heads // kv, 1)
-    if mask is not None:
-        mask = mask.to(grid.dtype)
     return F.scaled_dot_product_attention(grid, keys, values, attn_mask=mask, is_causal=mask is None)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attend, key_width, uses_matmul
+from . import attention
 from .batch import ForwardBatch
 from .kv_cache import KVCache
 from .linear import Projection, packs_on, projection, weights_version
@@ -174,7 +174,7 @@ class Step:
     cache: KVCache
     cos: torch.Tensor
     sin: torch.Tensor
-    masks: dict  # window -> {group index: mask}
+    grids: list  # attention.Grid of each attention group
     write_index: torch.Tensor
 
 
@@ -214,13 +214,9 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        if uses_matmul(x.device):  # float32 masks of folded query heads for every grid
-            fold = self.cfg.num_heads // self.cfg.num_kv_heads
-            masks = {w: [g.mask(w, torch.float32, kernel_causal=False, fold=fold, width=key_width(g, cache))
-                         for g in batch.groups] for w in set(self.cfg.sliding_windows)}
-        else:  # the fused kernel's dtype, and its causal flag where it suffices
-            masks = {w: [g.mask(w, x.dtype) for g in batch.groups] for w in set(self.cfg.sliding_windows)}
-        step = Step(batch, cache, cos, sin, masks, cache.write_index(batch.token_slots, batch.positions))
+        grids = attention.plan(batch.groups, self.cfg.num_heads, self.cfg.num_kv_heads, x.dtype, cache,
+                               set(self.cfg.sliding_windows))
+        step = Step(batch, cache, cos, sin, grids, cache.write_index(batch.token_slots, batch.positions))
         for i, (layer, k) in enumerate(zip(self.model.layers, kernels.layers)):
             x = self._layer(x, i, layer, k, step)
         hidden = self.model.norm(x[batch.logit_index])
@@ -235,7 +231,7 @@ class CausalLM(nn.Module):
             q, key = attn.q_norm(q), attn.k_norm(key)
         q, key = rotate(q, step.cos, step.sin), rotate(key, step.cos, step.sin)
         step.cache.write(i, step.write_index, key, value.reshape(n, cfg.num_kv_heads, cfg.head_dim))
-        o = attend(q, step.batch.groups, step.cache, i, step.masks[attn.window], cfg.num_kv_heads)
+        o = attention.attend(q, step.grids, step.cache, i, attn.window)
         x = k.o(o, residual=x)[0]
         gate, up = k.gate_up(layer.post_attention_layernorm(x))
         return k.down(F.silu(gate) * up, residual=x)[0]

@@ -33,8 +33,8 @@ SPLIT = ("forward", "sampling", "build", "host", "outside")
 CATEGORIES = {
     "RMSNorm.forward": "rmsnorm", "rotate": "rope", "AttentionGroup.mask": "masks",
     "KVCache.write": "kv-cache write", "KVCache.write_index": "kv-cache write", "KVCache.read": "attention grids",
-    "attend": "attention grids", "Attention.forward": "attention grids",
-    "_attend_matmul": "attention kernel", "_attend_fused": "attention kernel",
+    "attend": "attention grids", "Attention.forward": "attention grids", "_attend_fused_group": "attention grids",
+    "_attend_matmul": "attention kernel", "_attend_fused": "attention kernel", "plan": "masks", "_cpu_grid": "masks",
     "Projection.__call__": "linear layers", "CausalLM._layer": "activation, residuals, views",
     "MLP.forward": "activation, residuals, views", "DecoderLayer.forward": "activation, residuals, views",
 }
