@@ -15,11 +15,14 @@ bfloat16 matmuls then give a query the same bits in any grid, prompt chunks incl
 float32/float64 matmuls pick their kernel by the number of query columns (1-4 and 8 share one,
 5, 6, 7 and 12+ others) and of probability rows (1-3 one, 4+ another), so there the folded
 queries go through the matmuls in chunks of 4 or 8 (`_chunks`), a short last chunk padded with
-zero queries: every query of every row, decode, verify or prompt, meets the same kernels
-(measured on this machine's MKL; tests/rollout/test_invariance.py fails where another CPU's
-kernels split differently). torch's softmax takes a scalar path for rows shorter than a vector
-register and a vectorised one from there on (other bits), so a grid reads at least `MIN_KEYS`
-cached positions (the extra ones masked out).
+zero queries. Both libraries split a long reduction over keys into blocks sized from its
+length, so probs @ values runs over fixed blocks of `KEY_BLOCK` keys (a batched matmul whose
+reduction is always that long) and the blocks' partial outputs are summed in order; a grid
+reads its keys in whole blocks (the extra ones masked out, the cache allocated in whole
+blocks), which also keeps softmax rows off torch's scalar path for rows shorter than a vector
+register. Every query of every row, decode, verify or prompt, meets the same kernels
+(measured on this machine's MKL and oneDNN; tests/rollout/test_invariance.py fails where
+another CPU's kernels split differently).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from .batch import AttentionGroup
 from .kv_cache import KVCache
 
 QUERY_CHUNKS = (4, 8)  # float32 / float64 on the CPU: folded queries per matmul (see above)
-MIN_KEYS = 16  # keys a grid reads at least on the CPU: softmax rows as long as an AVX-512 register
+KEY_BLOCK = 64  # the CPU's grids read keys, and reduce probs @ values, in blocks of this many
 
 
 def uses_matmul(device: torch.device) -> bool:
@@ -70,7 +73,7 @@ def _cpu_grid(group: AttentionGroup, heads: int, kv: int, dtype: torch.dtype, ca
     share, length = heads // kv, group.max_row_len
     chunks = _chunks(share * length, dtype)
     padded = chunks[-1][0] + chunks[-1][1]
-    width = max(group.kv_len, min(MIN_KEYS, cache.max_len))
+    width = -(-group.kv_len // KEY_BLOCK) * KEY_BLOCK
     device = group.query_pos.device
     if group.tokens is not None:
         tokens = torch.arange(*group.tokens, device=device)
@@ -118,12 +121,17 @@ def attend(q: torch.Tensor, grids: list[Grid], cache: KVCache, layer: int, windo
 
 def _attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                    chunks: tuple) -> torch.Tensor:
-    """[R, KV, P, D] scaled queries against [R, KV, K, D] keys and values; mask [R, 1, P, K]."""
+    """[R, KV, P, D] scaled queries against [R, KV, K, D] keys and values (K whole blocks);
+    mask [R, 1, P, K]."""
+    rows, kv, width, d = keys.shape
+    blocks = width // KEY_BLOCK
+    values = values.reshape(rows, kv, blocks, KEY_BLOCK, d)
     outs = []
     for a, size in chunks:
         scores = torch.matmul(keys, q[:, :, a:a + size].transpose(-1, -2)).transpose(-1, -2)  # [R, KV, size, K]
         probs = torch.softmax(scores + mask[:, :, a:a + size], dim=-1).to(q.dtype)  # float32 softmax
-        outs.append(torch.matmul(probs, values))
+        probs = probs.view(rows, kv, size, blocks, KEY_BLOCK).transpose(2, 3)  # [R, KV, blocks, size, KEY_BLOCK]
+        outs.append(torch.matmul(probs, values).sum(dim=2))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 

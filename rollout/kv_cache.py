@@ -13,7 +13,10 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str, align: int = 1):
+        """align: positions are allocated in whole blocks of this many (attention reads whole
+        blocks on the CPU, rollout/attention.py), so `max_len` may exceed the one asked for."""
+        max_len = -(-max_len // align) * align
         shape = (num_slots, num_kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -238,8 +238,8 @@ class CausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
-        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads,
-                       self.cfg.head_dim, p.dtype, p.device)
+        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim,
+                       p.dtype, p.device, align=attention.KEY_BLOCK if attention.uses_matmul(p.device) else 1)
 
     # ---- weights -------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 Speculation on and off can only be token-identical if a verify row computes its logits the
 way one-token decodes do, whatever else shares the forward: other requests, their contexts,
 slots, query lengths. Each case feeds one sequence under another schedule (decode alone, in a
-batch, verify rows, prompt chunks, a re-prefill as after a divided rollout's move) and demands
-every position's logits equal, bit for bit, in float32, bfloat16 and float64. The model is
-small but has the wide MLP input (1408) whose single-row matmul takes another oneDNN kernel.
+batch, verify rows, prompt chunks, a re-prefill as after a divided rollout's move, one or two
+threads) and demands every position's logits equal, bit for bit, in float32, bfloat16 and
+float64. The model is small but has the wide MLP input (1408) whose single-row matmul takes
+another oneDNN kernel.
 """
 import random
 
@@ -18,8 +19,8 @@ from rollout.batch import ForwardBatch
 from rollout.model import CausalLM
 
 VOCAB = 1000
-PROMPT, CONTINUATION = 40, 14
-OTHERS = (30, 90, 7, 60)  # prompt lengths of the other requests sharing some forwards
+PROMPT, CONTINUATION = 150, 14
+OTHERS = (30, 300, 7, 60)  # prompt lengths of the other requests sharing some forwards
 DTYPES = ("float32", "bfloat16", "float64")
 
 
@@ -39,10 +40,17 @@ def sequences():
     return ours, others
 
 
-def run(model, ours, others, chunks, slot=0, with_others=False):
+def run(model, ours, others, chunks, slot=0, with_others=False, threads=None):
     """Feed `ours` in rows of the given lengths (one row per forward), with the other requests
     each advancing one token per forward when with_others. Returns logits of every position."""
-    cache = model.new_cache(8, 256)
+    if threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return run(model, ours, others, chunks, slot, with_others)
+        finally:
+            torch.set_num_threads(before)
+    cache = model.new_cache(8, 512)
     other_slots = [s for s in range(8) if s != slot][:len(others)]
     done, pos_others, out = 0, [0] * len(others), []
     for n in chunks:
@@ -67,9 +75,11 @@ SCHEDULES = {
     "verify 4 rows": dict(chunks=[PROMPT, 1, 4, 4, 1, 4]),
     "verify 4 rows in a batch": dict(chunks=[PROMPT, 1, 4, 4, 1, 4], with_others=True),
     "verify 9 rows": dict(chunks=[PROMPT, 9, 5]),
-    "prompt in chunks": dict(chunks=decode([17, 23])),
-    "prompt in short chunks": dict(chunks=decode([5] * 8)),
+    "prompt in chunks": dict(chunks=decode([17, 23, PROMPT - 40])),
+    "prompt in short chunks": dict(chunks=decode([5] * (PROMPT // 5))),
     "re-prefill after 6 tokens": dict(chunks=decode([PROMPT + 6])),
+    "one thread, in a batch": dict(chunks=decode([PROMPT]), with_others=True, threads=1),
+    "two threads, verify rows": dict(chunks=[PROMPT, 1, 4, 4, 1, 4], with_others=True, threads=2),
 }
 
 
