@@ -81,7 +81,7 @@ class RolloutClient:
     """config: a RolloutSection or a whole RunConfig (then seed and history dir default from it).
     model: a transformers causal LM or a local checkpoint folder.
     plain: force speculation and history off (the reference run of --compare).
-    backend: an object with the RayRolloutBackend interface, to use instead of building one."""
+    backend: a rollout.backend.RolloutBackend to use instead of building one."""
 
     def __init__(self, config, model=None, *, seed: Optional[int] = None,
                  stop_token_ids: Optional[Sequence[int]] = None, history_dir: Optional[str] = None,
@@ -168,7 +168,7 @@ class RolloutClient:
         seconds = time.perf_counter() - start
         if len(completions) != len(rows):
             raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
-        record = M.step_metrics(completions, seconds, backend_metrics=getattr(self.backend, "last_metrics", None))
+        record = M.step_metrics(completions, seconds, self.backend.metrics())
         record["epoch"] = epoch
         self._steps.setdefault(epoch, []).append(record)
 
@@ -232,9 +232,7 @@ class RolloutClient:
         self.backend.update_weights({k: v.detach() for k, v in sd.items()})
 
     def shutdown(self) -> None:
-        stop = getattr(self.backend, "shutdown", None)
-        if stop is not None:
-            stop()
+        self.backend.shutdown()
 
     def __enter__(self):
         return self
@@ -245,7 +243,7 @@ class RolloutClient:
 
 def make_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
     if cfg.backend == "local":
-        from .local_backend import LocalBackend
+        from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)
     try:
         from scheduler.ray_backend import RayRolloutBackend

@@ -10,8 +10,6 @@ from typing import Optional, Sequence
 
 import torch
 
-KNOWN_PROPOSERS = ("ngram", "history", "suffix", "lookahead", "drafter")
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -69,9 +67,13 @@ class SpecConfig:
     lenience: Optional[float] = None
 
     def validate(self) -> None:
-        unknown = [p for p in self.proposers if p not in KNOWN_PROPOSERS]
+        from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
+
+        unknown = [p for p in self.proposers if p not in REGISTRY]
         if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(KNOWN_PROPOSERS)}")
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(REGISTRY)}")
+        if len(set(self.proposers)) != len(self.proposers):
+            raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
         if not self.proposers:
             raise ValueError("SpecConfig.proposers is empty; use spec=None to turn speculation off")
         if self.max_draft_tokens < 1:
@@ -104,7 +106,6 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
-    show_progress: bool = False
     num_threads: Optional[int] = None
 
     def validate(self) -> None:

@@ -40,13 +40,12 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from .proposers.base import Draft, Proposer
 from .request import Request
 
 LEVELS = 7  # evidence levels: 0, 1, 2-3, 4-7, 8-15, 16-31, 32+ tokens
 PRIOR_WEIGHT = 4.0  # trials' worth of trust in the proposer's overall rate for a new level
 GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rates follow the policy
-
-
 CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.97, 0.99)  # bins: unknown, then < 0.5, ..., >= 0.99
 NUM_BINS = len(CONFIDENCE_EDGES) + 2
 
@@ -56,9 +55,8 @@ def default_min_draft_prob(device) -> float:
     a fed token costs a slice of the step whatever happens to it. On a GPU a decode step of a
     batch costs its weight reads and kernel launches, and its tokens are nearly free until a step
     carries hundreds of them; there the step count is what costs, and that is set by the slowest
-    requests, so drafting past an unsure token pays (the demo's policy on an H200: about 40%
-    fewer steps than at 0.3, from longer drafts for the diverged long responses). For a large
-    model at full batch, whose steps do grow with their tokens, set min_draft_prob higher."""
+    requests, so drafting past an unsure token pays. For a large model at full batch, whose steps
+    do grow with their tokens, set min_draft_prob higher."""
     return 0.3 if torch.device(device).type == "cpu" else 0.05
 
 
@@ -73,35 +71,98 @@ def confidence_bin(q: Optional[float]) -> int:
     return 1 + bisect.bisect_right(CONFIDENCE_EDGES, q)
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A proposer's standing in one step: its rate table, its best rate, and the most draft
+    tokens that rate earns at this load (a proposer is never asked for more)."""
+
+    proposer: Proposer
+    table: list[list[float]]
+    top: float
+    most: int
+
+
 @dataclass
 class AdaptiveController:
+    """The draft budget. min_draft_prob: the threshold (see the module docstring);
+    max_draft_tokens: k; max_batch_for_spec: no drafts while more requests than this run."""
+
     min_draft_prob: float = 0.3
+    max_draft_tokens: int = 8
+    max_batch_for_spec: Optional[int] = None
     accepted: dict = field(default_factory=dict)  # name, (name, level), (name, level, bin) -> tokens
     trials: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec, device) -> AdaptiveController:
+        threshold = spec.min_draft_prob if spec.min_draft_prob is not None else default_min_draft_prob(device)
+        return cls(threshold, spec.max_draft_tokens, spec.max_batch_for_spec)
 
     def new_run(self) -> None:
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
 
-    def rate(self, proposer, evidence: int = 0) -> float:
-        return self.table(proposer)[level(evidence)][0]
+    # ---- one step ------------------------------------------------------------------------
 
-    def best_rate(self, proposer) -> float:
-        """The highest rate any evidence level (or confidence bin) of this proposer has now:
-        no draft of it can be worth more than a k-token draft at this rate."""
-        return max(map(max, self.table(proposer)))
+    def offers(self, proposers: Sequence[Proposer], running: int, load: float) -> list[Offer]:
+        """Each proposer's standing this step; [] when the step drafts nothing (no proposers, or
+        more requests running than max_batch_for_spec: the step is compute-bound). Rates move only
+        when a step is recorded, so a table is read once per step."""
+        if self.max_batch_for_spec is not None and running > self.max_batch_for_spec:
+            return []
+        out = []
+        for p in proposers:
+            table = self.table(p)
+            top = max(map(max, table))
+            out.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, load)))
+        return out
 
-    def token_rates(self, proposer, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
-        """The acceptance rate of each of n draft tokens (confidence: one per token, or None)."""
-        return rates_from(self.table(proposer), evidence, confidence, n)
+    def choose(self, req: Request, room: int, offers: Sequence[Offer], load: float) -> Optional[Draft]:
+        """Ask every proposer for a draft, cut each where the budget stops granting tokens (by the
+        evidence behind it, its tokens' confidence and this load), and take the one with the
+        longest expected accepted run. A proposer is not asked when even its best rate could not
+        beat the draft in hand."""
+        best, best_value = None, 0.0
+        for offer in offers:
+            cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
+            if cap == 0 or expected_run(offer.top, cap) <= best_value:
+                continue
+            draft = offer.proposer.propose(req, cap)
+            if draft is None or not draft.tokens:
+                continue
+            n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
+                                           min(cap, len(draft.tokens))), load)
+            if value > best_value:
+                best, best_value = draft.cut(n), value
+        return best
 
-    def table(self, proposer) -> list[list[float]]:
-        """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's
-        rate. The engine reads it once per step: rates move only when a step is recorded."""
+    def record(self, req: Request, draft: Draft, accepted: int) -> None:
+        """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
+        trials of its proposer's evidence level and of each token's confidence bin."""
+        name, proposed = draft.proposer.name, len(draft.tokens)
+        trials = accepted + (1 if accepted < proposed else 0)
+        req.proposed[name] = req.proposed.get(name, 0) + proposed
+        req.accepted[name] = req.accepted.get(name, 0) + accepted
+        lv = level(draft.evidence)
+        acc, tri = self.accepted, self.trials
+        for key in (name, (name, lv)):
+            acc[key] = acc.get(key, 0.0) + accepted
+            tri[key] = tri.get(key, 0.0) + trials
+        if draft.confidence is not None:
+            for i, q in enumerate(draft.confidence[:trials]):
+                b = confidence_bin(q)
+                if b:
+                    key = (name, lv, b)
+                    acc[key] = acc.get(key, 0.0) + (i < accepted)
+                    tri[key] = tri.get(key, 0.0) + 1
+
+    # ---- rates and cuts ------------------------------------------------------------------
+
+    def table(self, proposer: Proposer) -> list[list[float]]:
+        """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's rate."""
         name, acc, trials = proposer.name, self.accepted, self.trials
-        prior = getattr(proposer, "prior", 0.5)
-        overall = (acc.get(name, 0.0) + 2 * prior) / (trials.get(name, 0.0) + 2)
+        overall = (acc.get(name, 0.0) + 2 * proposer.prior) / (trials.get(name, 0.0) + 2)
         rows = []
         for lv in range(LEVELS):
             rate = (acc.get((name, lv), 0.0) + PRIOR_WEIGHT * overall) / (trials.get((name, lv), 0.0) + PRIOR_WEIGHT)
@@ -125,24 +186,6 @@ class AdaptiveController:
             n, p = n + 1, p * a
             value += p
         return n, value
-
-    def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int,
-               confidence: Optional[Sequence[float]] = None) -> None:
-        trials = accepted + (1 if accepted < proposed else 0)  # the compared draft tokens
-        req.proposed[name] = req.proposed.get(name, 0) + proposed
-        req.accepted[name] = req.accepted.get(name, 0) + accepted
-        lv = level(evidence)
-        for key in (name, (name, lv)):
-            self.accepted[key] = self.accepted.get(key, 0.0) + accepted
-            self.trials[key] = self.trials.get(key, 0.0) + trials
-        if confidence is not None:
-            acc, tri = self.accepted, self.trials
-            for i, q in enumerate(confidence[:trials]):
-                b = confidence_bin(q)
-                if b:
-                    key = (name, lv, b)
-                    acc[key] = acc.get(key, 0.0) + (i < accepted)
-                    tri[key] = tri.get(key, 0.0) + 1
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],

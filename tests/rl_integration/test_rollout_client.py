@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from rl_integration.config import RolloutSection, RunConfig, SpecSection
-from rl_integration.metrics import tail_seconds
 from rl_integration.rollout_client import RolloutClient
 from rollout.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryStore
@@ -114,14 +113,6 @@ def test_metrics_have_the_design_names(model, tmp_path):
     plain = RolloutClient(section(spec=None), model, seed=0, stop_token_ids=[2])
     pm = plain.generate(PROMPTS).step_stats
     assert pm["accepted_per_verify"] == pytest.approx(1.0) and pm["spec_off_fraction"] == 1.0
-
-
-def test_tail_seconds():
-    assert tail_seconds([]) == 0.0
-    assert tail_seconds([1.0] * 10) == 0.0
-    times = [1, 2, 3, 4, 5, 6, 7, 8, 9, 30]
-    assert tail_seconds(times) == 21.0  # 90% done at 9 s, all at 30 s
-    assert tail_seconds([5.0]) == 0.0
 
 
 def test_update_weights_changes_samples(tmp_path):

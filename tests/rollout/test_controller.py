@@ -1,14 +1,24 @@
 """The adaptive budget drafts where drafts pay and stops where they do not, never changing a token."""
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import AdaptiveController
+from rollout.controller import AdaptiveController, rates_from
+from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
 
 
-class Named:
+class Named(Proposer):
     def __init__(self, name, prior=0.5):
         self.name, self.prior = name, prior
+
+
+def rate(c, p, evidence=0):
+    """The proposer's acceptance rate at this evidence level, confidence unknown."""
+    return rates_from(c.table(p), evidence, None, 1)[0]
+
+
+def record(c, req, p, evidence, proposed, accepted, confidence=None):
+    c.record(req, Draft(list(range(proposed)), p, evidence, confidence), accepted)
 
 
 def test_draft_len_follows_the_acceptance_rate():
@@ -24,18 +34,18 @@ def test_rate_is_learnt_per_evidence_level():
     c = AdaptiveController()
     req = Request(0, [1], SP(), 0)
     p = Named("x", prior=0.5)
-    assert c.rate(p, 0) == 0.5 and c.rate(p, 40) == 0.5
+    assert rate(c, p, 0) == 0.5 and rate(c, p, 40) == 0.5
     for _ in range(10):
-        c.record(req, "x", evidence=20, proposed=4, accepted=4)  # long matches: right
-        c.record(req, "x", evidence=2, proposed=4, accepted=0)  # short matches: wrong
-    assert c.rate(p, 20) > 0.9 and c.rate(p, 17) == c.rate(p, 20)  # one level: 16-31 tokens
-    assert c.rate(p, 2) < 0.35
+        record(c, req, p, evidence=20, proposed=4, accepted=4)  # long matches: right
+        record(c, req, p, evidence=2, proposed=4, accepted=0)  # short matches: wrong
+    assert rate(c, p, 20) > 0.9 and rate(c, p, 17) == rate(c, p, 20)  # one level: 16-31 tokens
+    assert rate(c, p, 2) < 0.35
     assert c.trials["x"] == 50 and req.proposed["x"] == 80  # a mismatch ends the trials of a draft
     assert req.accepted["x"] == 40
-    assert 0.7 < c.rate(p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
+    assert 0.7 < rate(c, p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
     c.new_run()
-    assert c.rate(p, 20) > 0.85  # halved evidence, same rate
-    assert AdaptiveController().rate(Named("y", prior=0.9)) == 0.9
+    assert rate(c, p, 20) > 0.85  # halved evidence, same rate
+    assert rate(AdaptiveController(), Named("y", prior=0.9)) == 0.9
 
 
 def test_useless_drafts_are_switched_off_and_tokens_unchanged():
@@ -61,10 +71,11 @@ def test_engine_counts_steps_without_drafts():
     eng = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32, spec=SpecConfig(
         proposers=("ngram",), max_batch_for_spec=2)))
     eng.generate(prompts, params, seeds=[1, 2, 3])
-    assert eng.steps > 0 and 0 < eng.spec_off_steps < eng.steps  # off while 3 run, on once fewer do
+    run = eng.last_run
+    assert run.steps > 0 and 0 < run.spec_off_steps < run.steps  # off while 3 run, on once fewer do
     plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32))
     plain.generate(prompts, params, seeds=[1, 2, 3])
-    assert plain.spec_off_steps == plain.steps > 0
+    assert plain.last_run.spec_off_steps == plain.last_run.steps > 0
 
 
 def test_the_threshold_falls_with_the_load():
@@ -81,14 +92,14 @@ def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
     p = Named("x", prior=0.5)
     sure, unsure = 0.995, 0.4
     for _ in range(20):  # fresh noise: sure tokens land, unsure ones mostly do not
-        c.record(req, "x", 20, proposed=4, accepted=3, confidence=[sure, sure, sure, unsure])
-    rates = c.token_rates(p, 20, [sure, sure, unsure, sure], 4)
+        record(c, req, p, 20, proposed=4, accepted=3, confidence=[sure, sure, sure, unsure])
+    rates = rates_from(c.table(p), 20, [sure, sure, unsure, sure], 4)
     assert rates[0] == rates[1] == rates[3] > 0.9 and rates[2] < 0.2
     n, value = c.cut(rates, load=1.0)
     assert n == 2 and abs(value - (rates[0] + rates[0] ** 2)) < 1e-12  # stops before the unsure one
-    assert c.token_rates(p, 20, None, 3) == [c.rate(p, 20)] * 3  # no confidence: the level's rate
-    assert c.token_rates(p, 20, [-1.0, float("nan")], 2) == [c.rate(p, 20)] * 2  # unknown: likewise
-    assert c.best_rate(p) == rates[0]
+    assert rates_from(c.table(p), 20, None, 3) == [rate(c, p, 20)] * 3  # no confidence: the level's rate
+    assert rates_from(c.table(p), 20, [-1.0, float("nan")], 2) == [rate(c, p, 20)] * 2  # unknown: likewise
+    assert max(map(max, c.table(p))) == rates[0]
     a, b = rates[0], rates[2]
     n, value = c.cut(rates, load=0.01)  # the long tail: a long shot is worth its slot
     assert n == 4 and abs(value - (a + a * a + a * a * b + a * a * b * a)) < 1e-12

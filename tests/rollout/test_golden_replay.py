@@ -81,7 +81,7 @@ def replay(batch, spec_kw, kind):
         outs = eng.generate(ids, params, seeds=seeds, groups=groups,
                             drafts=None if history is None else [o.token_ids for o in history],
                             draft_logprobs=None if history is None else [o.logprobs for o in history])
-        record.append({"steps": eng.steps, "tokens": [o.token_ids for o in outs],
+        record.append({"steps": eng.last_run.steps, "tokens": [o.token_ids for o in outs],
                        "forward_passes": [o.stats["forward_passes"] for o in outs],
                        "proposed": [o.stats["proposed"] for o in outs],
                        "accepted": [o.stats["accepted"] for o in outs],
