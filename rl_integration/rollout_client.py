@@ -30,7 +30,7 @@ verifies every token, so history never changes what is sampled.
 Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
 proposer lets siblings draft for each other; the engine forgets the groups after the call.
 
-Lenient mode (rollout.lenient = l, off by default) is SPEC-RL's: a history token is accepted when
+Lenient mode (rollout.engine.spec.lenience = l, off by default) is SPEC-RL's: a history token is accepted when
 its new probability is at least 1/l of its old one. It is BIASED — samples are no longer exact
 samples of the policy — so every step that used it reports `lenient_tokens` > 0, and each such
 sample's stats["lenient"] counts its leniently accepted tokens.
@@ -48,7 +48,7 @@ from rollout.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryRecord, HistoryStore
 
 from . import metrics as M
-from .config import RolloutSection, RunConfig, engine_config
+from .config import RolloutSection, RunConfig, plain_engine
 
 
 @dataclass
@@ -105,7 +105,7 @@ class RolloutClient:
         self.params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                                      max_tokens=config.max_tokens, stop_token_ids=tuple(stop_token_ids))
         self.params.validate()
-        self.engine_config = engine_config(config, None if plain else "config")
+        self.engine_config = plain_engine(config) if plain else config.engine
         self.engine_config.validate()
         spec = self.engine_config.spec
         use_history = (not plain and config.history.enabled and spec is not None
@@ -117,7 +117,7 @@ class RolloutClient:
         if backend is None:
             if model is None:
                 raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
-            backend = make_backend(config, model, self.engine_config, progress)
+            backend = build_backend(config, model, self.engine_config, progress)
         self.backend = backend
         self.epoch = 0
         self._steps: dict[int, list[dict]] = {}
@@ -241,7 +241,8 @@ class RolloutClient:
         self.shutdown()
 
 
-def make_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
+def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
+    """The RolloutBackend that rollout.backend names, running `model` with engine config `eng_cfg`."""
     if cfg.backend == "local":
         from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)

@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 
-from rl_integration.config import RolloutSection, RunConfig, SpecSection
+from rl_integration.config import RolloutSection, RunConfig, demo_engine
 from rl_integration.rollout_client import RolloutClient
+from rollout import EngineConfig, SpecConfig
 from rollout.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryStore
 from tests.conftest import tiny_hf_model
@@ -25,8 +26,10 @@ def model():
     return tiny_hf_model("llama", seed=3)
 
 
-def section(**kw):
-    base = dict(max_tokens=12, n=3, max_batch_size=16, max_model_len=64, noise="per_sample")
+def section(spec="demo", max_batch_size=16, **kw):
+    spec = demo_engine().spec if spec == "demo" else spec
+    base = dict(max_tokens=12, n=3, noise="per_sample",
+                engine=EngineConfig(max_batch_size=max_batch_size, max_model_len=64, spec=spec))
     base.update(kw)
     return RolloutSection(**base)
 
@@ -60,7 +63,7 @@ def test_groups_seeds_and_noise_modes(model, tmp_path):
 def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     torch.manual_seed(0)
     local = tiny_hf_model("llama", seed=3)
-    spec = section(spec=SpecSection(proposers=["history", "suffix", "ngram"], max_draft_tokens=6))
+    spec = section(spec=SpecConfig(proposers=("history", "suffix", "ngram"), max_draft_tokens=6))
     client = RolloutClient(spec, local, seed=1, stop_token_ids=[2], history_dir=tmp_path / "hist")
     plain = RolloutClient(spec, local, seed=1, stop_token_ids=[2], plain=True)
     assert plain.history is None and plain.engine_config.spec is None
@@ -94,7 +97,7 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
 
 def test_metrics_have_the_design_names(model, tmp_path):
     # 4 slots for 9 requests: steps with 4 running are compute-bound (> 3), the last one is not
-    client = RolloutClient(section(max_batch_size=4, spec=SpecSection(proposers=["ngram"], max_batch_for_spec=3)),
+    client = RolloutClient(section(max_batch_size=4, spec=SpecConfig(proposers=("ngram",), max_batch_for_spec=3)),
                            model, seed=0, stop_token_ids=[2])
     b = client.generate(PROMPTS)
     for name in METRIC_NAMES:

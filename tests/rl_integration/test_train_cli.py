@@ -10,8 +10,9 @@ import os
 
 from rl_integration import cli
 from rl_integration.config import load_config
+from rl_integration.dataset import save_parquet_dataset
+from rl_integration.demo.task import make_problems
 from rl_integration.metrics import read_jsonl
-from rl_integration.task import make_problems, save_parquet_dataset
 from scheduler.history_store import HistoryStore
 
 from . import reward_helpers
@@ -141,7 +142,7 @@ def test_sigterm_during_the_warm_start_leaves_no_temporary_folder(tiny_run, tmp_
     import time
 
     cache = tmp_path / "cache"
-    args = [sys.executable, "-m", "rl_integration.train", "--config", "examples/demo.yaml", *tiny_run,
+    args = [sys.executable, "-m", "rl_integration", "train", "--config", "examples/demo.yaml", *tiny_run,
             f"policy.cache_dir={cache}", "policy.embedded.sft_steps=100000", "--out", str(tmp_path / "out")]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen(args, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
