@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from .bench import save_report
 
 SETTINGS = {  # name -> (engine and trainer threads (None: spectail's choice), extra environment)
     "defaults": (None, {}),
@@ -144,10 +145,7 @@ def main(argv=None) -> dict:
                   f"{min(q):9.2f} /{statistics.median(q):6.2f}{min(b):12.2f} /{statistics.median(b):6.2f}"
                   f"{ratio:10.2f}x")
     print(f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
-    return report
+    return save_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ of CPU, where variable-width numbers took several times longer and sometimes not
 
 The count is heavy-tailed (P(count) ~ count^-tail_alpha on [min_count, max_count]), so most
 responses are short and a few are very long: with the defaults the 99th percentile of the
-response length in tokens is about 15x the median (measured over 2000 problems, see the tests).
+response length in tokens is many times the median (tests/rl_integration/test_task.py checks it).
 That is the long tail spectail is about.
 
 Every running total is a chance for an arithmetic slip (see `format_solution`): the warm-started

@@ -20,6 +20,11 @@ METRIC_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "for
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
 
+def lookup(store, prompt_ids, sample_index, before_epoch=None):
+    """The store's newest record for one (prompt, sample index)."""
+    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -90,7 +95,7 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     assert reused[1] >= 0.8 * (generated - len(b))  # same weights, same noise: nearly all reused
     store = HistoryStore(tmp_path / "hist")
     assert store.epochs() == [1, 2]  # keep_epochs=2
-    rec = store.lookup(PROMPTS[2], 1)
+    rec = lookup(store, PROMPTS[2], 1)
     assert rec.epoch == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
     assert rec.token_ids == b.completion_ids[7]
 

@@ -21,6 +21,11 @@ DESIGN_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "for
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
 
+def lookup(store, prompt_ids, sample_index, before_epoch=None):
+    """The store's newest record for one (prompt, sample index)."""
+    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+
+
 
 def test_demo_end_to_end_with_compare(tiny_run, tmp_path, capsys):
     out = tmp_path / "demo"
@@ -73,7 +78,7 @@ def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, ca
     tok = AutoTokenizer.from_pretrained(folder)
     store = HistoryStore(out / "history")
     for p in problems:
-        rec = store.lookup(tok(p.prompt)["input_ids"], 1)
+        rec = lookup(store, tok(p.prompt)["input_ids"], 1)
         assert rec is not None and rec.reward in (0.0, 1.0)
 
 
