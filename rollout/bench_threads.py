@@ -35,10 +35,12 @@ _WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 def child(hidden: int, layers: int, num_threads, requests: int, tokens: int, train_steps: int) -> dict:
     """One measurement in this (fresh) process: rollout seconds and optimizer-step seconds."""
+    import rollout  # noqa: F401 -- first, as every entry point does
+
+    # isort: split
     import torch
     import transformers
 
-    import rollout  # noqa: F401 -- first, as every entry point does
     from rollout import Engine, EngineConfig, SamplingParams, threads
 
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -66,7 +67,7 @@ class Engine:
         self.proposers = make_proposers(config.spec, model)
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
-        self.controller = AdaptiveController.from_spec(config.spec, self.device) if config.spec else None
+        self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
         self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
         if self.device.type == "cpu":
@@ -146,6 +147,8 @@ class Engine:
                                key=lambda r: -len(r.history) if r.history else -math.inf))
         if self.controller is not None:
             self.controller.new_run()
+            if self.controller.priced and not self.controller.cost.profiled:
+                self._profile()
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
@@ -168,7 +171,10 @@ class Engine:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 running.append(req)
-            drafting, n_fed = self._step(running)
+            start = time.perf_counter()
+            drafting, n_fed, n_emitted = self._step(running)
+            if self.controller is not None:
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
@@ -180,18 +186,20 @@ class Engine:
                     on_finish(req)
         return RunStats(steps, spec_off, fed)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int]:
-        """One forward for every running request. Returns (whether drafts were allowed, tokens fed)."""
-        load = len(running) / self.config.max_batch_size
-        offers = self.controller.offers(self.proposers, len(running), load) if self.controller else []
-        rows, batch = self._plan(running, offers, load)
+    def _step(self, running: list[Request]) -> tuple[bool, int, int]:
+        """One forward for every running request. Returns (whether drafts were allowed, tokens
+        fed, tokens emitted)."""
+        threshold, offers = 0.0, []
+        if self.controller is not None:
+            threshold = self.controller.threshold(len(running) / self.config.max_batch_size, len(running))
+            offers = self.controller.offers(self.proposers, len(running), threshold)
+        rows, batch = self._plan(running, offers, threshold)
         logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        self._verify(rows, logits)
-        return bool(offers), int(batch.token_ids.shape[0])
+        return bool(offers), int(batch.token_ids.shape[0]), self._verify(rows, logits)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
-    def _plan(self, running: list[Request], offers, load: float) -> tuple[list[Row], ForwardBatch]:
+    def _plan(self, running: list[Request], offers, threshold: float) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first (one token and a draft
         each), then prompt chunks fill the rest."""
         cfg, budget = self.config, self.config.max_num_batched_tokens
@@ -206,7 +214,7 @@ class Engine:
             if whole and offers:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                draft = self.controller.choose(req, room, offers, load) if room > 0 else None
+                draft = self.controller.choose(req, room, offers, threshold) if room > 0 else None
             row = Row(req, len(fed), draft, len(logit_index) if whole else None)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
@@ -217,9 +225,11 @@ class Engine:
             budget -= len(tokens)
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor) -> None:
-        """Sample every logit row, then accept, emit and tell the proposers, row by row."""
+    def _verify(self, rows: list[Row], logits: torch.Tensor) -> int:
+        """Sample every logit row, then accept, emit and tell the proposers, row by row.
+        Returns the number of tokens emitted."""
         tokens, logprobs = self._sample(rows, logits)
+        emitted = 0
         for row in rows:
             req = row.req
             was_prefill = req.num_tokens - req.num_cached > 1
@@ -229,10 +239,11 @@ class Engine:
             if not was_prefill:
                 req.forward_passes += 1
             n = len(row.draft_tokens) + 1
-            self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                         logprobs[row.first_logit:row.first_logit + n])
+            emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                    logprobs[row.first_logit:row.first_logit + n])
+        return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> None:
+    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> int:
         """ys, lps: the exact samples at the row's last fed token and at each draft token."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
@@ -252,6 +263,7 @@ class Engine:
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
+        return len(emitted)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The exact sample and its logprob at every logit row; in lenient mode also the draft
@@ -285,6 +297,27 @@ class Engine:
                                    temperature, top_k, top_p)
         for r in scored:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
+
+    def _profile(self) -> None:
+        """Two timed forwards of different sizes (one token per row, then a draft's worth), so the
+        step cost has a slope before the first real step. They write into free KV-cache slots at
+        positions no request has yet: each request overwrites its slot from position 0."""
+        rows = min(self.config.max_batch_size, 8)
+        for per_row in (1, 1 + min(self.config.spec.max_draft_tokens, 8)):
+            if per_row > self.config.max_model_len:
+                continue
+            feed = [(slot, 0, [0] * per_row) for slot in range(rows)]
+            batch = ForwardBatch.build(feed, list(range(rows * per_row)), self.device, self.min_bucket)
+            seconds = []
+            for _ in range(2):
+                start = time.perf_counter()
+                logits, _ = self.model(batch, self.cache)
+                n = logits.shape[0]
+                sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
+                                torch.arange(n, device=logits.device), *sampling.sampling_tensors(
+                                    [SamplingParams()] * n, logits.device))[0].tolist()
+                seconds.append(time.perf_counter() - start)
+            self.controller.cost.add_profile(rows * per_row, min(seconds))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""
