@@ -10,5 +10,5 @@ def count(test: str, outcome: str) -> None:
 
 
 def summary_lines() -> list[str]:
-    return [f"{test}: {sum(c.values())} examples ({', '.join(f'{k} {v}' for k, v in sorted(c.items()))})"
+    return [f"{test}: {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in sorted(c.items()))})"
             for test, c in sorted(COUNTS.items())]

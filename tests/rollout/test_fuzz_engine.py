@@ -79,7 +79,7 @@ def check_completions(outs, reqs) -> None:
 @given(drawn=generate_args(VOCAB, MAX_LEN))
 def test_generate_completes_or_names_the_bad_field(engines, drawn):
     eng, plain, before = engines
-    outs = outcome(lambda: eng.generate(**drawn.kwargs), drawn, "Engine.generate")
+    outs = outcome(lambda: eng.generate(**drawn.kwargs), drawn, "Engine.generate examples")
     if outs is not None:
         reqs = eng.make_requests(**{**drawn.kwargs, "seeds": [o.seed for o in outs]})
         check_completions(outs, reqs)
@@ -94,7 +94,7 @@ def test_generate_completes_or_names_the_bad_field(engines, drawn):
 def test_make_requests_builds_what_it_was_given_or_names_the_bad_field(drawn):
     kwargs = drawn.kwargs
     snapshot = repr(kwargs), copy.deepcopy(kwargs)
-    reqs = outcome(lambda: make_requests(VOCAB, MAX_LEN, **kwargs), drawn, "make_requests")
+    reqs = outcome(lambda: make_requests(VOCAB, MAX_LEN, **kwargs), drawn, "make_requests examples")
     assert repr(kwargs) == snapshot[0], "make_requests changed its arguments"
     if reqs is None:
         return
