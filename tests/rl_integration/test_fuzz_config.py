@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 from rl_integration.config import RunConfig, load_config, to_dict
 from tests.fuzz_counts import count
 
+# Input classes that break the loader on main today, left out of the draws (each has a strict
+# xfail test below; remove the name here once it is fixed).
+KNOWN_BUGS = frozenset({"zero_heads"})  # policy.embedded.num_heads=0: ZeroDivisionError in PolicyConfig.validate
 FUZZ = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
 
@@ -91,7 +94,10 @@ def some_value(draw, key: str):
     k = draw(st.integers(0, 9))
     if k < 4:
         return plain(default_of(key))
-    return draw(value_for(KEYS[key]) if k < 8 else anything)
+    value = draw(value_for(KEYS[key]) if k < 8 else anything)
+    if "zero_heads" in KNOWN_BUGS and key.rsplit(".", 1)[-1] in ("num_heads", "num_kv_heads") and value == 0:
+        value = 1
+    return value
 
 
 def plain(value):
@@ -154,7 +160,9 @@ def load(path, items, used, test: str):
         cfg = load_config(path, items)
     except ValueError as e:
         msg = str(e)
-        names = prefixes(used) | set(items) | {repr(i) for i in items} | ({str(path)} if path is not None else set())
+        names = prefixes(used + [i.partition("=")[0].strip() for i in items]) | set(items) | {repr(i) for i in items}
+        names |= {str(path)} if path is not None else set()
+        names |= {repr(n)[1:-1] for n in names}  # (messages quote with repr: escapes)
         assert any(n and n in msg for n in names), f"the error {msg!r} names none of {sorted(names)}"
         count(test, "ValueError")
         return None
@@ -185,8 +193,22 @@ def test_yaml_and_overrides_load_or_name_the_key(tmp_path, tree, ov):
 def test_any_text_file_loads_or_names_the_file(tmp_path, text):
     path = tmp_path / "any.yaml"
     path.write_text(text, encoding="utf-8")
-    used = [k for k in KEYS if k.split(".")[0] in text or k.split(".")[-1] in text]
-    load(path, [], used + [w for w in text.replace(":", " ").split() if w], "load_config(any text) examples")
+    try:
+        parsed = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        parsed = None
+    load(path, [], mapping_keys(parsed), "load_config(any text) examples")
+
+
+def mapping_keys(node, prefix: str = "") -> list[str]:
+    """The dotted keys of a parsed YAML tree."""
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        out += [key] + mapping_keys(v, key + ".")
+    return out
 
 
 # ---- bugs the fuzzing found on main (fixes: notes/robust-bugs.md) -----------------------------
@@ -228,15 +250,28 @@ def test_bug_huge_integer_override():
 @pytest.mark.xfail(strict=True, reason="validate: device strings are not checked; the run fails later with "
                                        "torch's RuntimeError instead of a ValueError naming the key")
 def test_bug_device_is_not_validated():
-    key = next(k for k in LEAVES if k.endswith("device"))
-    refuses(None, [f"{key}=quantum"], key)
+    keys = [k for k in LEAVES if k.rsplit(".", 1)[-1] == "device"]
+    assert len(keys) >= 2
+    for key in keys:
+        refuses(None, [f"{key}=quantum"], key)
 
 
 @pytest.mark.xfail(strict=True, reason="validate: seeds outside [0, 2**64) are accepted; torch.manual_seed then "
-                                       "raises RuntimeError when the run starts")
+                                       "raises RuntimeError when the run starts (trainer.seed, policy.embedded.seed)")
 def test_bug_seed_out_of_range():
-    key = next(k for k in LEAVES if k.endswith("seed") and _inner(KEYS[k]) is int)
-    refuses(None, [f"{key}={2**70}"], key)
+    keys = [k for k in LEAVES if k.rsplit(".", 1)[-1] == "seed" and _inner(KEYS[k]) is int]
+    assert len(keys) >= 2
+    for key in keys:
+        refuses(None, [f"{key}={2**70}"], key)
+
+
+@pytest.mark.xfail(strict=True, reason="PolicyConfig.validate computes hidden_size % num_heads before checking "
+                                       "num_heads >= 1: ZeroDivisionError (and config._wrap converts only ValueError)")
+def test_bug_zero_heads():
+    keys = [k for k in LEAVES if k.rsplit(".", 1)[-1] in ("num_heads", "num_kv_heads")]
+    assert keys
+    for key in keys:
+        refuses(None, [f"{key}=0"], key.rsplit(".", 1)[0])
 
 
 def test_every_introspected_key_takes_its_default_as_an_override():
