@@ -72,7 +72,7 @@ def leftover_state(engine) -> dict[str, int]:
         return {k: int(v) for k, v in hook().items() if v}
     out = {}
     for p in engine.proposers:
-        for attr, value in vars(p).items():
+        for attr, value in getattr(p, "__dict__", {}).items():
             if isinstance(value, (dict, list, set, deque)) and len(value):
                 out[f"{getattr(p, 'name', type(p).__name__)}.{attr}"] = len(value)
     free = getattr(engine, "free_slots", None)
