@@ -57,6 +57,11 @@ _DIR_RE = re.compile(r"^epoch-(\d+)$")
 _TMP_RE = re.compile(r"^\.epoch-\d+\.(?P<host>[^.]*)\.(?P<pid>\d+)\..*" + re.escape(TMP_SUFFIX) + "$")
 
 
+def checkpoints_dir(output_dir) -> Path:
+    """Where a run's checkpoints live: output.dir/checkpoints."""
+    return Path(output_dir) / "checkpoints"
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint's pieces; the policy itself loads from `folder` (a Hugging Face folder)."""
