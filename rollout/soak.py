@@ -7,8 +7,8 @@ Each wave is one `Engine.generate` call shaped like a GRPO rollout step: a slice
 prompt pool, `--group` samples per prompt tied by a group id (fresh ids every wave, as the
 RolloutClient hands them out; every eighth prompt's samples go without a group), lognormal
 `max_tokens` (the long tail), a stop token, mixed top-k / top-p, and every proposer on: the
-previous wave's response to the same (prompt, sample index) is the history draft, with its
-logprobs. Half the prompts keep their seeds across waves (the old response reproduces itself:
+response to the same (prompt, sample index) in the last wave that had it is the history draft,
+with its logprobs. Half the prompts keep their seeds across waves (the old response reproduces itself:
 long accepted runs), half draw fresh noise (drafts mostly rejected: lookahead and re-alignment).
 Each wave also makes one call that must fail validation.
 
@@ -145,6 +145,7 @@ class SoakConfig:
     check_waves: int = 2  # waves compared token for token with a plain engine (the last ones)
     max_growth: float = 0.05  # resident memory after the warm-up, relative
     max_objects_per_request: float = 0.05  # gc-tracked objects gained per request after the warm-up
+    device: str = "cpu"  # the engine's; resident memory is the host's either way
 
     @property
     def waves(self) -> int:
@@ -176,6 +177,8 @@ def run_soak(cfg: SoakConfig = SoakConfig(), echo=print) -> dict:
         failures += wave_failures(engine, plain if wave in checked else None, args, outs, wave)
         gc.collect()
         samples.append(_sample(wave, (wave + 1) * per_wave, outs, seconds, time.perf_counter() - start))
+        if torch.device(cfg.device).type == "cuda":
+            samples[-1]["cuda_allocated_mib"] = torch.cuda.memory_allocated(cfg.device) / 2**20
         if wave == warmup - 1 or (wave + 1) % max(1, waves // 10) == 0:
             s = samples[-1]
             echo(f"wave {wave + 1}/{waves}: {s['requests']} requests, rss {s['rss_mib']:.1f} MiB, "
@@ -196,8 +199,9 @@ def make_engines(cfg: SoakConfig):
     max_model_len = 16 + cfg.max_len + 1
     spec = SpecConfig(proposers=PROPOSERS, max_draft_tokens=8)
     engine = Engine.from_pretrained(model, EngineConfig(max_batch_size=cfg.batch, max_model_len=max_model_len,
-                                                        max_num_batched_tokens=512, spec=spec))
-    plain = Engine.from_pretrained(model, EngineConfig(max_batch_size=cfg.batch, max_model_len=max_model_len))
+                                                        max_num_batched_tokens=512, spec=spec, device=cfg.device))
+    plain = Engine.from_pretrained(model, EngineConfig(max_batch_size=cfg.batch, max_model_len=max_model_len,
+                                                       device=cfg.device))
     return engine, plain
 
 
@@ -293,7 +297,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = SoakConfig()
     for f in dataclasses.fields(SoakConfig):
-        kind = float if isinstance(f.default, float) else int
+        kind = type(f.default) if isinstance(f.default, (float, str)) else int
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
     ap.add_argument("--out", default="bench_results/soak.json", help="the JSON; the PNG goes beside it")
     args = vars(ap.parse_args(argv))
