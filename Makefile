@@ -33,3 +33,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# 10,000 long-tail requests through one engine; fails on memory growth or state left behind
+soak: $(STAMP)
+	$(BIN)/python -m rollout.soak
+.PHONY: soak

@@ -12,6 +12,7 @@ verify: the token at response position t is always sample(z_t, seed, t), the cou
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import math
@@ -123,6 +124,12 @@ class Engine:
             for g in groups:
                 p.drop_group(g)
 
+    def state_sizes(self) -> dict[str, int]:
+        """What the engine holds between calls beyond its weights, cache and learnt rates:
+        {"<proposer>.<table>": entries}, every one 0 when idle (a request's own state goes with
+        the request)."""
+        return {f"{p.name}.{table}": n for p in self.proposers for table, n in p.state_sizes().items()}
+
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
                       drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
         """Validated Requests (see rollout/request.py); nothing of the engine changes."""
@@ -157,10 +164,22 @@ class Engine:
         try:
             with threads.using(self.num_threads):
                 self.last_run = self._loop(waiting, on_finish)
+        except BaseException:
+            self._abandon(requests)
+            raise
         finally:
             if gc_was_on:
                 gc.enable()
         return self.last_run
+
+    def _abandon(self, requests: list[Request]) -> None:
+        """A run that raised: every request leaves, so proposers keep nothing of it (the caller
+        sees the original error, not one of these)."""
+        for req in requests:
+            req.slot = -1
+            for p in self.proposers:
+                with contextlib.suppress(Exception):
+                    p.finish(req)
 
     def _loop(self, waiting: deque, on_finish) -> RunStats:
         free = list(range(self.config.max_batch_size))
