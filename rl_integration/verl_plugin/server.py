@@ -6,8 +6,8 @@ verl/workers/rollout/vllm_rollout/vllm_async_server.py, `vLLMHttpServer`):
     with the exact logprobs when asked (`logprobs`), and in extra_fields the per-request
     speculation counts verl turns into its spec metrics (`spec_num_draft_tokens`,
     `spec_num_accepted_tokens`, `spec_num_verify_steps`; verl/trainer/ppo/ray_trainer.py,
-    `compute_spec_decode_metrics`), plus `spectail_seed` and `spectail_batch` (which engine run
-    it was part of);
+    `compute_spec_decode_metrics`), plus `spectail_seed`, `spectail_replica` and
+    `spectail_batch` (which engine run it was part of);
   - memory: `sleep` / `wake_up(tags)` (KV cache released; weights moved to the host while a
     hybrid trainer trains), `release_kv_cache` / `resume_kv_cache`, `clear_kv_cache` (nothing to
     clear: the engine keeps no prefix cache across batches);
@@ -134,6 +134,7 @@ class SpectailServer:
         c = to_completion(req)
         done = req.finish_reason is not None
         extra = {"global_steps": self.global_steps, "spectail_seed": item.seed, "spectail_batch": batch,
+                 "spectail_replica": self.replica_rank,
                  "spectail_finish_reason": c.finish_reason if done else "abort",
                  "spec_num_draft_tokens": int(sum(c.stats["proposed"].values())),
                  "spec_num_accepted_tokens": int(sum(c.stats["accepted"].values())),
@@ -247,7 +248,8 @@ class SpectailServer:
     async def state(self) -> dict:
         p = self.engine.model.lm_head.weight
         return {"kv_cache": self.engine.cache is not None, "weights_device": str(p.device),
-                "batches": self.batcher.batches, "step": self.seeds.step, "paused": self.paused}
+                "batches": self.batcher.batches, "running": self.batcher.running, "queued": len(self.batcher.queue),
+                "step": self.seeds.step, "paused": self.paused}
 
     async def start_profile(self, **kwargs) -> None:
         pass
