@@ -16,6 +16,7 @@ trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'spec
 from rl_integration.trl_gather import gather_generate_scatter  # noqa: E402
 from rl_integration.trl_rollout import SpectailRollout, group_prompts  # noqa: E402
 from rl_integration.trl_weights import check_mergeable, policy_weights, unwrap  # noqa: E402
+from rollout.seeds import prompt_key, sample_seed  # noqa: E402
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "trl_grpo.py")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -84,12 +85,14 @@ def test_trl_grpo_example_exact_logprobs_rising_reward(example, tiny_run, tmp_pa
     assert set(out["finish_reason"]) <= {"stop", "length"} and len(out["spectail_seed"]) == len(out["completion_ids"])
 
     rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]
-    print(f"logprob gaps {[f'{g:.1e}' for g in gaps]}; reward per generation {[round(r, 3) for r in rewards]}")
     assert len(rewards) == 8
     assert sum(rewards[-2:]) / 2 > rewards[0] + 0.05, rewards
     assert sum(r["reused_tokens"] for r in adapter.records[1:]) > 0  # history drafts across generations
 
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("spectail rollout")]
+    with capsys.disabled():
+        print(f"\nTRL + spectail: max logprob gap per generation {[f'{g:.1e}' for g in gaps]}; "
+              f"reward per generation {[round(r, 3) for r in rewards]}\n" + "\n".join(printed))
     assert len(printed) == 8
     assert all("tokens/s" in line and "tokens per forward" in line and "accepted/proposed" in line for line in printed)
     spectail_logged = [r for r in trainer.state.log_history if "spectail/tokens_per_second" in r]
@@ -104,8 +107,11 @@ def test_seeds_and_extra_fields_reach_rewards(trainer):
     assert out["completion_ids"] == again["completion_ids"] and out["spectail_seed"] == again["spectail_seed"]
     g = trainer.num_generations
     assert len(set(out["spectail_seed"][:g])) == g  # siblings draw different noise
+    key = prompt_key(out["prompt_ids"][g])  # sample s of a prompt at the k-th rollout: sample_seed(run, key, s, k)
+    assert out["spectail_seed"][g + 3] == sample_seed(trainer.args.seed, key, 3, 0)
     second = rollout(prompts, trainer)  # the next generation step: fresh noise for the same prompts
     assert not set(second["spectail_seed"]) & set(out["spectail_seed"])
+    assert second["spectail_seed"][g + 3] == sample_seed(trainer.args.seed, key, 3, 1)
     for key in ("spectail_seed", "finish_reason", "spectail_accepted_tokens", "spectail_forward_passes"):
         assert len(out[key]) == len(prompts)
     assert all(isinstance(a, int) and a >= 0 for a in out["spectail_accepted_tokens"])
@@ -117,6 +123,12 @@ def test_use_vllm_is_refused_before_any_rollout(trainer, monkeypatch):
     with pytest.raises(ValueError, match="use_vllm"):
         rollout([trainer.train_dataset[0]["prompt"]] * trainer.num_generations, trainer)
     assert rollout.client is None
+
+
+def test_top_p_warns_that_trl_trains_on_temperature_only(trainer, monkeypatch):
+    monkeypatch.setattr(trainer.args, "top_p", 0.9)
+    with pytest.warns(UserWarning, match="temperature only"):
+        SpectailRollout(echo=None)([trainer.train_dataset[0]["prompt"]] * trainer.num_generations, trainer)
 
 
 def test_prompt_longer_than_max_model_len_is_refused(trainer):
