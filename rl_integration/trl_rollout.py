@@ -42,6 +42,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from rollout.seeds import prompt_key
+
 from .config import RolloutSection, RunConfig, engine_config, from_dict, to_dict, validate
 from .rollout_client import RolloutClient
 from .trl_gather import gather_generate_scatter
@@ -91,7 +93,7 @@ class SpectailRollout:
     def _generate(self, ids: list[list[int]], group: int, trainer) -> tuple[dict, dict]:
         prompts = group_prompts(ids, group)
         self._sync(trainer)
-        batch = self.client.generate(prompts, n=group, epoch=self.steps)
+        batch = self.client.generate(prompts, n=group, epoch=self.steps, keys=group_keys(prompts))
         self.steps += 1
         rows = {
             "prompt_ids": batch.prompt_ids, "completion_ids": batch.completion_ids, "logprobs": batch.logprobs,
@@ -214,6 +216,19 @@ def group_prompts(ids: list[list[int]], group: int) -> list[list[int]]:
             raise ValueError(f"prompts {k * group}..{(k + 1) * group - 1} are not {group} copies of one prompt; "
                              "TRL's RepeatSampler passes each prompt num_generations times in a row")
     return firsts
+
+
+def group_keys(prompts: list[list[int]]) -> list[str]:
+    """Each group's identity for its seeds: prompt_key(ids), and for a prompt that comes twice
+    in one generation a suffix per repeat, so that the two groups draw different noise."""
+    seen: dict[str, int] = {}
+    keys = []
+    for p in prompts:
+        key = prompt_key(p)
+        repeat = seen.get(key, 0)
+        seen[key] = repeat + 1
+        keys.append(key if repeat == 0 else f"{key}#{repeat}")
+    return keys
 
 
 def make_client(section: RolloutSection, trainer, config, weights: dict, seed: Optional[int]) -> RolloutClient:

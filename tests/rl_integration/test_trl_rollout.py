@@ -115,6 +115,9 @@ def test_seeds_and_extra_fields_reach_rewards(trainer):
     for key in ("spectail_seed", "finish_reason", "spectail_accepted_tokens", "spectail_forward_passes"):
         assert len(out[key]) == len(prompts)
     assert all(isinstance(a, int) and a >= 0 for a in out["spectail_accepted_tokens"])
+    twice = SpectailRollout(echo=None)(prompts[:g] * 2, trainer)  # one prompt, two groups: different noise
+    assert twice["spectail_seed"][:g] == out["spectail_seed"][:g]
+    assert not set(twice["spectail_seed"][g:]) & set(twice["spectail_seed"][:g])
 
 
 def test_use_vllm_is_refused_before_any_rollout(trainer, monkeypatch):
