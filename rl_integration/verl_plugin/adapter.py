@@ -62,6 +62,8 @@ class SpectailServerAdapter(BaseRollout):
                              "so verl merges the LoRA adapter before syncing")
         collected = {}
         async for name, tensor in ensure_async_iterator(weights):  # every rank iterates: gathers are collective
+            if hasattr(tensor, "full_tensor"):  # a DTensor shard: the full tensor (collective)
+                tensor = tensor.full_tensor()
             if self.is_leader_rank:
                 collected[name] = tensor.detach().to("cpu", copy=True)
         if self.is_leader_rank:
