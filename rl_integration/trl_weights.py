@@ -49,10 +49,11 @@ def check_mergeable(model) -> None:
 
 def policy_weights(trainer) -> tuple[object, dict[str, torch.Tensor]]:
     """(Hugging Face config, {name: tensor}) of the current policy, PEFT adapters merged in.
-    The tensors are detached copies: later optimizer steps do not change them."""
+    Plain weights are the live tensors (detached, not copied: the engine copies them in at
+    once); merged PEFT weights are copies, taken before the adapter is unmerged again."""
     model = unwrap(trainer)
     if not is_peft(model):
-        return model.config, {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return model.config, {k: v.detach() for k, v in model.state_dict().items()}
     check_mergeable(model)
     try:
         model.merge_adapter()
