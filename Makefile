@@ -38,3 +38,30 @@ clean:
 soak: $(STAMP)
 	$(BIN)/python -m rollout.soak
 .PHONY: soak
+
+# ---- optional environment: verl (it pins an older transformers than .venv has) -------------
+# `make test-verl` creates .venv-verl when missing (idempotent: a stamp file), then runs
+# tests/verl with its python; when it cannot be created the target says why and exits 0.
+# cachetools, fastapi, uvicorn: what verl's agent loop and LLM server modules import beyond
+# verl's base requirements (its "verl-core" extra would also pull a CUDA build of torchcodec).
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_VERSION ?= 0.9.*
+
+.PHONY: venv-verl test-verl
+
+venv-verl: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -c "import torch" 2>/dev/null || $(VERL_VENV)/bin/pip install -q torch==$(TORCH_VERSION)
+	$(VERL_VENV)/bin/pip install -q "verl==$(VERL_VERSION)" cachetools fastapi uvicorn pytest
+	$(VERL_VENV)/bin/pip install -q -e .
+	touch $(VERL_STAMP)
+
+test-verl:
+	@if $(MAKE) --no-print-directory venv-verl; then \
+		$(VERL_VENV)/bin/python -m pytest tests/verl; \
+	else \
+		echo "test-verl: SKIPPED: $(VERL_VENV) could not be created (pip's error above)"; \
+	fi

@@ -60,7 +60,7 @@ class RolloutBatch:
     logprobs: list[list[float]]  # behaviour logprobs: the engine's, of each completion token
     seeds: list[int]
     group_index: list[int]  # which prompt of the call (0 .. num_prompts - 1)
-    sample_index: list[int]  # which sample of its group (0 .. n - 1)
+    sample_index: list[int]  # which sample of its prompt (0 .. n - 1; n .. 2n - 1 for its 2nd group in a call, ...)
     finish_reasons: list[str]
     sample_stats: list[dict]  # engine stats per sample (forward_passes, proposed, accepted)
     step_stats: dict  # this step's metrics record (rl_integration.metrics.step_metrics)
@@ -149,7 +149,7 @@ class RolloutClient:
         epoch = self.epoch
         seed_epoch = epoch if self.cfg.noise == "per_epoch" else None
 
-        rows = [(g, s) for g in range(len(prompts)) for s in range(n)]
+        rows = [(g, s) for g, first in enumerate(_first_samples(keys, n)) for s in range(first, first + n)]
         prompt_ids = [prompts[g] for g, _ in rows]
         seeds = [sample_seed(self.seed, keys[g], s, seed_epoch) for g, s in rows]
         groups = [self._next_group + g for g, _ in rows]
@@ -241,8 +241,21 @@ class RolloutClient:
         self.shutdown()
 
 
+def _first_samples(keys: Sequence[str], n: int) -> list[int]:
+    """Each group's first sample index: 0, or k x n for the k-th repeat of a prompt in one call,
+    so that two groups of the same prompt draw different noise (and keep separate history)."""
+    seen: dict[str, int] = {}
+    out = []
+    for key in keys:
+        out.append(seen.get(key, 0) * n)
+        seen[key] = seen.get(key, 0) + 1
+    return out
+
+
 def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
-    """The RolloutBackend that rollout.backend names, running `model` with engine config `eng_cfg`."""
+    """The RolloutBackend that rollout.backend names, running `model` (a checkpoint folder, a
+    transformers model or a (Hugging Face config, state dict) pair; a Ray backend puts in-memory
+    weights in the object store once) with engine config `eng_cfg`."""
     if cfg.backend == "local":
         from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)
@@ -251,8 +264,6 @@ def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
     except ImportError as e:
         raise ValueError(f"rollout.backend is 'ray' but the Ray backend cannot be imported ({e}); "
                          "install spectail[ray]") from None
-    if not isinstance(model, str):
-        raise ValueError("rollout.backend 'ray' needs the policy as a checkpoint folder (workers load it)")
     extra = {} if cfg.chunk_tokens is None else {"chunk_tokens": cfg.chunk_tokens}
     return RayRolloutBackend(model, eng_cfg, num_workers=cfg.num_workers,
                              num_cpus_per_worker=cfg.num_cpus_per_worker,

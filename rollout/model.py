@@ -219,14 +219,17 @@ class CausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, model_or_path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> CausalLM:
-        """A local Hugging Face checkpoint folder, or an in-memory transformers causal LM."""
+        """A local Hugging Face checkpoint folder, an in-memory transformers causal LM, or a
+        (Hugging Face config, state dict) pair (say a merged PEFT policy's weights)."""
         if isinstance(model_or_path, (str, Path)):
             hf_config, tensors = _read_checkpoint(Path(model_or_path))
         elif isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config"):
             hf_config, tensors = model_or_path.config, model_or_path.state_dict()
+        elif isinstance(model_or_path, tuple) and len(model_or_path) == 2 and isinstance(model_or_path[1], dict):
+            hf_config, tensors = model_or_path
         else:
-            raise ValueError("model_or_path must be a checkpoint folder or a transformers model, "
-                             f"got {type(model_or_path).__name__}")
+            raise ValueError("model_or_path must be a checkpoint folder, a transformers model or a (config, state "
+                             f"dict) pair, got {type(model_or_path).__name__}")
         cfg = config_from_hf(hf_config)
         inv_freq, scaling = rope_inv_freq(hf_config)
         with torch.device("meta"):

@@ -28,37 +28,9 @@ import socket
 import time
 from typing import Any, Optional
 
-from torch import nn
-
 from rollout import Engine, EngineConfig
 from rollout.engine import RunStats
 from rollout.request import Request
-
-
-class _Checkpoint(nn.Module):
-    """A (Hugging Face config, state dict) pair, shaped like the in-memory transformers model
-    `Engine.from_pretrained` accepts (it reads `.config` and `.state_dict()`)."""
-
-    def __init__(self, config, tensors: dict):
-        super().__init__()
-        self.config = config
-        self._tensors = tensors
-
-    def state_dict(self, *args, **kwargs):  # noqa: D102 -- the pair's tensors, as given
-        return self._tensors
-
-
-def as_engine_model(source):
-    """What a worker receives as its model source, as something Engine.from_pretrained loads:
-    a checkpoint folder path (str), or a (Hugging Face config, state dict) pair."""
-    if isinstance(source, (str, os.PathLike)):
-        return os.fspath(source)
-    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[1], dict):
-        return _Checkpoint(source[0], source[1])
-    if isinstance(source, nn.Module) and hasattr(source, "config"):
-        return source
-    raise ValueError("a model source must be a checkpoint folder path, a (Hugging Face config, "
-                     f"state dict) pair or a transformers model, got {type(source).__name__}")
 
 
 class RolloutWorker:
@@ -67,7 +39,8 @@ class RolloutWorker:
 
     def __init__(self, source, engine_config: EngineConfig, index: int = 0):
         self.index = index
-        self.engine = Engine.from_pretrained(as_engine_model(source), engine_config)
+        # a checkpoint folder, or the (Hugging Face config, state dict) pair in-memory weights travel as
+        self.engine = Engine.from_pretrained(source, engine_config)
         self._rollout_groups: dict[Any, set] = {}  # rollout id -> group keys indexed here
         self.busy_s = 0.0
         self.chunks = 0

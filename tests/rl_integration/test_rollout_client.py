@@ -60,9 +60,12 @@ def test_groups_seeds_and_noise_modes(model, tmp_path):
     s1 = pe.generate(PROMPTS, epoch=1).seeds
     assert s0 != s1 and len(set(s0) & set(s1)) == 0
     assert pe.generate(PROMPTS, epoch=1).seeds == s1
-    # caller-given identities: equal keys give equal seeds, whatever the prompt
-    kb = pe.generate(PROMPTS[:2], keys=["same", "same"])
-    assert kb.seeds[:3] == kb.seeds[3:]
+    # caller-given identities: equal keys give equal seeds, whatever the prompt; a key repeated in
+    # one call is a second group of the same prompt, whose samples go on numbering (other noise)
+    ka, kb = pe.generate(PROMPTS[:1], keys=["same"]), pe.generate(PROMPTS[1:2], keys=["same"])
+    assert ka.seeds == kb.seeds
+    kk = pe.generate(PROMPTS[:2], keys=["same", "same"])
+    assert kk.seeds[:3] == ka.seeds and kk.sample_index == [0, 1, 2, 3, 4, 5] and not set(kk.seeds[3:]) & set(ka.seeds)
 
 
 def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
