@@ -85,7 +85,7 @@ def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor) -> torch.Tenso
     b_idx, j_idx = rb.valid(step).nonzero(as_tuple=True)
     out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
     if b_idx.numel():
-        tok, _ = sampling.sample(logits[b_idx, j_idx], rb.seeds[b_idx], j_idx + 2 - rb.prompt_len[b_idx],
+        tok, _ = sampling.sample(logits[b_idx, j_idx].detach(), rb.seeds[b_idx], j_idx + 2 - rb.prompt_len[b_idx],
                                  rb.temperature[b_idx], rb.top_k[b_idx], rb.top_p[b_idx])
         out[b_idx, j_idx] = tok
     return out
