@@ -11,10 +11,10 @@ from tests.conftest import tiny_hf_model
 VOCAB = 101
 
 
-def sharp_policy(seed: int = 3, scale: float = 6.0, arch: str = "llama", **over) -> CausalLM:
+def sharp_policy(seed: int = 3, scale: float = 6.0, arch: str = "llama", vocab: int = VOCAB, **over) -> CausalLM:
     """A tiny random policy whose output is sharpened (a random model's next-token distributions
     are nearly uniform, which every head matches)."""
-    hf = tiny_hf_model(arch, vocab=VOCAB, seed=seed, **over)
+    hf = tiny_hf_model(arch, vocab=vocab, seed=seed, **over)
     with torch.no_grad():
         hf.lm_head.weight.mul_(scale)
     return CausalLM.from_pretrained(hf)
