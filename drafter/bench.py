@@ -129,7 +129,8 @@ def offline(args) -> dict:
                  "cost": time_steps(policy, head, 64, args.ctx, args.reps)}
         result["heads"][kind] = entry
         sim = entry["same_prompts_new_seeds"]
-        print(f"{kind:9s} params {entry['parameters']:>8d}  trained {report['steps']} steps in {report['seconds']:.1f}s  "
+        print(f"{kind:9s} params {entry['parameters']:>8d}  "
+              f"trained {report['steps']} steps in {report['seconds']:.1f}s  "
               f"per-token acceptance {sim['per_token_acceptance']:.3f} (first {sim['first_token_acceptance']:.3f}), "
               f"tokens/forward at k=8 {sim['by_k'][8]['tokens_per_forward']:.2f}; new prompts "
               f"{entry['new_prompts']['per_token_acceptance']:.3f}; head step / engine step "

@@ -118,7 +118,8 @@ def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtyp
                          f"unexpected {sorted(unexpected)[:3]}")
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}")
+            raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
+                             f"expected {tuple(expected[name].shape)}")
     p = policy.lm_head.weight
     head = head.to_empty(device=device or p.device).to(dtype or p.dtype)
     head.load_state_dict({k: v.to(dtype or p.dtype) for k, v in tensors.items()})

@@ -20,8 +20,6 @@ import torch
 from rollout.batch import ForwardBatch
 from rollout.model import CausalLM
 
-LOGIT_BYTES_PER_FORWARD = 1 << 28  # the policy's forward also makes logits: bound them per call
-
 
 @dataclass(frozen=True)
 class SavedRollout:
@@ -43,16 +41,16 @@ class SavedRollout:
 
 def sequence_features(policy: CausalLM, sequences: Sequence[Sequence[int]],
                       tokens_per_forward: int = 4096) -> list[torch.Tensor]:
-    """[len(seq), d] final hidden states per sequence, in the policy's dtype, on its device.
-    Sequences are packed up to tokens_per_forward per forward (fewer for a large vocabulary, whose
-    logits the forward also makes); a longer sequence runs in chunks through its cache slot."""
+    """[len(seq), d] final hidden states per sequence, in the policy's dtype, on its device (no
+    logits are made). Sequences are packed up to tokens_per_forward per forward; a longer
+    sequence runs in chunks through its cache slot."""
     for i, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"sequence {i} is empty")
         bad = [t for t in seq if not 0 <= int(t) < policy.cfg.vocab_size]
         if bad:
             raise ValueError(f"sequence {i} has token {bad[0]} outside the vocabulary [0, {policy.cfg.vocab_size})")
-    budget = max(16, min(tokens_per_forward, LOGIT_BYTES_PER_FORWARD // (4 * policy.cfg.vocab_size)))
+    budget = max(1, tokens_per_forward)
     out: list = [None] * len(sequences)
     group: list[int] = []
     for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])):
@@ -74,7 +72,7 @@ def _run_group(policy: CausalLM, sequences, group: list[int], budget: int, out: 
         rows = [(slot, start, [int(t) for t in sequences[i][start:start + budget]])
                 for slot, i in enumerate(group) if len(sequences[i]) > start]
         n = sum(len(r[2]) for r in rows)
-        batch = ForwardBatch.build(rows, list(range(n)), device)
+        batch = ForwardBatch.build(rows, [], device, hidden_index=list(range(n)))
         _, hidden = policy(batch, cache)
         offset = 0
         for slot, _, ids in rows:

@@ -204,7 +204,7 @@ class DraftHead(nn.Module):
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 
     def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
-               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> list[tuple]:
         """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), rows at positions 0..L-1
         (right padding is harmless: a row sees only rows before it). Returns per step s
         (out [B, L, d], logits [B, L, V] float32); step s >= 1 feeds row j the output of step

@@ -26,7 +26,7 @@ from .features import RowBatch, SavedRollout, row_batch, sequence_features
 
 @torch.no_grad()
 def chain_runs(head, policy: CausalLM, rollouts: Sequence[SavedRollout], max_k: int = 8,
-               features: Optional[Sequence[torch.Tensor]] = None, batch_tokens: int = 8192) -> list[list[tuple[int, int]]]:
+               features: Optional[Sequence[torch.Tensor]] = None, batch_tokens: int = 8192) -> list[list[tuple]]:
     """Per rollout, per chain start t = 0 .. R - 2 (the pending token's response position):
     (accepted run, chain length) of a max_k-token chain; the length is min(max_k, R - 1 - t)."""
     if max_k < 1:

@@ -78,7 +78,8 @@ def new_state(head: DraftHead, cfg: TrainConfig = TrainConfig()) -> TrainState:
 def teacher(policy: CausalLM, head: DraftHead, rb: RowBatch, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """[M, V] the policy's processed distribution of x_{j+2} at rows (b, j), through the live lm_head."""
     with torch.no_grad():
-        z = sampling.process_logits(head.logits(policy, rb.next_feats[b, j]), rb.temperature[b], rb.top_k[b], rb.top_p[b])
+        z = sampling.process_logits(head.logits(policy, rb.next_feats[b, j]), rb.temperature[b], rb.top_k[b],
+                                    rb.top_p[b])
         probs = torch.softmax(z, dim=-1)
         greedy = rb.temperature[b] == 0
         if bool(greedy.any()):

@@ -106,6 +106,7 @@ def test_coupled_drafts_use_the_samples_noise(policy, rollouts):
         logits = policy.lm_head(rb.next_feats).float()
     drafts = coupled_drafts(rb, 0, logits)
     b, j = 1, int(rb.first[1]) + 2
-    want, _ = sampling.sample(logits[b, j][None], torch.tensor([rolls[1].seed]), torch.tensor([j + 2 - len(rolls[1].prompt_ids)]),
+    t = j + 2 - len(rolls[1].prompt_ids)  # the response position row j drafts
+    want, _ = sampling.sample(logits[b, j][None], torch.tensor([rolls[1].seed]), torch.tensor([t]),
                               torch.ones(1), torch.zeros(1, dtype=torch.int64), torch.ones(1))
-    assert int(drafts[b, j]) == int(want[0]) == rolls[1].response_ids[j + 2 - len(rolls[1].prompt_ids)]
+    assert int(drafts[b, j]) == int(want[0]) == rolls[1].response_ids[t]
