@@ -13,6 +13,7 @@ Optional reward weighting (ReSpec): a sample's rows weigh 1 + reward_beta * max(
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -30,24 +31,29 @@ from .head import DraftHead
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """lr, weight_decay, max_grad_norm: AdamW and clipping. ttt_steps: unrolled steps per row.
+    """lr, weight_decay, max_grad_norm: AdamW and clipping. decay: "constant" (online slices) or
+    "cosine" (the learning rate falls to lr / 20 over each call's time budget: a warm start, whose
+    budget is its whole training). ttt_steps: unrolled steps per row.
     step_decay: loss weight of step s is step_decay ** s. reward_beta: ReSpec weighting (0 = off).
     batch_tokens: padded prompt + response tokens per optimizer step. num_threads: torch threads
     while training on a CPU (None: leave torch's setting). seed: which samples form each batch."""
 
     lr: float = 3e-3
+    decay: str = "constant"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     ttt_steps: int = 3
     step_decay: float = 0.8
     reward_beta: float = 0.0
-    batch_tokens: int = 4096
+    batch_tokens: int = 1024
     num_threads: Optional[int] = None
     seed: int = 0
 
     def validate(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
+        if self.decay not in ("constant", "cosine"):
+            raise ValueError(f"TrainConfig.decay must be 'constant' or 'cosine', got {self.decay!r}")
         if not (isinstance(self.ttt_steps, int) and self.ttt_steps >= 1):
             raise ValueError(f"TrainConfig.ttt_steps must be an integer >= 1, got {self.ttt_steps!r}")
         if not 0 < self.step_decay <= 1:
@@ -130,6 +136,14 @@ def _pick_batch(entries: list[Entry], rng: random.Random, batch_tokens: int) -> 
     return chosen
 
 
+def _set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, progress: float) -> None:
+    lr = cfg.lr
+    if cfg.decay == "cosine":
+        lr = cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: TrainConfig = TrainConfig(),
           time_budget_s: float = 1.0, max_steps: Optional[int] = None) -> dict:
     """Optimizer steps on these entries until time_budget_s has passed (checked before each
@@ -147,6 +161,7 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
             rb = row_batch([e.sample for e in chosen], [e.features for e in chosen], weights,
                            device=state.head.fc.weight.device)
             loss, kl = batch_loss(state.head, policy, rb, cfg)
+            _set_lr(state.optimizer, cfg, (time.perf_counter() - start) / time_budget_s)
             state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(state.head.parameters(), cfg.max_grad_norm)

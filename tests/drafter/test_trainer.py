@@ -111,6 +111,19 @@ def test_warm_start_reports_what_it_did(policy, rollouts):
 
 def test_bad_train_config_is_refused():
     for bad, field in [(dict(lr=0), "lr"), (dict(ttt_steps=0), "ttt_steps"), (dict(step_decay=1.5), "step_decay"),
-                       (dict(reward_beta=-1), "reward_beta")]:
+                       (dict(reward_beta=-1), "reward_beta"), (dict(decay="linear"), "decay")]:
         with pytest.raises(ValueError, match=field):
             TrainConfig(**bad).validate()
+
+
+def test_cosine_decay_falls_to_a_twentieth_over_the_budget():
+    from drafter.trainer import _set_lr
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    seen = []
+    for progress in (0.0, 0.5, 1.0, 2.0):
+        _set_lr(opt, TrainConfig(lr=0.1, decay="cosine"), progress)
+        seen.append(opt.param_groups[0]["lr"])
+    assert seen == pytest.approx([0.1, 0.0525, 0.005, 0.005])
+    _set_lr(opt, TrainConfig(lr=0.1), 0.7)
+    assert opt.param_groups[0]["lr"] == 0.1
