@@ -1,6 +1,6 @@
 """Offline drafter benchmark on the demo's policy: warm start, simulated acceptance, head cost.
 
-    python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 90]
+    python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
                             [--kinds attention,mlp] [--out bench_results/drafter_offline.json]
 
 1. Samples a training rollout (prompts x samples at T = 1, epoch-0 seeds) with spectail's Engine
@@ -75,12 +75,18 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
     chains = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 1) for i in range(batch)]
 
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def engine_step():
         logits, _ = policy(ForwardBatch.build(rows, list(range(batch)), device), cache)
         sampling.sample(logits, seeds, torch.full((batch,), ctx), temp, top_k, top_p)
+        sync()
 
     def head_step():
         draft_chains(head, policy, head_cache, chains)
+        sync()
 
     times = {"engine_step": [], "head_step": []}
     with threads.using(1):
@@ -120,8 +126,9 @@ def offline(args) -> dict:
               "train_tokens": sum(len(r.token_ids) for r in train_rolls),
               "response_len": {"median": lengths[len(lengths) // 2], "max": lengths[-1]}, "heads": {}}
     for kind in args.kinds:
-        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind), TrainConfig(num_threads=args.threads),
-                                     time_budget_s=args.train_seconds)
+        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind),
+                                     TrainConfig(decay="cosine", num_threads=args.threads),
+                                     time_budget_s=args.train_seconds, max_steps=args.train_steps)
         head.eval()
         entry = {"parameters": head.num_parameters(), "train": report,
                  "same_prompts_new_seeds": simulated_acceptance(head, policy, test_rolls),
@@ -145,7 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--offline", action="store_true", help="the offline benchmark (the only mode so far)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--train-seconds", type=float, default=90.0)
+    ap.add_argument("--train-seconds", type=float, default=120.0)
+    ap.add_argument("--train-steps", type=int, default=None, help="stop training after this many steps")
     ap.add_argument("--kinds", default="attention,mlp")
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")

@@ -63,6 +63,10 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[KVCache], ch
     for c in chains:
         if len(c.tokens) < 1 or c.feats.shape[0] != len(c.tokens) or c.k < 1:
             raise ValueError(f"chain of slot {c.slot}: needs >= 1 token, one feature row per token and k >= 1")
+        if cache is not None and (c.start < 0 or c.start + len(c.tokens) + c.k - 1 > cache.max_len
+                                  or not 0 <= c.slot < cache.num_slots):
+            raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + len(c.tokens) + c.k - 2} do not fit "
+                             f"the head's cache ({cache.num_slots} slots of {cache.max_len} rows)")
     device = head.fc.weight.device
     drafts = [ChainDraft([], []) for _ in chains]
     rows = [(c.slot, c.start, [int(t) for t in c.tokens]) for c in chains]

@@ -32,8 +32,8 @@ from .head import DraftHead
 @dataclass(frozen=True)
 class TrainConfig:
     """lr, weight_decay, max_grad_norm: AdamW and clipping. decay: "constant" (online slices) or
-    "cosine" (the learning rate falls to lr / 20 over each call's time budget: a warm start, whose
-    budget is its whole training). ttt_steps: unrolled steps per row.
+    "cosine" (the learning rate falls to lr / 20 over each call's time budget or max_steps,
+    whichever runs out first: a warm start, whose budget is its whole training). ttt_steps: unrolled steps per row.
     step_decay: loss weight of step s is step_decay ** s. reward_beta: ReSpec weighting (0 = off).
     batch_tokens: padded prompt + response tokens per optimizer step. num_threads: torch threads
     while training on a CPU (None: leave torch's setting). seed: which samples form each batch."""
@@ -161,7 +161,8 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
             rb = row_batch([e.sample for e in chosen], [e.features for e in chosen], weights,
                            device=state.head.fc.weight.device)
             loss, kl = batch_loss(state.head, policy, rb, cfg)
-            _set_lr(state.optimizer, cfg, (time.perf_counter() - start) / time_budget_s)
+            progress = max((time.perf_counter() - start) / time_budget_s, steps / max_steps if max_steps else 0.0)
+            _set_lr(state.optimizer, cfg, progress)
             state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(state.head.parameters(), cfg.max_grad_norm)

@@ -21,7 +21,7 @@ from .trainer import TrainConfig, TrainState, new_state, train
 
 
 def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: HeadConfig = HeadConfig(),
-               train_config: TrainConfig = TrainConfig(), time_budget_s: float = 60.0,
+               train_config: TrainConfig = TrainConfig(decay="cosine"), time_budget_s: float = 60.0,
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
                seed: int = 0) -> tuple[DraftHead, TrainState, dict]:
     """Train `head` (or a fresh one of head_config, float32 on the policy's device) on these

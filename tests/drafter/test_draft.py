@@ -76,3 +76,7 @@ def test_bad_chain_is_refused(policy, rollouts):
     bad = Chain(slot=0, start=0, tokens=[1, 2], feats=feats[0][:1], seed=1, position=1, k=2)
     with pytest.raises(ValueError, match="one feature row per token"):
         draft_chains(head, policy, None, [bad])
+    attn = DraftHead.for_policy(policy, HeadConfig(), seed=5)
+    far = Chain(slot=0, start=30, tokens=[1, 2], feats=feats[0][:2], seed=1, position=1, k=4)
+    with pytest.raises(ValueError, match="do not fit the head's cache"):
+        draft_chains(attn, policy, attn.new_cache(1, 32), [far])
