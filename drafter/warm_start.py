@@ -8,13 +8,16 @@ will between epochs: the same buffer, the same loss.
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+import warnings
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from rollout.model import CausalLM
 
 from .buffer import FeatureBuffer
+from .export import export, load
 from .features import SavedRollout, sequence_features
 from .head import DraftHead, HeadConfig
 from .trainer import TrainConfig, TrainState, new_state, train
@@ -44,3 +47,22 @@ def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: 
     report.update(samples=len(buffer), buffer_tokens=buffer.total_tokens, feature_seconds=feature_seconds,
                   parameters=head.num_parameters(), kind=head.kind)
     return head, state, report
+
+
+def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Sequence[SavedRollout]],
+                       head_config: HeadConfig = HeadConfig(), train_config: TrainConfig = TrainConfig(decay="cosine"),
+                       time_budget_s: float = 60.0, max_steps: Optional[int] = None) -> tuple[DraftHead, dict]:
+    """The head exported in `folder` (say beside a cached policy), else one warm-started on
+    make_rollouts() and exported there. A folder that does not load for this policy (another
+    shape, NaN weights, a broken file) is trained over, with a warning. Returns (head, report);
+    report["cached"] says which happened."""
+    folder = Path(folder)
+    if folder.exists():
+        try:
+            return load(folder, policy, dtype=torch.float32), {"cached": True}
+        except ValueError as e:
+            warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=2)
+    head, _, report = warm_start(policy, make_rollouts(), head_config, train_config, time_budget_s, max_steps)
+    export(head, folder)
+    report["cached"] = False
+    return head, report

@@ -127,3 +127,25 @@ def test_cosine_decay_falls_to_a_twentieth_over_the_budget():
     assert seen == pytest.approx([0.1, 0.0525, 0.005, 0.005])
     _set_lr(opt, TrainConfig(lr=0.1), 0.7)
     assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_load_or_warm_start_caches_the_head(policy, rollouts, tmp_path):
+    from drafter.warm_start import load_or_warm_start
+
+    rolls, _ = rollouts
+    calls = []
+
+    def make():
+        calls.append(1)
+        return rolls
+
+    head, report = load_or_warm_start(tmp_path / "head", policy, make, HeadConfig(kind="mlp"), max_steps=2)
+    assert not report["cached"] and report["steps"] == 2 and calls == [1]
+    again, report = load_or_warm_start(tmp_path / "head", policy, make, HeadConfig(kind="mlp"), max_steps=2)
+    assert report["cached"] and calls == [1]
+    for a, b in zip(head.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+    (tmp_path / "head" / "config.json").write_text("{}")
+    with pytest.warns(UserWarning, match="retraining"):
+        _, report = load_or_warm_start(tmp_path / "head", policy, make, HeadConfig(kind="mlp"), max_steps=1)
+    assert not report["cached"] and calls == [1, 1]
