@@ -65,11 +65,14 @@ def sample_rollouts(engine: Engine, prompts: list[list[int]], samples: int, epoc
 
 
 def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
-    """One head draft position vs one engine decode step, both at `batch` requests with `ctx`
-    tokens of context, interleaved; seconds (min, median)."""
+    """One head draft position (drafter.draft.draft_chains with one new row and k = 1 per request:
+    the batched head forward and the coupled sample) vs one engine decode step (policy forward and
+    coupled sample), both at `batch` requests with `ctx` tokens of context, interleaved; seconds
+    (min, median). A verify step with 4 drafts per request is timed too, for reference."""
     device = policy.lm_head.weight.device
     cache, head_cache = policy.new_cache(batch, ctx + 8), head.new_cache(batch, ctx + 8)
     rows = [(i, ctx, [5 + i % 50]) for i in range(batch)]
+    verify_rows = [(i, ctx, [5 + i % 50] * 5) for i in range(batch)]
     seeds = torch.arange(batch, dtype=torch.int64)
     temp, top_k, top_p = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
     feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
@@ -84,17 +87,24 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
         sampling.sample(logits, seeds, torch.full((batch,), ctx), temp, top_k, top_p)
         sync()
 
+    def verify_step():  # for reference: every row carries 4 draft tokens
+        n = 5 * batch
+        logits, _ = policy(ForwardBatch.build(verify_rows, list(range(n)), device), cache)
+        sampling.sample(logits, seeds.repeat(5), torch.full((n,), ctx), temp.repeat(5), top_k.repeat(5), top_p.repeat(5))
+        sync()
+
     def head_step():
         draft_chains(head, policy, head_cache, chains)
         sync()
 
-    times = {"engine_step": [], "head_step": []}
+    times = {"engine_step": [], "head_step": [], "engine_verify_step": []}
+    steps = (("engine_step", engine_step), ("head_step", head_step), ("engine_verify_step", verify_step))
     with threads.using(1):
         for _ in range(3):
-            engine_step()
-            head_step()
+            for _, fn in steps:
+                fn()
         for _ in range(reps):
-            for name, fn in (("engine_step", engine_step), ("head_step", head_step)):
+            for name, fn in steps:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)

@@ -73,16 +73,20 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[KVCache], ch
     ends = torch.tensor([len(r[2]) for r in rows]).cumsum(0) - 1
     feats = torch.cat([c.feats for c in chains]).to(device)
     live = list(range(len(chains)))
+    params = _chain_params(chains, device)
     out, logits = head.forward_cached(policy, ForwardBatch.build(rows, ends.tolist(), device, min_bucket),
                                       cache, feats)
     for s in range(max(c.k for c in chains)):
-        toks, gaps = _sample(logits, [chains[i] for i in live], s, margins)
+        toks, gaps = _sample(logits, params, s, margins)
         for i, t, g in zip(live, toks, gaps):
             drafts[i].tokens.append(t)
             drafts[i].margins.append(g)
         keep = [n for n, i in enumerate(live) if chains[i].k > s + 1]
         if not keep:
             break
+        if len(keep) < len(live):
+            index = torch.tensor(keep, device=device)
+            params = tuple(p[index] for p in params)
         live = [live[n] for n in keep]
         rows = [(chains[i].slot, chains[i].start + len(chains[i].tokens) + s, [drafts[i].tokens[-1]]) for i in live]
         out, logits = head.forward_cached(policy, ForwardBatch.build(rows, list(range(len(live))), device, min_bucket),
@@ -90,16 +94,23 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[KVCache], ch
     return drafts
 
 
-def _sample(logits: torch.Tensor, chains: Sequence[Chain], step: int, margins: bool):
-    dev = logits.device
-    seeds = torch.tensor([c.seed for c in chains], dtype=torch.int64, device=dev)
-    positions = torch.tensor([c.position + step for c in chains], dtype=torch.int64, device=dev)
-    temperature = torch.tensor([float(c.temperature) for c in chains], dtype=torch.float32, device=dev)
-    top_k = torch.tensor([int(c.top_k) for c in chains], dtype=torch.int64, device=dev)
-    top_p = torch.tensor([float(c.top_p) for c in chains], dtype=torch.float32, device=dev)
+def _chain_params(chains: Sequence[Chain], device) -> tuple[torch.Tensor, ...]:
+    """[C] seeds, first draft positions, temperature, top_k, top_p: made once per call."""
+    def col(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return (col([c.seed for c in chains], torch.int64), col([c.position for c in chains], torch.int64),
+            col([float(c.temperature) for c in chains], torch.float32),
+            col([int(c.top_k) for c in chains], torch.int64), col([float(c.top_p) for c in chains], torch.float32))
+
+
+def _sample(logits: torch.Tensor, params: tuple[torch.Tensor, ...], step: int, margins: bool):
+    """The coupled draft token of each live chain at its step-th draft position (and the margin)."""
+    seeds, first, temperature, top_k, top_p = params
+    positions = first + step
     tokens, _ = sampling.sample(logits, seeds, positions, temperature, top_k, top_p)
     if not margins:
-        return tokens.tolist(), [float("nan")] * len(chains)
+        return tokens.tolist(), [float("nan")] * len(seeds)
     z = sampling.process_logits(logits, temperature, top_k, top_p)
     scores = torch.where((temperature > 0)[:, None], z + sampling.gumbel_noise(seeds, positions, z.shape[-1]), z)
     top2 = scores.topk(min(2, scores.shape[-1]), dim=-1).values
