@@ -90,7 +90,8 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     def verify_step():  # for reference: every row carries 4 draft tokens
         n = 5 * batch
         logits, _ = policy(ForwardBatch.build(verify_rows, list(range(n)), device), cache)
-        sampling.sample(logits, seeds.repeat(5), torch.full((n,), ctx), temp.repeat(5), top_k.repeat(5), top_p.repeat(5))
+        sampling.sample(logits, seeds.repeat(5), torch.full((n,), ctx), temp.repeat(5), top_k.repeat(5),
+                        top_p.repeat(5))
         sync()
 
     def head_step():
