@@ -24,7 +24,7 @@
 # Follow the logs with `ray job logs --follow <id>`; stop with `ray job stop <id>`.
 set -euo pipefail
 
-CONFIG="${1:-examples/grpo_ray.yaml}"   # the training config (rl_integration.train reads it)
+CONFIG="${1:-examples/grpo_ray.yaml}"   # the training config (python -m rl_integration train reads it)
 : "${RAY_ADDRESS:?set RAY_ADDRESS to the dashboard address of the cluster, e.g. http://HEAD:8265}"
 
 # (JSON in single quotes: no shell expansion inside)
@@ -38,4 +38,4 @@ exec ray job submit \
   --address "$RAY_ADDRESS" \
   --working-dir . \
   --runtime-env-json "$RUNTIME_ENV" \
-  -- python -m rl_integration.train --config "$CONFIG"
+  -- python -m rl_integration train --config "$CONFIG"

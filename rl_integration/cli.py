@@ -5,7 +5,7 @@
         numbers; the config is RunConfig's defaults, spelled out in examples/demo.yaml, and
         --compare is on (the plain engine runs beside spectail every epoch)
     spectail train --config FILE [key=value ...] [--compare] [--out DIR]
-        any run; key=value are dotted overrides (trainer.epochs=3 rollout.spec=null)
+        any run; key=value are dotted overrides (trainer.epochs=3 rollout.engine.spec=null)
 
 Each epoch prints one table row; output.dir gets metrics.jsonl, metrics.png and config.yaml.
 --compare also runs the plain engine on the same weights, prompts and seeds every epoch, and

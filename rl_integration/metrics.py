@@ -24,7 +24,6 @@ fsyncs it and renames it over the target, so a reader sees the old file or the n
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Iterable, Optional, Sequence
 
@@ -34,18 +33,9 @@ SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_reques
             "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens")
 
 
-def tail_seconds(finish_times: Sequence[float], fraction: float = 0.9) -> float:
-    """Time from when `fraction` of the samples had finished to when the last one did."""
-    if not finish_times:
-        return 0.0
-    times = sorted(finish_times)
-    k = max(1, math.ceil(fraction * len(times)))  # the k-th finisher completes `fraction`
-    return float(times[-1] - times[k - 1])
-
-
-def step_metrics(completions, seconds: float, finish_times: Sequence[float] = (),
-                 backend_metrics: Optional[dict] = None) -> dict:
-    """One rollout step's record from the engine's Completions and the wall time."""
+def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = None) -> dict:
+    """One rollout step's record from the backend's Completions, the wall time and the backend's
+    own figures (RolloutBackend.metrics())."""
     tokens = sum(len(c.token_ids) for c in completions)
     forwards = sum(int(c.stats.get("forward_passes", 0)) for c in completions)
     proposed: dict = {}
@@ -71,7 +61,7 @@ def step_metrics(completions, seconds: float, finish_times: Sequence[float] = ()
         "spec_off_steps": int(bm.get("spec_off_steps", 0)),
         "spec_off_fraction": float(bm["spec_off_fraction"]) if "spec_off_fraction" in bm else (
             bm.get("spec_off_steps", 0) / bm["engine_steps"] if bm.get("engine_steps") else 0.0),
-        "tail_seconds": float(bm["tail_seconds"]) if "tail_seconds" in bm else tail_seconds(finish_times),
+        "tail_seconds": float(bm.get("tail_seconds", 0.0)),
         "worker_busy_fraction": float(bm.get("worker_busy_fraction", 1.0)),
         "drafter_train_steps": int(bm.get("drafter_train_steps", 0)),
         "drafter_version": int(bm.get("drafter_version", 0)),

@@ -38,7 +38,7 @@ from .plots import save_figure
 
 EVAL_SEED = 777_777
 ARMS = {
-    "plain": lambda seed: ["rollout.spec=null", "rollout.history.enabled=false", "rollout.noise=per_epoch",
+    "plain": lambda seed: ["rollout.engine.spec=null", "rollout.history.enabled=false", "rollout.noise=per_epoch",
                            f"rollout.seed={1000 + seed}"],
     "per_sample": lambda seed: ["rollout.noise=per_sample"],
     "per_epoch": lambda seed: ["rollout.noise=per_epoch"],
@@ -50,6 +50,7 @@ class FreshNoiseEval:
     n samples each, drawn with the EVAL_SEED stream by the plain engine."""
 
     def __init__(self, cfg):
+        from .config import plain_engine
         from .rollout_client import RolloutClient
         from .trainer import load_policy, load_problems, resolve_reward
 
@@ -59,7 +60,7 @@ class FreshNoiseEval:
         self.prompts = [self.tokenizer(p.prompt)["input_ids"] for p in self.problems]
         self.reward = resolve_reward(cfg.task.reward)
         eos = self.tokenizer.eos_token_id
-        rollout = dataclasses.replace(cfg.rollout, spec=None, noise="per_sample")
+        rollout = dataclasses.replace(cfg.rollout, engine=plain_engine(cfg.rollout), noise="per_sample")
         self.client = RolloutClient(rollout, model, seed=EVAL_SEED, stop_token_ids=[] if eos is None else [eos],
                                     plain=True)
 

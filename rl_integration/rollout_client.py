@@ -18,7 +18,7 @@ the same Gumbel noise every epoch, so where the policy barely moved it reproduce
 tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
 draws, so given the weights the noise is no longer fresh: the samples lean towards what was
 rewarded before, the training reward over-states the policy, and the noise study
-(rl_integration/noise_study.py, README) measured a lower reward on fresh noise after 8 epochs.
+(rl_integration/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
 per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
@@ -30,7 +30,7 @@ verifies every token, so history never changes what is sampled.
 Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
 proposer lets siblings draft for each other; the engine forgets the groups after the call.
 
-Lenient mode (rollout.lenient = l, off by default) is SPEC-RL's: a history token is accepted when
+Lenient mode (rollout.engine.spec.lenience = l, off by default) is SPEC-RL's: a history token is accepted when
 its new probability is at least 1/l of its old one. It is BIASED — samples are no longer exact
 samples of the policy — so every step that used it reports `lenient_tokens` > 0, and each such
 sample's stats["lenient"] counts its leniently accepted tokens.
@@ -48,7 +48,7 @@ from rollout.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryRecord, HistoryStore
 
 from . import metrics as M
-from .config import RolloutSection, RunConfig, engine_config
+from .config import RolloutSection, RunConfig, plain_engine
 
 
 @dataclass
@@ -81,7 +81,7 @@ class RolloutClient:
     """config: a RolloutSection or a whole RunConfig (then seed and history dir default from it).
     model: a transformers causal LM or a local checkpoint folder.
     plain: force speculation and history off (the reference run of --compare).
-    backend: an object with the RayRolloutBackend interface, to use instead of building one."""
+    backend: a rollout.backend.RolloutBackend to use instead of building one."""
 
     def __init__(self, config, model=None, *, seed: Optional[int] = None,
                  stop_token_ids: Optional[Sequence[int]] = None, history_dir: Optional[str] = None,
@@ -105,7 +105,7 @@ class RolloutClient:
         self.params = SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                                      max_tokens=config.max_tokens, stop_token_ids=tuple(stop_token_ids))
         self.params.validate()
-        self.engine_config = engine_config(config, None if plain else "config")
+        self.engine_config = plain_engine(config) if plain else config.engine
         self.engine_config.validate()
         spec = self.engine_config.spec
         use_history = (not plain and config.history.enabled and spec is not None
@@ -117,7 +117,7 @@ class RolloutClient:
         if backend is None:
             if model is None:
                 raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
-            backend = make_backend(config, model, self.engine_config, progress)
+            backend = build_backend(config, model, self.engine_config, progress)
         self.backend = backend
         self.epoch = 0
         self._steps: dict[int, list[dict]] = {}
@@ -168,7 +168,7 @@ class RolloutClient:
         seconds = time.perf_counter() - start
         if len(completions) != len(rows):
             raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
-        record = M.step_metrics(completions, seconds, backend_metrics=getattr(self.backend, "last_metrics", None))
+        record = M.step_metrics(completions, seconds, self.backend.metrics())
         record["epoch"] = epoch
         self._steps.setdefault(epoch, []).append(record)
 
@@ -232,9 +232,7 @@ class RolloutClient:
         self.backend.update_weights({k: v.detach() for k, v in sd.items()})
 
     def shutdown(self) -> None:
-        stop = getattr(self.backend, "shutdown", None)
-        if stop is not None:
-            stop()
+        self.backend.shutdown()
 
     def __enter__(self):
         return self
@@ -243,9 +241,10 @@ class RolloutClient:
         self.shutdown()
 
 
-def make_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
+def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
+    """The RolloutBackend that rollout.backend names, running `model` with engine config `eng_cfg`."""
     if cfg.backend == "local":
-        from .local_backend import LocalBackend
+        from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)
     try:
         from scheduler.ray_backend import RayRolloutBackend

@@ -30,9 +30,10 @@ import yaml
 from rollout import threads
 
 from . import metrics as M
-from .config import RunConfig, to_dict, validate
+from .config import RunConfig, validate
+from .config_loader import to_dict
+from .dataset import Problem, load_parquet_dataset
 from .rollout_client import RolloutClient
-from .task import Problem, load_parquet_dataset, make_problems
 
 
 class RewardError(RuntimeError):
@@ -45,6 +46,8 @@ class RewardError(RuntimeError):
 def load_problems(cfg: RunConfig) -> list[Problem]:
     t = cfg.task
     if t.source == "embedded":
+        from .demo.task import make_problems
+
         problems = make_problems(t.embedded)
     else:
         if not os.path.isfile(t.parquet.path):
@@ -61,7 +64,7 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
 def resolve_reward(spec: str) -> Callable[[str, str], float]:
     """'embedded' or 'package.module:function' -> fn(response_text, answer) -> float."""
     if spec == "embedded":
-        from .task import reward_fn
+        from .demo.task import reward_fn
         return lambda text, answer: reward_fn(text, answer)
     module, _, name = spec.partition(":")
     try:
@@ -75,15 +78,14 @@ def resolve_reward(spec: str) -> Callable[[str, str], float]:
 
 def load_policy(cfg: RunConfig, progress: bool):
     """(model, tokenizer, folder) of the configured policy, float32, in eval mode."""
-    from .policy import load_or_train_policy
-    from .policy import load_policy as load_folder
+    from .demo.policy import load_checkpoint, load_or_train_policy
 
     p = cfg.policy
     if p.source == "embedded":
         return load_or_train_policy(cfg.task.embedded, p.embedded, cache_dir=p.cache_dir, progress=progress)
     if not os.path.isdir(p.checkpoint):
         raise ValueError(f"policy.checkpoint {p.checkpoint!r} is not a folder")
-    model, tokenizer = load_folder(p.checkpoint)
+    model, tokenizer = load_checkpoint(p.checkpoint)
     return model, tokenizer, p.checkpoint
 
 
@@ -150,9 +152,9 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     torch.manual_seed(tr.seed)
     prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
     for i, ids in enumerate(prompts):
-        if not 0 < len(ids) < cfg.rollout.max_model_len:
-            raise ValueError(f"problem {i}'s prompt has {len(ids)} tokens; rollout.max_model_len is "
-                             f"{cfg.rollout.max_model_len}")
+        if not 0 < len(ids) < cfg.rollout.engine.max_model_len:
+            raise ValueError(f"problem {i}'s prompt has {len(ids)} tokens; rollout.engine.max_model_len is "
+                             f"{cfg.rollout.engine.max_model_len}")
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     history_dir = cfg.rollout.history.dir or os.path.join(out_dir, "history")
@@ -170,8 +172,9 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
         echo("WARNING: rollout.noise=per_sample: every epoch reuses each sample's noise, and the weights are "
              "trained on those draws, so later epochs' samples lean towards what was rewarded before (the "
              "README's noise study measured lower reward); per_epoch is the unbiased default")
-    if cfg.rollout.lenient is not None:
-        echo(f"WARNING: rollout.lenient={cfg.rollout.lenient}: history tokens are accepted leniently, so samples "
+    lenience = cfg.rollout.engine.spec.lenience if cfg.rollout.engine.spec else None
+    if lenience is not None:
+        echo(f"WARNING: rollout.engine.spec.lenience={lenience}: history tokens are accepted leniently, so samples "
              "are BIASED (not exact samples of the policy); see lenient_tokens in metrics.jsonl")
     echo(M.table_header(compare))
     try:

@@ -115,9 +115,14 @@ def main(argv=None) -> dict:
           f"tokens identical to the plain engine: {ng['identical_to_plain']}")
     report = {"model_parameters": params, "prompts": args.prompts, "batch": args.batch, "useful_tokens": useful,
               "threads": torch.get_num_threads(), "lengths": lengths, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    return save_report(report, args.out)
+
+
+def save_report(report: dict, path: str) -> dict:
+    """Write a benchmark's JSON (folders made as needed) and say where."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
     return report
 
 

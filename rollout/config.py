@@ -10,8 +10,6 @@ from typing import Optional, Sequence
 
 import torch
 
-KNOWN_PROPOSERS = ("ngram", "history", "suffix", "lookahead", "drafter")
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -46,15 +44,12 @@ class SpecConfig:
     max_batch_for_spec: when more requests than this are running, the step is compute-bound
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
-    min_draft_prob: the adaptive budget (rollout/controller.py) drafts a token only when the
-        chance it is reached and accepted, estimated per proposer, evidence level and the
-        token's confidence (its logprob where it was sampled, when the proposer knows it), is at
-        least this times the fraction of slots in use: with every slot busy a draft token
-        costs about what a request's token does, with a few requests left (the long tail) a
-        step costs about the same however many draft tokens ride on it. 0 always drafts
-        max_draft_tokens. None (the default) picks by device (controller.default_min_draft_prob):
-        0.3 on a CPU, where every fed token costs compute, 0.05 on a GPU, where a decode step
-        costs its weight reads and launches more than its tokens.
+    min_draft_prob: None (the default) prices each draft token from the engine's measured step
+        cost: it is drafted when its chance of being reached and accepted is at least the step's
+        seconds per fed token over its seconds per emitted token (rollout/controller.py), so
+        speculation never costs more than it gains and turns itself off when drafts stop
+        landing. A number fixes the threshold at min_draft_prob x the fraction of slots in use
+        (deterministic; 0 always drafts max_draft_tokens).
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
@@ -69,9 +64,13 @@ class SpecConfig:
     lenience: Optional[float] = None
 
     def validate(self) -> None:
-        unknown = [p for p in self.proposers if p not in KNOWN_PROPOSERS]
+        from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
+
+        unknown = [p for p in self.proposers if p not in REGISTRY]
         if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(KNOWN_PROPOSERS)}")
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(REGISTRY)}")
+        if len(set(self.proposers)) != len(self.proposers):
+            raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
         if not self.proposers:
             raise ValueError("SpecConfig.proposers is empty; use spec=None to turn speculation off")
         if self.max_draft_tokens < 1:
@@ -104,7 +103,6 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
-    show_progress: bool = False
     num_threads: Optional[int] = None
 
     def validate(self) -> None:

@@ -290,8 +290,3 @@ def _read_checkpoint(folder: Path):
     for f in files:
         tensors.update(load_file(str(f)))
     return hf_config, tensors
-
-
-def num_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-

@@ -204,7 +204,7 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Mask to -inf what top-k then top-p drop, for rows that use at least one of them.
 
-    Sorting a whole row is slow on CPU (~5 ms for 32k tokens), and the cut usually falls
+    Sorting a whole row is slow on CPU (a large vocabulary per row), and the cut usually falls
     among the few largest logits. So each row first ranks only its _TOP_CANDIDATES[0]
     largest, rows whose cut is not provably among them try the next size, and the rest get
     a full sort. Which path a row takes depends on that row alone (and every path computes

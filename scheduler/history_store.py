@@ -148,21 +148,10 @@ class HistoryStore:
         """Epochs that have a file, ascending (a file may still turn out unreadable)."""
         return [e for e, _ in self._files()]
 
-    def lookup(self, prompt_ids: Sequence[int], sample_index: int,
-               before_epoch: Optional[int] = None) -> Optional[HistoryRecord]:
-        """The newest stored response for (prompt_ids, sample_index), from an epoch below
-        `before_epoch` if given; None if there is none (or none readable)."""
-        return self._lookup(self._files(), prompt_ids, sample_index, before_epoch)
-
-    def drafts_for(self, prompts: Sequence[Sequence[int]], sample_indices: Sequence[int],
-                   before_epoch: Optional[int] = None) -> list[Optional[list[int]]]:
-        """Token ids of the newest stored response per (prompt, sample index), or None."""
-        return [None if r is None else r.token_ids
-                for r in self.records_for(prompts, sample_indices, before_epoch)]
-
     def records_for(self, prompts: Sequence[Sequence[int]], sample_indices: Sequence[int],
                     before_epoch: Optional[int] = None) -> list[Optional[HistoryRecord]]:
-        """The newest stored record per (prompt, sample index), or None; the files are listed once."""
+        """The newest stored record per (prompt, sample index), from an epoch below `before_epoch`
+        if given, or None (none stored, or none readable); the files are listed once."""
         if len(prompts) != len(sample_indices):
             raise ValueError(f"records_for got {len(prompts)} prompts but {len(sample_indices)} sample indices")
         files = self._files()

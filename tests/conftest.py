@@ -1,8 +1,9 @@
+import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
+
+# isort: split
 import pytest
 import torch
 import transformers
-
-import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
 
 ARCH_CONFIGS = {
     "llama": lambda kw: transformers.LlamaConfig(**kw, tie_word_embeddings=False),

@@ -1,7 +1,7 @@
 """Reward functions named by tests as `tests.rl_integration.reward_helpers:NAME`."""
 from __future__ import annotations
 
-from rl_integration.task import reward_fn
+from rl_integration.demo.task import reward_fn
 
 SEEN: list[tuple[str, str]] = []  # (response text, answer) pairs seen by `recording`
 

@@ -8,10 +8,10 @@ def test_arms_configure_what_they_name():
     for cfg in cfgs.values():
         validate(cfg)
     plain = cfgs["plain"].rollout
-    assert plain.spec is None and not plain.history.enabled and plain.noise == "per_epoch"
+    assert plain.engine.spec is None and not plain.history.enabled and plain.noise == "per_epoch"
     assert plain.seed == 1002  # its own noise stream: not the per_epoch arm's draws replayed
-    assert cfgs["per_sample"].rollout.noise == "per_sample" and cfgs["per_sample"].rollout.spec is not None
-    assert cfgs["per_epoch"].rollout.noise == "per_epoch" and cfgs["per_epoch"].rollout.spec is not None
+    assert cfgs["per_sample"].rollout.noise == "per_sample" and cfgs["per_sample"].rollout.engine.spec is not None
+    assert cfgs["per_epoch"].rollout.noise == "per_epoch" and cfgs["per_epoch"].rollout.engine.spec is not None
     assert cfgs["per_epoch"].rollout.seed is None  # trainer.seed, as the demo
 
 

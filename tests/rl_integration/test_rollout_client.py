@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from rl_integration.config import RolloutSection, RunConfig, SpecSection
-from rl_integration.metrics import tail_seconds
+from rl_integration.config import RolloutSection, RunConfig, demo_engine
 from rl_integration.rollout_client import RolloutClient
+from rollout import EngineConfig, SpecConfig
 from rollout.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryStore
 from tests.conftest import tiny_hf_model
@@ -20,14 +20,21 @@ METRIC_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "for
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
 
+def lookup(store, prompt_ids, sample_index, before_epoch=None):
+    """The store's newest record for one (prompt, sample index)."""
+    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+
+
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_hf_model("llama", seed=3)
 
 
-def section(**kw):
-    base = dict(max_tokens=12, n=3, max_batch_size=16, max_model_len=64, noise="per_sample")
+def section(spec="demo", max_batch_size=16, **kw):
+    spec = demo_engine().spec if spec == "demo" else spec
+    base = dict(max_tokens=12, n=3, noise="per_sample",
+                engine=EngineConfig(max_batch_size=max_batch_size, max_model_len=64, spec=spec))
     base.update(kw)
     return RolloutSection(**base)
 
@@ -61,7 +68,7 @@ def test_groups_seeds_and_noise_modes(model, tmp_path):
 def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     torch.manual_seed(0)
     local = tiny_hf_model("llama", seed=3)
-    spec = section(spec=SpecSection(proposers=["history", "suffix", "ngram"], max_draft_tokens=6))
+    spec = section(spec=SpecConfig(proposers=("history", "suffix", "ngram"), max_draft_tokens=6))
     client = RolloutClient(spec, local, seed=1, stop_token_ids=[2], history_dir=tmp_path / "hist")
     plain = RolloutClient(spec, local, seed=1, stop_token_ids=[2], plain=True)
     assert plain.history is None and plain.engine_config.spec is None
@@ -88,14 +95,14 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     assert reused[1] >= 0.8 * (generated - len(b))  # same weights, same noise: nearly all reused
     store = HistoryStore(tmp_path / "hist")
     assert store.epochs() == [1, 2]  # keep_epochs=2
-    rec = store.lookup(PROMPTS[2], 1)
+    rec = lookup(store, PROMPTS[2], 1)
     assert rec.epoch == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
     assert rec.token_ids == b.completion_ids[7]
 
 
 def test_metrics_have_the_design_names(model, tmp_path):
     # 4 slots for 9 requests: steps with 4 running are compute-bound (> 3), the last one is not
-    client = RolloutClient(section(max_batch_size=4, spec=SpecSection(proposers=["ngram"], max_batch_for_spec=3)),
+    client = RolloutClient(section(max_batch_size=4, spec=SpecConfig(proposers=("ngram",), max_batch_for_spec=3)),
                            model, seed=0, stop_token_ids=[2])
     b = client.generate(PROMPTS)
     for name in METRIC_NAMES:
@@ -114,14 +121,6 @@ def test_metrics_have_the_design_names(model, tmp_path):
     plain = RolloutClient(section(spec=None), model, seed=0, stop_token_ids=[2])
     pm = plain.generate(PROMPTS).step_stats
     assert pm["accepted_per_verify"] == pytest.approx(1.0) and pm["spec_off_fraction"] == 1.0
-
-
-def test_tail_seconds():
-    assert tail_seconds([]) == 0.0
-    assert tail_seconds([1.0] * 10) == 0.0
-    times = [1, 2, 3, 4, 5, 6, 7, 8, 9, 30]
-    assert tail_seconds(times) == 21.0  # 90% done at 9 s, all at 30 s
-    assert tail_seconds([5.0]) == 0.0
 
 
 def test_update_weights_changes_samples(tmp_path):

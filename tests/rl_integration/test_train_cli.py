@@ -10,8 +10,9 @@ import os
 
 from rl_integration import cli
 from rl_integration.config import load_config
+from rl_integration.dataset import save_parquet_dataset
+from rl_integration.demo.task import make_problems
 from rl_integration.metrics import read_jsonl
-from rl_integration.task import make_problems, save_parquet_dataset
 from scheduler.history_store import HistoryStore
 
 from . import reward_helpers
@@ -19,6 +20,11 @@ from . import reward_helpers
 DESIGN_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "forward_passes",
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
+
+def lookup(store, prompt_ids, sample_index, before_epoch=None):
+    """The store's newest record for one (prompt, sample index)."""
+    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+
 
 
 def test_demo_end_to_end_with_compare(tiny_run, tmp_path, capsys):
@@ -72,7 +78,7 @@ def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, ca
     tok = AutoTokenizer.from_pretrained(folder)
     store = HistoryStore(out / "history")
     for p in problems:
-        rec = store.lookup(tok(p.prompt)["input_ids"], 1)
+        rec = lookup(store, tok(p.prompt)["input_ids"], 1)
         assert rec is not None and rec.reward in (0.0, 1.0)
 
 
@@ -141,7 +147,7 @@ def test_sigterm_during_the_warm_start_leaves_no_temporary_folder(tiny_run, tmp_
     import time
 
     cache = tmp_path / "cache"
-    args = [sys.executable, "-m", "rl_integration.train", "--config", "examples/demo.yaml", *tiny_run,
+    args = [sys.executable, "-m", "rl_integration", "train", "--config", "examples/demo.yaml", *tiny_run,
             f"policy.cache_dir={cache}", "policy.embedded.sft_steps=100000", "--out", str(tmp_path / "out")]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen(args, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
