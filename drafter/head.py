@@ -38,7 +38,7 @@ from torch import nn
 
 from rollout.batch import ForwardBatch
 from rollout.kv_cache import KVCache
-from rollout.model import MLP, CausalLM, DecoderLayer, ModelConfig, RMSNorm, num_parameters, rotate
+from rollout.model import MLP, CausalLM, DecoderLayer, ModelConfig, RMSNorm, rotate
 
 KINDS = ("attention", "mlp")
 
@@ -145,7 +145,8 @@ class DraftHead(nn.Module):
         return self.cfg.kind
 
     def num_parameters(self) -> int:
-        return num_parameters(self)
+        """The head's own parameters (the policy's embed and lm_head it reads are not counted)."""
+        return sum(p.numel() for p in self.parameters())
 
     def check_policy(self, policy: CausalLM) -> None:
         if (policy.cfg.hidden_size, policy.cfg.vocab_size) != (self.hidden_size, self.vocab_size):
