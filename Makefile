@@ -33,3 +33,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# The drafter offline benchmark (demo policy: warm start, simulated acceptance, head cost)
+.PHONY: bench-drafter
+bench-drafter: $(STAMP)
+	$(BIN)/python -m drafter.bench --offline

@@ -52,12 +52,13 @@ def sequence_features(policy: CausalLM, sequences: Sequence[Sequence[int]],
             raise ValueError(f"sequence {i} has token {bad[0]} outside the vocabulary [0, {policy.cfg.vocab_size})")
     budget = max(1, tokens_per_forward)
     out: list = [None] * len(sequences)
-    group: list[int] = []
+    group, tokens = [], 0
     for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])):
-        if group and sum(len(sequences[g]) for g in group) + len(sequences[i]) > budget:
+        if group and tokens + len(sequences[i]) > budget:
             _run_group(policy, sequences, group, budget, out)
-            group = []
+            group, tokens = [], 0
         group.append(i)
+        tokens += len(sequences[i])
     if group:
         _run_group(policy, sequences, group, budget, out)
     return out
