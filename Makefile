@@ -34,6 +34,11 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) *.egg-info
 
+# 10,000 long-tail requests through one engine; fails on memory growth or state left behind
+soak: $(STAMP)
+	$(BIN)/python -m rollout.soak
+.PHONY: soak
+
 # The drafter offline benchmark (demo policy: warm start, simulated acceptance, head cost)
 .PHONY: bench-drafter
 bench-drafter: $(STAMP)

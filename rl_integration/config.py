@@ -12,6 +12,7 @@ validate(); `rollout.engine.spec=null` turns speculation off.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Sequence, Union
 
@@ -103,6 +104,9 @@ class PolicyConfig:
     def validate(self) -> None:
         if self.arch not in ("llama", "qwen2"):
             raise ValueError(f"PolicyConfig.arch must be 'llama' or 'qwen2', got {self.arch!r}")
+        if self.num_heads < 1 or self.num_kv_heads < 1 or self.hidden_size < 1:
+            raise ValueError(f"PolicyConfig needs hidden_size, num_heads and num_kv_heads >= 1, got "
+                             f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 "PolicyConfig needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
@@ -257,6 +261,10 @@ def validate(cfg: RunConfig) -> None:
     _validate_rollout(cfg.rollout)
     _validate_trainer(cfg.trainer)
     _need(bool(cfg.output.dir), "output.dir", "must be a folder", cfg.output.dir)
+    seeds = {"trainer.seed": cfg.trainer.seed, "rollout.seed": cfg.rollout.seed,
+             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed}
+    for key, seed in seeds.items():
+        _need(seed is None or 0 <= seed < 2**63, key, "must be in [0, 2**63)", seed)
 
 
 def _need(ok: bool, key: str, msg: str, value) -> None:
@@ -264,11 +272,19 @@ def _need(ok: bool, key: str, msg: str, value) -> None:
         raise ValueError(f"config key {key!r} {msg}, got {value!r}")
 
 
+# where the classes whose validate() the run config calls sit in it
+_SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "EngineConfig": "rollout.engine",
+             "SpecConfig": "rollout.engine.spec"}
+
+
 def _wrap(check, key: str) -> None:
+    """Run a section's own validate(); its message names fields as Class.field, which becomes the
+    dotted key (SpecConfig.max_draft_tokens -> 'rollout.engine.spec.max_draft_tokens')."""
     try:
         check()
     except ValueError as e:
-        raise ValueError(f"config section {key!r}: {e}") from None
+        text = re.sub(r"\b(" + "|".join(_SECTIONS) + r")\.(\w+)", lambda m: f"'{_SECTIONS[m[1]]}.{m[2]}'", str(e))
+        raise ValueError(f"config section {key!r}: {text}") from None
 
 
 def _validate_sources(cfg: RunConfig) -> None:
@@ -322,10 +338,22 @@ def _validate_trainer(tr: TrainerSection) -> None:
     _need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
     _need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
           tr.num_threads)
+    _need(_is_device(tr.device), "trainer.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
+          tr.device)
     _need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
     _need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
     _need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
     _need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
+
+
+def _is_device(name: str) -> bool:
+    import torch
+
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def plain_engine(r: RolloutSection) -> EngineConfig:

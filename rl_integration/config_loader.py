@@ -35,8 +35,10 @@ def read_yaml(path: Optional[Union[str, os.PathLike]]) -> dict:
             raw = yaml.safe_load(f)
     except FileNotFoundError:
         raise ValueError(f"config file {os.fspath(path)!r} does not exist") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"config file {os.fspath(path)!r} is not valid YAML: {e}") from None
+    except OSError as e:  # a folder, no permission, ...
+        raise ValueError(f"config file {os.fspath(path)!r} cannot be read: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"config file {os.fspath(path)!r} is not valid YAML: {type(e).__name__}: {e}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -52,7 +54,7 @@ def apply_override(raw: dict, item: str) -> None:
         raise ValueError(f"override {item!r} must look like section.key=value")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # (ValueError: an int of thousands of digits)
         raise ValueError(f"override {item!r}: the value is not valid YAML: {e}") from None
     node, parts = raw, key.split(".")
     for i, part in enumerate(parts[:-1]):

@@ -8,6 +8,7 @@ server) must run every batch until its longest request is done, which is the lon
 
     python -m rollout.bench [--prompts 64] [--batch 32] [--out bench_results/rollout.json]
     python -m rollout.bench --busy [...]   threads on a shared machine (rollout/bench_threads.py)
+    python -m rollout.bench --spec [...]   the draft budget against plain and fixed lengths (rollout/bench_spec.py)
 """
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ def main(argv=None) -> dict:
     if "--busy" in argv:
         from . import bench_threads
         return bench_threads.main([a for a in argv if a != "--busy"])
+    if "--spec" in argv:
+        from . import bench_spec
+        return bench_spec.main([a for a in argv if a != "--spec"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)

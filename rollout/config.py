@@ -5,6 +5,10 @@ that names the field, before any state of the engine is touched.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -22,17 +26,43 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
 
     def validate(self, vocab_size: int | None = None) -> None:
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
+        t = _real(self.temperature, "temperature")
+        if not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            # outside this z / T leaves float32 (NaN logprobs) or flattens to uniform
+            raise ValueError(f"SamplingParams.temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
+                             f"{MAX_TEMPERATURE}], got {self.temperature}")
+        if not (0.0 < _real(self.top_p, "top_p") <= 1.0):
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if _integer(self.top_k, "top_k") < 0:
             raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if int(self.max_tokens) != self.max_tokens or self.max_tokens < 1:
+        if _integer(self.max_tokens, "max_tokens") < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens}")
-        for t in self.stop_token_ids:
-            if vocab_size is not None and not (0 <= int(t) < vocab_size):
-                raise ValueError(f"SamplingParams.stop_token_ids has {t}, outside the vocabulary [0, {vocab_size})")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a sequence of token ids, "
+                             f"got {self.stop_token_ids!r}")
+        for tok in self.stop_token_ids:
+            if vocab_size is not None and not (0 <= _integer(tok, "stop_token_ids") < vocab_size):
+                raise ValueError(f"SamplingParams.stop_token_ids has {tok}, outside the vocabulary [0, {vocab_size})")
+
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
+def _real(value, name: str) -> float:
+    """A finite real number (not a bool, a string or NaN), or a ValueError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _integer(value, name: str) -> int:
+    """An integer (Python, NumPy or 0-d tensor; not a bool or a float), or a ValueError naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -112,6 +142,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"EngineConfig.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"EngineConfig.device must name a torch device ('cpu', 'cuda', 'cuda:1', ...), "
+                             f"got {self.device!r}") from None
         if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
             raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
                              f"got {self.num_threads!r}")

@@ -68,6 +68,17 @@ def confidence_bin(q: Optional[float]) -> int:
 
 
 @dataclass(frozen=True)
+class StepPlan:
+    """What a step may draft: the value a draft token must reach, what a sample past a rejected
+    draft token is worth as the next step's draft (0 when no proposer reads them), and each
+    proposer's standing."""
+
+    threshold: float
+    lookahead: float
+    offers: list
+
+
+@dataclass(frozen=True)
 class Offer:
     """A proposer's standing in one step: its rate table, its best rate, and the most draft
     tokens that rate earns at this load (a proposer is never asked for more)."""
@@ -127,26 +138,28 @@ class AdaptiveController:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def offers(self, proposers: Sequence[Proposer], running: int, threshold: float) -> list[Offer]:
-        """Each proposer's standing this step; [] when the step drafts nothing (no proposers, or
-        more requests running than max_batch_for_spec: the step is compute-bound). Rates move only
-        when a step is recorded, so a table is read once per step."""
-        if self.max_batch_for_spec is not None and running > self.max_batch_for_spec:
-            return []
-        out = []
-        for p in proposers:
-            table = self.table(p)
+    def plan_step(self, proposers: Sequence[Proposer], running: int, load: float) -> Optional[StepPlan]:
+        """The step's budget; None when it drafts nothing (more requests running than
+        max_batch_for_spec: the step is compute-bound). Rates move only when a step is recorded,
+        so a table is read once per step."""
+        if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
+            return None
+        threshold = self.threshold(load, running)
+        tables = [(p, self.table(p)) for p in proposers]
+        lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
+        offers = []
+        for p, table in tables:
             top = max(map(max, table))
-            out.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, threshold)))
-        return out
+            offers.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, threshold, lookahead)))
+        return StepPlan(threshold, lookahead, offers)
 
-    def choose(self, req: Request, room: int, offers: Sequence[Offer], threshold: float) -> Optional[Draft]:
+    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
         """Ask every proposer for a draft, cut each where its tokens' value falls under the
         threshold (by the evidence behind it and its tokens' confidence), and take the one with
         the longest expected accepted run. A proposer is not asked when even its best rate could
         not beat the draft in hand. With none granted, exploration may try one token."""
         best, best_value = None, 0.0
-        for offer in offers:
+        for offer in plan.offers:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
@@ -154,11 +167,11 @@ class AdaptiveController:
             if draft is None or not draft.tokens:
                 continue
             n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
-                                           min(cap, len(draft.tokens))), threshold)
+                                           min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
-        if best is None and self.priced and room > 0 and offers:
-            best = self._explore(req, offers)
+        if best is None and self.priced and room > 0:
+            best = self._explore(req, plan.offers)
         return best
 
     def _explore(self, req: Request, offers: Sequence[Offer]) -> Optional[Draft]:
@@ -207,17 +220,23 @@ class AdaptiveController:
         return rows
 
     @staticmethod
-    def draft_len(rate: float, k: int, threshold: float) -> int:
-        """The longest n <= k whose last token is still emitted with probability >= threshold."""
-        return AdaptiveController.cut(itertools.repeat(rate, k), threshold)[0]
+    def draft_len(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> int:
+        """The longest n <= k whose tokens' values all reach the threshold (see `cut`)."""
+        return AdaptiveController.cut(itertools.repeat(rate, k), threshold, lookahead)[0]
 
     @staticmethod
-    def cut(rates: Iterable[float], threshold: float) -> tuple[int, float]:
-        """(n, expected accepted tokens): the longest prefix of a draft whose last token is
-        still reached and accepted with probability >= threshold."""
-        n, p, value = 0, 1.0, 0.0
+    def cut(rates: Iterable[float], threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
+        """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
+        worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
+        what its sample is worth past an earlier rejection: the engine keeps those samples for
+        the lookahead proposer, where a sample d positions past the rejection lands with about
+        lookahead**d. So with lookahead, R_i = sum over j < i of P(first rejection at j) x
+        lookahead**(i - j) is added to P_i."""
+        n, p, value, option, failed = 0, 1.0, 0.0, 0.0, 0.0
         for a in rates:
-            if p * a < threshold:
+            option = lookahead * (option + failed)  # R_i, from the rejections before i
+            failed = p * (1.0 - a)  # the chance the first rejection is at i
+            if p * a + option < threshold:
                 break
             n, p = n + 1, p * a
             value += p

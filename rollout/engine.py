@@ -12,6 +12,7 @@ verify: the token at response position t is always sample(z_t, seed, t), the cou
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import math
@@ -123,6 +124,12 @@ class Engine:
             for g in groups:
                 p.drop_group(g)
 
+    def state_sizes(self) -> dict[str, int]:
+        """What the engine holds between calls beyond its weights, cache and learnt rates:
+        {"<proposer>.<table>": entries}, every one 0 when idle (a request's own state goes with
+        the request)."""
+        return {f"{p.name}.{table}": n for p in self.proposers for table, n in p.state_sizes().items()}
+
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
                       drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
         """Validated Requests (see rollout/request.py); nothing of the engine changes."""
@@ -157,10 +164,22 @@ class Engine:
         try:
             with threads.using(self.num_threads):
                 self.last_run = self._loop(waiting, on_finish)
+        except BaseException:
+            self._abandon(requests)
+            raise
         finally:
             if gc_was_on:
                 gc.enable()
         return self.last_run
+
+    def _abandon(self, requests: list[Request]) -> None:
+        """A run that raised: every request leaves, so proposers keep nothing of it (the caller
+        sees the original error, not one of these)."""
+        for req in requests:
+            req.slot = -1
+            for p in self.proposers:
+                with contextlib.suppress(Exception):
+                    p.finish(req)
 
     def _loop(self, waiting: deque, on_finish) -> RunStats:
         free = list(range(self.config.max_batch_size))
@@ -189,17 +208,16 @@ class Engine:
     def _step(self, running: list[Request]) -> tuple[bool, int, int]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
         fed, tokens emitted)."""
-        threshold, offers = 0.0, []
+        plan = None
         if self.controller is not None:
-            threshold = self.controller.threshold(len(running) / self.config.max_batch_size, len(running))
-            offers = self.controller.offers(self.proposers, len(running), threshold)
-        rows, batch = self._plan(running, offers, threshold)
+            plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
+        rows, batch = self._plan(running, plan)
         logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        return bool(offers), int(batch.token_ids.shape[0]), self._verify(rows, logits)
+        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
-    def _plan(self, running: list[Request], offers, threshold: float) -> tuple[list[Row], ForwardBatch]:
+    def _plan(self, running: list[Request], plan) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first (one token and a draft
         each), then prompt chunks fill the rest."""
         cfg, budget = self.config, self.config.max_num_batched_tokens
@@ -211,10 +229,10 @@ class Engine:
             fed = pending[:budget]
             whole = len(fed) == len(pending)  # reaches the end of what is known: logits follow
             draft = None
-            if whole and offers:
+            if whole and plan is not None:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                draft = self.controller.choose(req, room, offers, threshold) if room > 0 else None
+                draft = self.controller.choose(req, room, plan) if room > 0 else None
             row = Row(req, len(fed), draft, len(logit_index) if whole else None)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))

@@ -7,9 +7,11 @@ max_model_len, so a Ray driver validates exactly as a local engine does, without
 """
 from __future__ import annotations
 
+import operator
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Optional
 
 from .config import Completion, SamplingParams
 from .seeds import MAX_SEED
@@ -126,6 +128,7 @@ def make_requests(vocab_size: int, max_model_len: int, prompt_token_ids, samplin
     """seeds default to fresh random ones; drafts are previous responses (the "history"
     proposer), draft_logprobs their old logprobs (how sure the old policy was of each token),
     groups tie GRPO siblings, outputs are tokens already generated (to continue a divided rollout)."""
+    prompt_token_ids = _sequence(prompt_token_ids, "prompt_token_ids")
     n = len(prompt_token_ids)
     params = _per_prompt_params(sampling_params, n)
     if seeds is None:
@@ -151,28 +154,55 @@ def _make_request(i, prompt, params, seed, draft, group, out, old_lps, vocab_siz
         raise ValueError(f"seeds[{i}] must be an integer in [0, 2**63), got {seed!r}")
     draft = None if draft is None else check_ids(draft, vocab_size, f"drafts[{i}]")
     out = [] if out is None else check_ids(out, vocab_size, f"outputs[{i}]")
-    old_lps = None if old_lps is None else [float(x) for x in old_lps]
+    old_lps = None if old_lps is None else _logprobs(old_lps, f"draft_logprobs[{i}]")
     if old_lps is not None and (draft is None or len(old_lps) != len(draft)):
         raise ValueError(f"draft_logprobs[{i}] must have one logprob per token of drafts[{i}]")
+    try:
+        hash(group)
+    except TypeError:
+        raise ValueError(f"groups[{i}] must be a hashable id (an int, say) or None, got {group!r}") from None
     return Request(index=i, prompt_ids=prompt, params=params, seed=seed, history=draft, history_logprobs=old_lps,
                    group=group, output_ids=out, logprobs=[float("nan")] * len(out))
 
 
 def check_ids(ids: Iterable[int], vocab_size: int, what: str) -> list[int]:
+    """Token ids as ints: Python, NumPy or 0-d tensor integers; never a float, string or bool."""
     try:
-        ids = [int(t) for t in ids]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a sequence of token ids") from None
+        if isinstance(ids, (str, bytes)):
+            raise TypeError
+        ids = [operator.index(t) for t in ids if not isinstance(t, bool) or _refuse()]
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of integer token ids") from None
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"{what} has token id {bad[0]} outside the vocabulary [0, {vocab_size})")
     return ids
 
 
+def _refuse():
+    raise TypeError
+
+
+def _logprobs(values, what: str) -> list[float]:
+    """Floats (NaN: unknown); never a string or None."""
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        return [float(x) for x in values if not isinstance(x, (str, bytes)) or _refuse()]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a sequence of numbers (NaN: unknown)") from None
+
+
+def _sequence(value, what: str) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{what} must be a sequence, got {type(value).__name__}")
+    return list(value)
+
+
 def _per_prompt_params(value, n: int) -> list:
     if isinstance(value, SamplingParams):
         return [value] * n
-    value = list(value)
+    value = _sequence(value, "sampling_params")
     if len(value) != n:
         raise ValueError(f"sampling_params has {len(value)} entries for {n} prompts")
     if not all(isinstance(v, SamplingParams) for v in value):
@@ -183,7 +213,7 @@ def _per_prompt_params(value, n: int) -> list:
 def _per_prompt(value, n: int, what: str) -> list:
     if value is None:
         return [None] * n
-    value = list(value)
+    value = _sequence(value, what)
     if len(value) != n:
         raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
     return value

@@ -255,7 +255,8 @@ def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
     before = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], dim=-1)  # mass ranked before
     p = top_p.to(torch.float64)[:, None]
     use_p = p < 1  # top_p == 1 is "off", not "stop once the running sum rounds to 1"
-    keep_ranked = in_top_k & ((before < p) | ~use_p)
+    # the top token always stays: a top_p too small for float32 (it rounds to 0) keeps it alone
+    keep_ranked = in_top_k & ((before < p) | ~use_p | (rank[None, :] == 0))
     keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device).scatter_(1, ids, keep_ranked)
     if c == vocab_size:
         return keep, torch.ones_like(k, dtype=torch.bool)

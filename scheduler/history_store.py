@@ -257,10 +257,10 @@ def _record_at(table: pa.Table, row: int) -> Optional[HistoryRecord]:
     d = {name: table.column(name)[row].as_py() for name in SCHEMA.names}
     if d["prompt_ids"] is None or d["token_ids"] is None or d["sample_index"] is None or d["epoch"] is None:
         return None
-    if d["logprobs"] is not None and len(d["logprobs"]) != len(d["token_ids"]):
+    if d["logprobs"] is not None and (len(d["logprobs"]) != len(d["token_ids"]) or None in d["logprobs"]):
         return None
-    if any(t < 0 for t in d["token_ids"]):
-        return None
+    if None in d["prompt_ids"] or any(t is None or t < 0 for t in d["token_ids"]):
+        return None  # (a foreign writer's nulls inside a list: no such record was ever written)
     del d["prompt_key"]
     d["seed"] = d["seed"] or 0
     return HistoryRecord(**d)

@@ -26,3 +26,13 @@ def tiny_hf_model(arch: str = "llama", vocab: int = 101, seed: int = 0, dtype=to
 @pytest.fixture(scope="session")
 def llama_tiny():
     return tiny_hf_model("llama")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.fuzz_counts import summary_lines
+
+    lines = summary_lines()
+    if lines:
+        terminalreporter.section("fuzz example counts")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -67,6 +67,10 @@ class Proposer:
     def drop_group(self, group) -> None:
         """The caller is done with this GRPO group: forget what is held for it."""
 
+    def state_sizes(self) -> dict[str, int]:
+        """Entries held outside any request (per group, say): all 0 once every group was dropped."""
+        return {}
+
     def old_logprobs(self, req: Request, draft: Draft) -> Optional[list[float]]:
         """Per draft token, the logprob the old policy gave it at the same response position
         (NaN where unknown), for SPEC-RL's lenient acceptance (rollout/lenient.py); None when

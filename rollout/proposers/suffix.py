@@ -203,6 +203,9 @@ class SuffixProposer(Proposer):
     def drop_group(self, group) -> None:
         self._groups.pop(("group", group), None)
 
+    def state_sizes(self) -> dict[str, int]:
+        return {"groups": len(self._groups)}
+
     def _current(self, st: Optional[_State]) -> bool:
         """The state's index is still the one its group uses (not dropped, not replaced)."""
         return st is not None and (st.key is None or self._groups.get(st.key) is st.index)

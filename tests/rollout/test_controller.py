@@ -155,14 +155,13 @@ def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
     p, req = Named("x", prior=0.5), Request(0, [1], SP(), 0)
     steps_on = 0
     for _ in range(30):
-        threshold = c.threshold(1.0, 8)
-        on = c.offers([p], 8, threshold)[0].most > 0
+        on = c.plan_step([p], 8, 1.0).offers[0].most > 0
         steps_on += on
         if on:
             record(c, req, p, 0, proposed=2, accepted=0)
         c.observe_step(8, 8, 0.018)
     assert steps_on <= 5  # a few failed trials and the price is out of reach
-    assert c.offers([p], 8, c.threshold(1.0, 8))[0].most == 0
+    assert c.plan_step([p], 8, 1.0).offers[0].most == 0
 
     class Sure(Named):
         def propose(self, req, k):
@@ -171,12 +170,23 @@ def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
     sure = Sure("x", prior=0.5)
     explored = 0
     for _ in range(2000):  # drafts land now: exploration finds out, and the rate climbs back
-        d = c.choose(req, 8, c.offers([sure], 8, c.threshold(1.0, 8)), c.threshold(1.0, 8))
+        d = c.choose(req, 8, c.plan_step([sure], 8, 1.0))
         if d is not None:
             explored += 1
             record(c, req, sure, 0, proposed=len(d.tokens), accepted=len(d.tokens))
         c.observe_step(8, 8, 0.018)
-    assert explored > 0 and c.offers([sure], 8, c.threshold(1.0, 8))[0].most > 0
+    assert explored > 0 and c.plan_step([sure], 8, 1.0).offers[0].most > 0
+
+
+def test_a_draft_token_is_also_worth_its_sample_as_lookahead_past_an_earlier_rejection():
+    c = AdaptiveController(min_draft_prob=0.2)
+    rates = [0.5] * 8
+    assert c.cut(rates, 0.2) == (2, 0.75)  # 0.5, 0.25 reach 0.2; 0.125 does not
+    n, value = c.cut(rates, 0.2, lookahead=0.9)
+    # token 3: P_3 = 0.125, plus R_3 = 0.9 * (R_2 + P(first rejection at 2)) = 0.9 * (0.45 + 0.25) = 0.63
+    assert n == 8 and value == sum(0.5 ** i for i in range(1, 9))  # the value chooses proposers: direct only
+    assert c.cut(rates, 0.2, lookahead=0.1)[0] == 2  # a lookahead that rarely lands adds little
+    assert c.draft_len(0.5, 16, 0.2, lookahead=0.9) == 16
 
 
 def test_a_fixed_threshold_is_kept_and_bad_values_are_named():
