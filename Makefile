@@ -65,3 +65,8 @@ test-verl:
 	else \
 		echo "test-verl: SKIPPED: $(VERL_VENV) could not be created (pip's error above)"; \
 	fi
+
+# The drafter offline benchmark (demo policy: warm start, simulated acceptance, head cost)
+.PHONY: bench-drafter
+bench-drafter: $(STAMP)
+	$(BIN)/python -m drafter.bench --offline

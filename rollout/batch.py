@@ -58,13 +58,17 @@ class ForwardBatch:
     token_slots: torch.Tensor  # [N] int64, KV-cache slot of each token
     logit_index: torch.Tensor  # [M] int64, which of the N tokens need logits
     groups: list[AttentionGroup]
+    hidden_index: Optional[torch.Tensor] = None  # [H] int64, whose hidden states to return; None: logit_index
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
-              device: torch.device | str, min_bucket: int = MIN_BUCKET) -> ForwardBatch:
+              device: torch.device | str, min_bucket: int = MIN_BUCKET,
+              hidden_index: Optional[list[int]] = None) -> ForwardBatch:
         """rows: (slot, start position, new token ids) per row; slots distinct.
         logit_index: indices into the concatenated tokens that need logits.
-        min_bucket: context lengths up to this share one attention group."""
+        min_bucket: context lengths up to this share one attention group.
+        hidden_index: indices whose final hidden states the forward returns (a draft head's
+        features: prompt rows too), without paying the lm_head for them; None: logit_index."""
         if not rows:
             raise ValueError("a forward needs at least one row")
         slots = [r[0] for r in rows]
@@ -87,7 +91,8 @@ class ForwardBatch:
         def t(x):
             return torch.tensor(x, dtype=torch.int64, device=device)
 
-        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), groups)
+        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), groups,
+                            None if hidden_index is None else t(hidden_index))
 
 
 def _pow2(kv_len: int) -> int:

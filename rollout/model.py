@@ -196,7 +196,8 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logits [M, V] float32, hidden [M, d]) for the tokens in batch.logit_index."""
+        """Returns (logits [M, V] float32 for the tokens in batch.logit_index, final hidden states
+        [H, d] for those in batch.hidden_index, which defaults to the logit rows)."""
         x = self.model.embed_tokens(batch.token_ids)
         freqs = batch.positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
@@ -207,7 +208,10 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, batch, cache, i, masks)
         hidden = self.model.norm(x[batch.logit_index])
-        return self.lm_head(hidden).float(), hidden
+        logits = self.lm_head(hidden).float()
+        if batch.hidden_index is not None:
+            hidden = self.model.norm(x[batch.hidden_index])
+        return logits, hidden
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
