@@ -1,6 +1,6 @@
 """The whole run's configuration: nested dataclasses, loaded from YAML, with dotted overrides.
 
-    cfg = load_config("examples/demo.yaml", ["trainer.epochs=3", "rollout.engine.spec.max_draft_tokens=16"])
+    cfg = load_config("examples/demo.yaml", ["trainer.steps=3", "rollout.engine.spec.max_draft_tokens=16"])
 
 The dataclass defaults ARE the embedded demo (`spectail demo` runs `RunConfig()`), and
 examples/demo.yaml spells the same values out (a test keeps the two equal), so the demo needs
@@ -8,17 +8,23 @@ no file shipped as package data. Loading (rl_integration/config_loader.py) check
 type; `validate()` then checks ranges and choices, each error naming its dotted key. The
 engine's settings are its own EngineConfig, embedded as `rollout.engine` and checked by its own
 validate(); `rollout.engine.spec=null` turns speculation off.
+
+Words, as in TRL and verl: a *step* is one rollout plus the optimizer updates made from it; an
+*epoch* is one pass over the data set. Keys that counted steps under the name "epoch" were
+renamed; the old names raise a ValueError saying the new one (`RENAMED` on a section).
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence, Union
+from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
+
+STEP_WORDS = "a step is one rollout plus its updates; an epoch is one pass over the data set"
 
 # ------------------------------------------------------------------------------ the embedded demo
 
@@ -154,7 +160,7 @@ class PolicySection:
 
 @dataclass
 class HistorySection:
-    """History reuse: last epoch's response to (prompt, sample index) drafts this epoch's.
+    """History reuse: the newest earlier response to (prompt, sample index) drafts this step's.
     Used when enabled and "history" is among engine.spec.proposers."""
 
     enabled: bool = True
@@ -164,7 +170,7 @@ class HistorySection:
 
 def demo_engine() -> EngineConfig:
     """The engine of the demo's rollouts. Drafts from history, siblings and lookahead: in the
-    demo, n-gram (prompt lookup) drafts cost more forward work than they save at epoch 0 and add
+    demo, n-gram (prompt lookup) drafts cost more forward work than they save at step 0 and add
     nothing once history exists; add "ngram" for copy-heavy tasks."""
     return EngineConfig(max_batch_size=64, max_model_len=1024, max_num_batched_tokens=2048,
                         spec=SpecConfig(proposers=("history", "suffix", "lookahead"), max_draft_tokens=24))
@@ -183,13 +189,16 @@ class RolloutSection:
     top_k: int = 0
     max_tokens: int = 512
     n: int = 8  # samples per prompt (a GRPO group)
-    noise: Literal["per_sample", "per_epoch"] = "per_epoch"  # per_sample: faster, biased (README)
+    noise: Literal["per_sample", "per_step"] = "per_step"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     history: HistorySection = field(default_factory=HistorySection)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
+
+    RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
 
 
 @dataclass
@@ -205,8 +214,8 @@ class PPOSection:
 @dataclass
 class TrainerSection:
     algorithm: Literal["grpo", "ppo"] = "grpo"
-    epochs: int = 5
-    prompts_per_epoch: int = 64
+    steps: int = 5  # rollouts, each followed by its optimizer updates
+    prompts_per_step: int = 64  # step s rolls out the s-th window of the data set (seeded order, wrapping)
     lr: float = 1e-4
     weight_decay: float = 0.0
     clip_eps: float = 0.2
@@ -224,11 +233,14 @@ class TrainerSection:
     num_threads: Optional[int] = None  # torch threads for the optimizer steps (null: every usable core)
     ppo: PPOSection = field(default_factory=PPOSection)
 
+    RENAMED: ClassVar[dict] = {"epochs": "steps", "prompts_per_epoch": "prompts_per_step"}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
+
 
 @dataclass
 class OutputSection:
     dir: str = "runs/demo"
-    compare: bool = False  # also run the plain engine each epoch: speedup and identity check
+    compare: bool = False  # also run the plain engine each step: speedup and identity check
     plot: bool = True
     progress: bool = True  # tqdm bars
 
@@ -324,8 +336,8 @@ def _validate_rollout(r: RolloutSection) -> None:
 
 
 def _validate_trainer(tr: TrainerSection) -> None:
-    _need(tr.epochs >= 1, "trainer.epochs", "must be >= 1", tr.epochs)
-    _need(tr.prompts_per_epoch >= 1, "trainer.prompts_per_epoch", "must be >= 1", tr.prompts_per_epoch)
+    _need(tr.steps >= 1, "trainer.steps", "must be >= 1", tr.steps)
+    _need(tr.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1", tr.prompts_per_step)
     _need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
     _need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
     _need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",

@@ -42,7 +42,7 @@ def section(spec="demo", max_batch_size=16, **kw):
 def test_groups_seeds_and_noise_modes(model, tmp_path):
     client = RolloutClient(section(), model, seed=7, stop_token_ids=[2], history_dir=tmp_path)
     b0 = client.generate(PROMPTS)
-    assert len(b0) == 9 and b0.n == 3 and b0.num_prompts == 3 and b0.epoch == 0
+    assert len(b0) == 9 and b0.n == 3 and b0.num_prompts == 3 and b0.step == 0
     assert b0.group_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert b0.sample_index == [0, 1, 2] * 3
     assert b0.prompt_ids == [p for p in PROMPTS for _ in range(3)]
@@ -51,15 +51,15 @@ def test_groups_seeds_and_noise_modes(model, tmp_path):
     for ids, lps, reason in zip(b0.completion_ids, b0.logprobs, b0.finish_reasons):
         assert len(ids) == len(lps) >= 1 and all(lp <= 0 for lp in lps)
         assert reason in ("stop", "length")
-    client.end_epoch()
+    client.end_step()
     b1 = client.generate(PROMPTS, n=2)
-    assert b1.epoch == 1 and b1.seeds == [s for i, s in enumerate(b0.seeds) if i % 3 < 2]  # per_sample
-    # per_epoch: the epoch enters the hash, so seeds change between epochs
-    pe = RolloutClient(section(noise="per_epoch", spec=None), model, seed=7, stop_token_ids=[2])
-    s0 = pe.generate(PROMPTS, epoch=0).seeds
-    s1 = pe.generate(PROMPTS, epoch=1).seeds
+    assert b1.step == 1 and b1.seeds == [s for i, s in enumerate(b0.seeds) if i % 3 < 2]  # per_sample
+    # per_step: the step enters the hash, so seeds change between steps
+    pe = RolloutClient(section(noise="per_step", spec=None), model, seed=7, stop_token_ids=[2])
+    s0 = pe.generate(PROMPTS, step=0).seeds
+    s1 = pe.generate(PROMPTS, step=1).seeds
     assert s0 != s1 and len(set(s0) & set(s1)) == 0
-    assert pe.generate(PROMPTS, epoch=1).seeds == s1
+    assert pe.generate(PROMPTS, step=1).seeds == s1
     # caller-given identities: equal keys give equal seeds, whatever the prompt; a key repeated in
     # one call is a second group of the same prompt, whose samples go on numbering (other noise)
     ka, kb = pe.generate(PROMPTS[:1], keys=["same"]), pe.generate(PROMPTS[1:2], keys=["same"])
@@ -76,18 +76,19 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     plain = RolloutClient(spec, local, seed=1, stop_token_ids=[2], plain=True)
     assert plain.history is None and plain.engine_config.spec is None
     reused = []
-    for epoch in range(3):
-        b = client.generate(PROMPTS, epoch=epoch)
-        p = plain.generate(PROMPTS, epoch=epoch)
+    for step in range(3):
+        b = client.generate(PROMPTS, step=step)
+        p = plain.generate(PROMPTS, step=step)
         assert b.seeds == p.seeds
         assert b.completion_ids == p.completion_ids  # speculation never changes a token
         for x, y in zip(b.logprobs, p.logprobs):
             assert max(abs(u - v) for u, v in zip(x, y)) < 1e-4
         client.record_rewards(b, [float(i % 2) for i in range(len(b))])
-        m = client.end_epoch()
-        plain.end_epoch()
+        m = client.end_step()
+        assert m["step"] == step
+        plain.end_step()
         reused.append(m["reused_tokens"])
-        if epoch == 1:  # the policy moves a little: history still drafts, tokens still exact
+        if step == 1:  # the policy moves a little: history still drafts, tokens still exact
             with torch.no_grad():
                 for prm in local.parameters():
                     prm.add_(torch.randn_like(prm) * 0.02)
@@ -112,7 +113,7 @@ def test_metrics_have_the_design_names(model, tmp_path):
         assert name in b.step_stats, name
     assert b.step_stats["reward_mean"] is None
     client.record_rewards(b, [1.0] * 3 + [0.0] * 6)
-    m = client.epoch_metrics()
+    m = client.step_metrics()
     for name in METRIC_NAMES:
         assert name in m, name
     assert m["reward_mean"] == pytest.approx(1 / 3)
@@ -156,9 +157,11 @@ def test_bad_input(model, tmp_path):
         client.record_rewards(b, [1.0, 0.0])
     with pytest.raises(ValueError, match="reward of sample 4 must be a finite number"):
         client.record_rewards(b, [0.0] * 4 + [math.nan] + [0.0] * 4)
-    client.end_epoch()
-    with pytest.raises(ValueError, match="before the client's current epoch"):
-        client.generate(PROMPTS, epoch=0)
+    client.end_step()
+    with pytest.raises(ValueError, match="before the client's current step"):
+        client.generate(PROMPTS, step=0)
+    with pytest.raises(ValueError, match="step must be an integer"):
+        client.generate(PROMPTS, step=1.5)
     with pytest.raises(ValueError, match="history_dir"):
         RolloutClient(section(), model, stop_token_ids=[2])
     # a whole RunConfig works too: the history goes under output.dir
@@ -167,4 +170,4 @@ def test_bad_input(model, tmp_path):
     run.output.dir = str(tmp_path / "out")
     c = RolloutClient(run, model)
     assert c.history.root == tmp_path / "out" / "history" and c.params.stop_token_ids == (model.config.eos_token_id,)
-    assert not os.path.exists(tmp_path / "out")  # nothing is written before an epoch ends
+    assert not os.path.exists(tmp_path / "out")  # nothing is written before a step ends
