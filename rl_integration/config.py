@@ -160,12 +160,22 @@ class PolicySection:
 
 @dataclass
 class HistorySection:
-    """History reuse: the newest earlier response to (prompt, sample index) drafts this step's.
-    Used when enabled and "history" is among engine.spec.proposers."""
+    """History reuse: the newest earlier response to (prompt, sample index), whatever step wrote
+    it, drafts this step's (scheduler/history_store.py). Used when enabled and "history" is among
+    engine.spec.proposers.
+
+    max_bytes: the store's size bound; when full it keeps the records it has (docs/configuration.md).
+    max_age_steps: a response drafts only steps at most this many after its own (None: no limit).
+    """
 
     enabled: bool = True
     dir: Optional[str] = None  # None: <output.dir>/history
-    keep_epochs: int = 2
+    max_bytes: int = 8 * 2**30
+    max_age_steps: Optional[int] = None
+
+    RENAMED: ClassVar[dict] = {"keep_epochs": "max_age_steps"}
+    RENAMED_WHY: ClassVar[str] = ("the store keeps the newest response of each (prompt, sample) whatever step "
+                                  "wrote it, bounded by max_bytes; max_age_steps, null by default, limits its age")
 
 
 def demo_engine() -> EngineConfig:
@@ -325,7 +335,9 @@ def _validate_rollout(r: RolloutSection) -> None:
     _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
     _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
           r.chunk_tokens)
-    _need(r.history.keep_epochs >= 1, "rollout.history.keep_epochs", "must be >= 1", r.history.keep_epochs)
+    _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
+    _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
+          "must be >= 1 or null (no limit)", r.history.max_age_steps)
     _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
     _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")

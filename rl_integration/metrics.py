@@ -12,6 +12,7 @@ Definitions (per generate call; a step's record sums or recomputes them over its
                           request's first token, so plain decoding is exactly 1.0
     proposed, accepted    per proposer name: draft tokens offered / accepted
     reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
+    history_found         requests that found a history record to draft from (set by RolloutClient)
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
     tail_seconds          time from 90% of the call's samples finished to 100%
     worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
@@ -31,7 +32,7 @@ from typing import Iterable, Optional, Sequence
 from scheduler.atomic_file import atomic_write_text
 
 SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
-            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens")
+            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found")
 
 
 def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = None) -> dict:

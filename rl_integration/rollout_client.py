@@ -23,10 +23,11 @@ rewarded before, the training reward over-states the policy, and the noise study
 per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
-newest stored response to the same (prompt, sample index) from an earlier step
-(scheduler.history_store.HistoryStore); `end_step` writes this step's responses (tokens,
-logprobs, seed, step, reward when recorded). Drafts only cost or save forwards: the engine
-verifies every token, so history never changes what is sampled.
+newest stored response to the same (prompt, sample index) from an earlier step, however long
+ago (scheduler.history_store.HistoryStore, bounded by rollout.history.max_bytes and, if set,
+max_age_steps); `history_found` in the metrics counts the requests that had one. `end_step`
+writes this step's responses (tokens, logprobs, seed, step, reward when recorded). Drafts only
+cost or save forwards: the engine verifies every token, so history never changes what is sampled.
 
 Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
 proposer lets siblings draft for each other; the engine forgets the groups after the call.
@@ -113,8 +114,8 @@ class RolloutClient:
                        and "history" in spec.proposers)
         if use_history and not (history_dir or config.history.dir):
             raise ValueError("rollout.history is enabled: give history_dir= or set rollout.history.dir")
-        self.history = (HistoryStore(history_dir or config.history.dir, keep_epochs=config.history.keep_epochs)
-                        if use_history else None)
+        self.history = (HistoryStore(history_dir or config.history.dir, max_bytes=config.history.max_bytes,
+                                     max_age_steps=config.history.max_age_steps) if use_history else None)
         if backend is None:
             if model is None:
                 raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
@@ -158,10 +159,11 @@ class RolloutClient:
         groups = [self._next_group + g for g, _ in rows]
         self._next_group += len(prompts)
         drafts = draft_lps = None
+        found = []
         if self.history is not None:
             # The old logprobs travel with the drafts: they say how sure the old policy was of
             # each token, which the engine's budget reads (and the lenient mode compares with).
-            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_epoch=step)
+            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_step=step)
             drafts = [None if h is None else h.token_ids for h in found]
             draft_lps = [None if h is None else h.logprobs for h in found]
 
@@ -173,6 +175,7 @@ class RolloutClient:
             raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
         record = M.step_metrics(completions, seconds, self.backend.metrics())
         record["step"] = step
+        record["history_found"] = sum(h is not None for h in found)
         self._calls.setdefault(step, []).append(record)
 
         batch = RolloutBatch(
@@ -224,7 +227,7 @@ class RolloutClient:
         out = self.step_metrics()
         pending = self._pending.pop(self.step, None)
         if self.history is not None and pending:
-            self.history.write_epoch(self.step, list(pending.values()))
+            self.history.write_step(self.step, list(pending.values()))
         self.step += 1
         return out
 

@@ -109,16 +109,6 @@ def compute_rewards(fn, spec: str, tokenizer, batch, answers: list[str]) -> list
     return out
 
 
-def clear_history(folder: str) -> None:
-    """Remove a previous run's history files (this run's step numbers restart at 0, and the
-    store keeps the newest steps, which would be the old run's)."""
-    if not os.path.isdir(folder):
-        return
-    for name in os.listdir(folder):
-        if name.startswith("epoch-") and name.endswith(".parquet"):
-            os.unlink(os.path.join(folder, name))
-
-
 def compare_tokens(spec_batch, plain_batch) -> list[int]:
     """Indices of samples whose tokens differ between the speculative and the plain rollout."""
     return [i for i, (a, b) in enumerate(zip(spec_batch.completion_ids, plain_batch.completion_ids)) if a != b]
@@ -198,7 +188,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
                 plain.update_weights(model)
                 plain.end_step()
             if step == 0 and client.history is not None and cfg.rollout.history.dir is None:
-                clear_history(history_dir)
+                client.history.clear()  # an earlier run's files in this output folder: its step numbers are ours
             record = client.end_step()
             record["epoch"] = start // len(order)
             record.update(stats)

@@ -18,11 +18,12 @@ from tests.conftest import tiny_hf_model
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10], [1, 11, 12, 13]]
 METRIC_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "forward_passes",
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
-                "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
+                "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean",
+                "history_found")
 
-def lookup(store, prompt_ids, sample_index, before_epoch=None):
+def lookup(store, prompt_ids, sample_index, before_step=None):
     """The store's newest record for one (prompt, sample index)."""
-    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+    return store.records_for([prompt_ids], [sample_index], before_step)[0]
 
 
 
@@ -75,7 +76,7 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     client = RolloutClient(spec, local, seed=1, stop_token_ids=[2], history_dir=tmp_path / "hist")
     plain = RolloutClient(spec, local, seed=1, stop_token_ids=[2], plain=True)
     assert plain.history is None and plain.engine_config.spec is None
-    reused = []
+    reused, found = [], []
     for step in range(3):
         b = client.generate(PROMPTS, step=step)
         p = plain.generate(PROMPTS, step=step)
@@ -88,19 +89,20 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
         assert m["step"] == step
         plain.end_step()
         reused.append(m["reused_tokens"])
+        found.append(m["history_found"])
         if step == 1:  # the policy moves a little: history still drafts, tokens still exact
             with torch.no_grad():
                 for prm in local.parameters():
                     prm.add_(torch.randn_like(prm) * 0.02)
             client.update_weights(local)
             plain.update_weights(local)
-    assert reused[0] == 0
+    assert reused[0] == 0 and found == [0, len(b), len(b)]
     generated = sum(len(c) for c in b.completion_ids)
     assert reused[1] >= 0.8 * (generated - len(b))  # same weights, same noise: nearly all reused
     store = HistoryStore(tmp_path / "hist")
-    assert store.epochs() == [1, 2]  # keep_epochs=2
+    assert store.steps() == [2]  # every record of steps 0 and 1 has a newer one
     rec = lookup(store, PROMPTS[2], 1)
-    assert rec.epoch == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
+    assert rec.step == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
     assert rec.token_ids == b.completion_ids[7]
 
 

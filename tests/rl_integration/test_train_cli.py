@@ -21,9 +21,9 @@ DESIGN_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "for
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
 
-def lookup(store, prompt_ids, sample_index, before_epoch=None):
+def lookup(store, prompt_ids, sample_index, before_step=None):
     """The store's newest record for one (prompt, sample index)."""
-    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+    return store.records_for([prompt_ids], [sample_index], before_step)[0]
 
 
 
