@@ -128,34 +128,54 @@ class PolicyConfig:
 
 @dataclass
 class ParquetSource:
-    """A data set on disk: one row per prompt, the ground truth in `answer_key`."""
+    """A data set on disk, one row per prompt (rl_integration/dataset.py): the prompt (text, or
+    chat messages as verl writes them) in `prompt_key`, the ground truth in `answer_key` (dotted
+    for a field of a struct column: verl's "reward_model.ground_truth"); `data_source_key` and
+    `extra_info_key` are read when the file has them (for a verl-style scorer)."""
 
     path: str = ""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    data_source_key: str = "data_source"
+    extra_info_key: str = "extra_info"
+
+
+@dataclass
+class CustomRewardFunction:
+    """verl's reward convention (its config's reward.custom_reward_function): `path`, a Python file
+    or "pkg://package.module"; `name`, called as name(data_source=, solution_str=, ground_truth=,
+    extra_info=) -> a number or a dict with "score" (rl_integration/rewards.py)."""
+
+    path: Optional[str] = None
+    name: str = "compute_score"
 
 
 @dataclass
 class TaskSection:
     """source: "embedded" (generated addition problems, `embedded` = TaskConfig) or
-    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.task.reward_fn) or
-    "package.module:function", called as fn(response_text, answer) -> float."""
+    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.demo.task.reward_fn) or
+    "package.module:function", called as fn(response_text, answer) -> float; or, when
+    custom_reward_function.path is set, that scorer instead (verl's convention)."""
 
     source: Literal["embedded", "parquet"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
     parquet: ParquetSource = field(default_factory=ParquetSource)
     reward: str = "embedded"
+    custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)
 
 
 @dataclass
 class PolicySection:
     """source: "embedded" (the tiny policy, SFT warm start cached under cache_dir) or
-    "checkpoint" (a local Hugging Face folder with model and tokenizer)."""
+    "checkpoint" (a local Hugging Face folder with model and tokenizer). chat_template: a Jinja
+    chat template for chat-message prompts in place of the tokenizer's (verl's
+    custom_chat_template); None: the tokenizer's own."""
 
     source: Literal["embedded", "checkpoint"] = "embedded"
     embedded: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: str = ""
     cache_dir: Optional[str] = None  # None: $SPECTAIL_CACHE, else ~/.cache/spectail
+    chat_template: Optional[str] = None
 
 
 @dataclass
@@ -318,6 +338,12 @@ def _validate_sources(cfg: RunConfig) -> None:
         _wrap(t.embedded.validate, "task.embedded")
     _need(t.reward == "embedded" or ":" in t.reward, "task.reward",
           "must be 'embedded' or 'package.module:function'", t.reward)
+    custom = t.custom_reward_function
+    _need(custom.path is None or bool(custom.path.strip()), "task.custom_reward_function.path",
+          "must name a Python file or pkg://module, or be null", custom.path)
+    _need(not custom.path or t.reward == "embedded", "task.reward", "must stay 'embedded' when "
+          "task.custom_reward_function.path is set (that scorer replaces it): set one of the two", t.reward)
+    _need(bool(custom.name), "task.custom_reward_function.name", "must name the function", custom.name)
     if p.source == "checkpoint":
         _need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder when policy.source is "
               "'checkpoint'", p.checkpoint)

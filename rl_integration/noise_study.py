@@ -54,14 +54,15 @@ class FreshNoiseEval:
 
     def __init__(self, cfg):
         from .config import plain_engine
+        from .dataset import encode_prompts
         from .rollout_client import RolloutClient
         from .trainer import load_policy, load_problems, resolve_reward
 
         self.cfg = cfg
         self.problems = load_problems(cfg)
         model, self.tokenizer, _ = load_policy(cfg, progress=False)
-        self.prompts = [self.tokenizer(p.prompt)["input_ids"] for p in self.problems]
-        self.reward = resolve_reward(cfg.task.reward)
+        self.prompts = encode_prompts(self.tokenizer, self.problems, cfg.policy.chat_template)
+        self.reward = resolve_reward(cfg.task)
         eos = self.tokenizer.eos_token_id
         rollout = dataclasses.replace(cfg.rollout, engine=plain_engine(cfg.rollout), noise="per_sample")
         self.client = RolloutClient(rollout, model, seed=EVAL_SEED, stop_token_ids=[] if eos is None else [eos],
@@ -72,8 +73,7 @@ class FreshNoiseEval:
 
         self.client.update_weights(model)
         batch = self.client.generate(self.prompts)
-        rewards = compute_rewards(self.reward, self.cfg.task.reward, self.tokenizer, batch,
-                                  [p.answer for p in self.problems])
+        rewards = compute_rewards(self.reward, self.tokenizer, batch, self.problems)
         return {"eval_reward": statistics.mean(rewards)}
 
     def close(self) -> None:

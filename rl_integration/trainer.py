@@ -4,7 +4,9 @@ weights to the engine -> metrics, table row, plot.
     records = train(cfg)          # cfg: RunConfig; returns one metrics record per step
 
 Everything that can be checked is checked before the first rollout: the config, the data set
-and its columns, the reward function's import, the policy, every prompt's length. A step's
+(its columns and every row), the reward function's import and one probe call of it
+(rl_integration/rewards.py), the policy, every prompt's length (chat prompts through the chat
+template). A step's
 metrics record is written only once the step is complete (metrics.jsonl, metrics.png and
 config.yaml under output.dir, each replaced atomically), so a run that fails leaves the files
 of its last complete step — or, failing in the first step, the output folder as it was.
@@ -18,8 +20,6 @@ once per epoch, every len(data) / prompts_per_step steps.
 """
 from __future__ import annotations
 
-import importlib
-import math
 import os
 import random
 import sys
@@ -33,12 +33,11 @@ from rollout import threads
 from . import metrics as M
 from .config import RunConfig, validate
 from .config_loader import to_dict
-from .dataset import Problem, load_parquet_dataset
+from .dataset import Problem, encode_prompts, load_parquet_dataset
+from .rewards import RewardError, check_reward, compute_rewards, resolve_reward
 from .rollout_client import RolloutClient
 
-
-class RewardError(RuntimeError):
-    """The reward function raised or returned something that is not a finite number."""
+__all__ = ["RewardError", "compute_rewards", "load_policy", "load_problems", "resolve_reward", "train"]
 
 
 # ------------------------------------------------------------------------------ set-up pieces
@@ -53,28 +52,14 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
     else:
         if not os.path.isfile(t.parquet.path):
             raise ValueError(f"task.parquet.path {t.parquet.path!r} is not a file")
-        problems = load_parquet_dataset(t.parquet.path, t.parquet.prompt_key, t.parquet.answer_key)
+        q = t.parquet
+        problems = load_parquet_dataset(q.path, q.prompt_key, q.answer_key, q.data_source_key, q.extra_info_key)
     if not problems:
         raise ValueError(f"the data set ({t.source}) has no problems")
     if cfg.trainer.prompts_per_step > len(problems):
         raise ValueError(f"trainer.prompts_per_step is {cfg.trainer.prompts_per_step} but the data set has only "
                          f"{len(problems)} problems")
     return problems
-
-
-def resolve_reward(spec: str) -> Callable[[str, str], float]:
-    """'embedded' or 'package.module:function' -> fn(response_text, answer) -> float."""
-    if spec == "embedded":
-        from .demo.task import reward_fn
-        return lambda text, answer: reward_fn(text, answer)
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"task.reward {spec!r} cannot be imported: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"task.reward {spec!r} is not callable")
-    return fn
 
 
 def load_policy(cfg: RunConfig, progress: bool):
@@ -88,25 +73,6 @@ def load_policy(cfg: RunConfig, progress: bool):
         raise ValueError(f"policy.checkpoint {p.checkpoint!r} is not a folder")
     model, tokenizer = load_checkpoint(p.checkpoint)
     return model, tokenizer, p.checkpoint
-
-
-def compute_rewards(fn, spec: str, tokenizer, batch, answers: list[str]) -> list[float]:
-    """One reward per sample; a reward function that raises or returns a non-number stops the
-    run with an error naming the function, the sample and its prompt."""
-    out = []
-    for i, ids in enumerate(batch.completion_ids):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        answer = answers[batch.group_index[i]]
-        where = (f"sample {i} of step {batch.step} (prompt "
-                 f"{tokenizer.decode(batch.prompt_ids[i], skip_special_tokens=True)!r}, answer {answer!r})")
-        try:
-            r = fn(text, answer)
-        except Exception as e:
-            raise RewardError(f"reward function {spec!r} raised {type(e).__name__}: {e} on {where}") from e
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-            raise RewardError(f"reward function {spec!r} returned {r!r} (need a finite number) on {where}")
-        out.append(float(r))
-    return out
 
 
 def compare_tokens(spec_batch, plain_batch) -> list[int]:
@@ -137,11 +103,12 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     train_threads = threads.trainer_threads(tr.num_threads)
     threads.announce(f"optimizer steps use {train_threads} torch thread(s)")
     problems = load_problems(cfg)
-    reward = resolve_reward(cfg.task.reward)
+    reward = resolve_reward(cfg.task)
+    check_reward(reward, problems[0])
     model, tokenizer, folder = load_policy(cfg, progress)
     model = model.to(tr.device)
     torch.manual_seed(tr.seed)
-    prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    prompts = encode_prompts(tokenizer, problems, cfg.policy.chat_template)
     for i, ids in enumerate(prompts):
         if not 0 < len(ids) < cfg.rollout.engine.max_model_len:
             raise ValueError(f"problem {i}'s prompt has {len(ids)} tokens; rollout.engine.max_model_len is "
@@ -174,7 +141,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             idx = [order[(start + j) % len(order)] for j in range(tr.prompts_per_step)]
             _label(client, f"step {step} rollout")
             batch = client.generate([prompts[i] for i in idx], step=step)
-            rewards = compute_rewards(reward, cfg.task.reward, tokenizer, batch, [problems[i].answer for i in idx])
+            rewards = compute_rewards(reward, tokenizer, batch, [problems[i] for i in idx])
             client.record_rewards(batch, rewards)
             extra = {}
             if plain is not None:

@@ -19,7 +19,7 @@ def test_demo_yaml_is_the_code_default():
     assert load_config(None) == RunConfig()
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "grpo_parquet.yaml", "ppo.yaml", "grpo_ray.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "grpo_parquet.yaml", "ppo.yaml", "grpo_ray.yaml", "grpo_verl.yaml"])
 def test_examples_load(name):
     cfg = load_config(os.path.join(EXAMPLES, name))
     assert isinstance(cfg, RunConfig)

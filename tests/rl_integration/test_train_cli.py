@@ -69,7 +69,7 @@ def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, ca
     assert rc == 0, capsys.readouterr().err
     # every sample was scored against its own row's answer, and the prompts reached the engine
     assert sorted(set(a for _, a in reward_helpers.SEEN)) == sorted(set(p.answer for p in problems))
-    assert len(reward_helpers.SEEN) == 8
+    assert len(reward_helpers.SEEN) == 1 + 8  # the probe before the first rollout, then every sample
     (record,) = read_jsonl(out / "metrics.jsonl")
     assert record["num_samples"] == 8
     from transformers import AutoTokenizer
@@ -133,9 +133,14 @@ def test_bad_input_fails_by_name_and_leaves_no_files(tiny_run, tmp_path, capsys)
     for name, words in (("raising", "raised KeyError"), ("not_a_number", "returned '1.0'")):
         rc, err = _run(["demo", *tiny_run, f"task.reward=tests.rl_integration.reward_helpers:{name}",
                         "trainer.steps=1", "rollout.n=2", "--out", str(out)], capsys)
-        assert rc == 1 and f"reward_helpers:{name}" in err and words in err and "sample 0 of step 0" in err
+        assert rc == 2 and f"reward_helpers:{name}" in err and words in err and "before the first rollout" in err
         assert (out / "metrics.jsonl").read_text() == old
         assert sorted(os.listdir(out)) == ["metrics.jsonl"]
+    reward_helpers.CALLS["first_call_only"] = 0  # right for the probe, a string in the run: fails in step 0
+    rc, err = _run(["demo", *tiny_run, "task.reward=tests.rl_integration.reward_helpers:first_call_only",
+                    "trainer.steps=1", "rollout.n=2", "--out", str(out)], capsys)
+    assert rc == 1 and "returned '1.0'" in err and "sample 0 of step 0" in err
+    assert (out / "metrics.jsonl").read_text() == old and sorted(os.listdir(out)) == ["metrics.jsonl"]
     rc, err = _run(["demo", *tiny_run, "task.reward=tests.rl_integration.reward_helpers:missing", "--out",
                     str(out)], capsys)
     assert rc == 2 and "cannot be imported" in err
