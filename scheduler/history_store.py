@@ -41,50 +41,27 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout.seeds import prompt_key
 
 from .atomic_file import TMP_SUFFIX, atomic_path
+from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of
 from .history_index import HistoryIndex, Key
+
+__all__ = ["HistoryRecord", "HistoryStore", "SCHEMA", "KEY_COLUMNS"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = pa.schema(
-    [
-        ("prompt_key", pa.string()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("sample_index", pa.int64()),
-        ("token_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),
-        ("seed", pa.uint64()),
-        ("step", pa.int64()),
-        ("reward", pa.float64()),
-    ],
-    metadata={b"spectail.history": b"2"},
-)
-KEY_COLUMNS = ["prompt_key", "sample_index", "step"]
 DEFAULT_MAX_BYTES = 8 * 2**30
 CACHE_BYTES = 256 * 2**20  # loaded files kept in memory between lookups
 _FILE_RE = re.compile(r"^step-(\d+)\.parquet$")
 _STALE_TMP_SECONDS = 3600.0
-
-
-@dataclass
-class HistoryRecord:
-    prompt_ids: list[int]
-    sample_index: int
-    token_ids: list[int]
-    logprobs: Optional[list[float]] = None
-    seed: int = 0
-    step: Optional[int] = None  # filled in by write_step
-    reward: Optional[float] = None
 
 
 @dataclass
@@ -126,7 +103,7 @@ class HistoryStore:
         if isinstance(step, bool) or int(step) != step or step < 0:
             raise ValueError(f"step must be an integer >= 0, got {step!r}")
         step = int(step)
-        coerced = (_coerce(r, step) for r in records)
+        coerced = (coerce(r, step) for r in records)
         rows = list({(prompt_key(r.prompt_ids), r.sample_index): r for r in coerced}.items())  # the last one wins
         cols = {name: [getattr(r, name) for _, r in rows] for name in SCHEMA.names if name != "prompt_key"}
         cols["prompt_key"] = [k for (k, _), _ in rows]
@@ -220,7 +197,7 @@ class HistoryStore:
             row = self._index.row(step, key)
             if tables[step] is None or row is None:
                 continue
-            rec = _record_at(tables[step], row)
+            rec = record_at(tables[step], row)
             if rec is None or rec.prompt_ids != want or rec.sample_index != sample_index or rec.step != step:
                 logger.warning("history store: %s row %d does not hold the record its key names; "
                                "skipped (no reuse from it)", self._files[step].path, row)
@@ -243,7 +220,7 @@ class HistoryStore:
             self._cache.pop(step, None)
             self._bad.pop(step, None)
             table = self._read(step, signature)
-            self._index.put(step, {} if table is None else _rows_of(table))
+            self._index.put(step, {} if table is None else rows_of(table))
             return table
         cached = self._cache.get(step)
         if cached is not None and cached[0] == signature:
@@ -253,7 +230,7 @@ class HistoryStore:
 
     def _read(self, step: int, signature: tuple) -> Optional[pa.Table]:
         try:
-            table = _read_file(self._files[step].path, step, None)
+            table = read_file(self._files[step].path, step, None)
         except Exception as e:  # pyarrow raises many types for damaged files
             logger.warning("history store: cannot read %s (%s: %s); no reuse from it",
                            self._files[step].path, type(e).__name__, e)
@@ -294,78 +271,12 @@ class HistoryStore:
             return
         self._files[step] = _File(path, signature, signature[1])
         try:
-            rows = _rows_of(_read_file(path, step, KEY_COLUMNS))
+            rows = rows_of(read_file(path, step, KEY_COLUMNS))
         except Exception as e:  # pyarrow raises many types for damaged files
             logger.warning("history store: cannot read %s (%s: %s); no reuse from it", path, type(e).__name__, e)
             self._bad[step] = signature
             rows = {}
         self._index.put(step, rows)
-
-
-def _read_file(path: Path, step: int, columns: Optional[list[str]]) -> pa.Table:
-    """The file's table (all columns, or `columns`), checked to be this store's, of this step."""
-    table = pq.read_table(path, columns=columns, page_checksum_verification=True)
-    meta = table.schema.metadata or {}
-    if meta.get(b"spectail.history") != SCHEMA.metadata[b"spectail.history"]:
-        raise ValueError("not a spectail history file (schema metadata missing or of another version)")
-    names = columns or SCHEMA.names
-    missing = [n for n in names if n not in table.column_names]
-    if missing:
-        raise ValueError(f"missing columns {missing}")
-    table = table.select(names).cast(pa.schema([SCHEMA.field(n) for n in names]))
-    if table.num_rows and not pc.all(pc.equal(table.column("step"), step)).as_py():
-        raise ValueError(f"its step column does not say {step}")
-    return table
-
-
-def _rows_of(table: pa.Table) -> dict[Key, int]:
-    keys = table.column("prompt_key").to_pylist()
-    idxs = table.column("sample_index").to_pylist()
-    return {(k, i): r for r, (k, i) in enumerate(zip(keys, idxs)) if k is not None and i is not None}
-
-
-def _coerce(r: Union[HistoryRecord, Mapping], step: int) -> HistoryRecord:
-    if isinstance(r, HistoryRecord):
-        r = asdict(r)
-    elif not isinstance(r, Mapping):
-        raise ValueError(f"history records must be HistoryRecord or dicts, got {type(r).__name__}")
-    unknown = set(r) - set(HistoryRecord.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"history record has unknown fields {sorted(unknown)}")
-    try:
-        rec = HistoryRecord(**r)
-    except TypeError as e:
-        raise ValueError(f"bad history record: {e}") from None
-    if rec.step is not None and rec.step != step:
-        raise ValueError(f"history record says step {rec.step} but is written to step {step}")
-    seed = int(rec.seed)
-    if not (0 <= seed < 2**64):
-        raise ValueError(f"history record seed must be in [0, 2**64), got {rec.seed}")
-    if int(rec.sample_index) != rec.sample_index or rec.sample_index < 0:
-        raise ValueError(f"history record sample_index must be an integer >= 0, got {rec.sample_index}")
-    tokens = [int(t) for t in rec.token_ids]
-    logprobs = None if rec.logprobs is None else [float(x) for x in rec.logprobs]
-    if logprobs is not None and len(logprobs) != len(tokens):
-        raise ValueError(f"history record has {len(tokens)} tokens but {len(logprobs)} logprobs")
-    return HistoryRecord(
-        prompt_ids=[int(t) for t in rec.prompt_ids], sample_index=int(rec.sample_index), token_ids=tokens,
-        logprobs=logprobs, seed=seed, step=step, reward=None if rec.reward is None else float(rec.reward),
-    )
-
-
-def _record_at(table: pa.Table, row: int) -> Optional[HistoryRecord]:
-    if row >= table.num_rows:
-        return None
-    d = {name: table.column(name)[row].as_py() for name in SCHEMA.names}
-    if d["prompt_ids"] is None or d["token_ids"] is None or d["sample_index"] is None or d["step"] is None:
-        return None
-    if d["logprobs"] is not None and (len(d["logprobs"]) != len(d["token_ids"]) or None in d["logprobs"]):
-        return None
-    if None in d["prompt_ids"] or any(t is None or t < 0 for t in d["token_ids"]):
-        return None  # (a foreign writer's nulls inside a list: no such record was ever written)
-    del d["prompt_key"]
-    d["seed"] = d["seed"] or 0
-    return HistoryRecord(**d)
 
 
 def _signature(path: Path) -> Optional[tuple]:
