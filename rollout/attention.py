@@ -33,15 +33,14 @@ import torch
 import torch.nn.functional as F
 
 from .batch import AttentionGroup
-from .kv_cache import KVCache
+from .kv_cache import KEY_BLOCK, KVCache, blocks_on
 
 QUERY_CHUNKS = (4, 8)  # float32 / float64 on the CPU: folded queries per matmul (see above)
-KEY_BLOCK = 64  # the CPU's grids read keys, and reduce probs @ values, in blocks of this many
 
 
 def uses_matmul(device: torch.device) -> bool:
     """Whether grids run as `_attend_matmul` (the CPU) rather than torch's fused kernels."""
-    return device.type == "cpu"
+    return blocks_on(device)
 
 
 @dataclass

@@ -78,13 +78,17 @@ class ForwardBatch:
     token_slots: torch.Tensor  # [N] int64, KV-cache slot of each token
     logit_index: torch.Tensor  # [M] int64, which of the N tokens need logits
     groups: list[AttentionGroup]
+    hidden_index: Optional[torch.Tensor] = None  # [H] int64, whose hidden states to return; None: logit_index
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
-              device: torch.device | str, min_bucket: int = MIN_BUCKET) -> ForwardBatch:
+              device: torch.device | str, min_bucket: int = MIN_BUCKET,
+              hidden_index: Optional[list[int]] = None) -> ForwardBatch:
         """rows: (slot, start position, new token ids) per row; slots distinct.
         logit_index: indices into the concatenated tokens that need logits.
-        min_bucket: contexts shorter than this cost as much as this when cutting grids."""
+        min_bucket: contexts shorter than this cost as much as this when cutting grids.
+        hidden_index: indices whose final hidden states the forward returns (a draft head's
+        features: prompt rows too), without paying the lm_head for them; None: logit_index."""
         if not rows:
             raise ValueError("a forward needs at least one row")
         slots = [r[0] for r in rows]
@@ -97,14 +101,16 @@ class ForwardBatch:
             positions.extend(range(start, start + len(ids)))
             token_slots.extend([slot] * len(ids))
         ints = _Ints()
-        head = [ints.add(tokens), ints.add(positions), ints.add(token_slots), ints.add(logit_index)]
+        head = [ints.add(tokens), ints.add(positions), ints.add(token_slots), ints.add(logit_index),
+                ints.add(hidden_index or [])]
         short = sorted((r[0], r[1], len(r[2]), offsets[i]) for i, r in enumerate(rows) if len(r[2]) <= PREFILL_ROW)
         specs = [_prefill_spec(offsets[i], *r, ints) for i, r in enumerate(rows) if len(r[2]) > PREFILL_ROW]
         specs += [_grid_spec(run, ints) for run in _cut(short, min_bucket)]
         values = ints.tensor(device)
-        token_ids, positions_t, slots_t, logits_t = (values[a:b] for a, b in head)
+        token_ids, positions_t, slots_t, logits_t, hidden_t = (values[a:b] for a, b in head)
         groups = [_group(spec, values) for spec in specs]
-        return ForwardBatch(token_ids, positions_t, slots_t, logits_t, groups)
+        return ForwardBatch(token_ids, positions_t, slots_t, logits_t, groups,
+                            None if hidden_index is None else hidden_t)
 
 
 class _Ints:

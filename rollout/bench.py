@@ -8,6 +8,8 @@ server) must run every batch until its longest request is done, which is the lon
 
     python -m rollout.bench [--prompts 64] [--batch 32] [--out bench_results/rollout.json]
     python -m rollout.bench --busy [...]   threads on a shared machine (rollout/bench_threads.py)
+    python -m rollout.bench --spec [...]   the draft budget against plain and fixed lengths (rollout/bench_spec.py)
+    python -m rollout.bench --peer vllm [...]   against vLLM on the same CPU (rollout/bench_vllm.py)
 """
 from __future__ import annotations
 
@@ -66,11 +68,25 @@ def run_engine(model, prompts, lengths, batch: int, spec, max_model_len: int):
     return seconds, outs
 
 
+def _peer(argv: list) -> dict:
+    """--peer vllm: the same workload against vLLM, side by side (rollout/bench_vllm.py)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--peer", choices=["vllm"], required=True)
+    args, rest = ap.parse_known_args(argv)
+    from . import bench_vllm
+    return bench_vllm.main(rest)
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--peer" in argv or any(a.startswith("--peer=") for a in argv):
+        return _peer(argv)
     if "--busy" in argv:
         from . import bench_threads
         return bench_threads.main([a for a in argv if a != "--busy"])
+    if "--spec" in argv:
+        from . import bench_spec
+        return bench_spec.main([a for a in argv if a != "--spec"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
@@ -115,9 +131,14 @@ def main(argv=None) -> dict:
           f"tokens identical to the plain engine: {ng['identical_to_plain']}")
     report = {"model_parameters": params, "prompts": args.prompts, "batch": args.batch, "useful_tokens": useful,
               "threads": torch.get_num_threads(), "lengths": lengths, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    return save_report(report, args.out)
+
+
+def save_report(report: dict, path: str) -> dict:
+    """Write a benchmark's JSON (folders made as needed) and say where."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
     return report
 
 

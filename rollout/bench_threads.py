@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from .bench import save_report
 
 SETTINGS = {  # name -> (engine and trainer threads (None: spectail's choice), extra environment)
     "defaults": (None, {}),
@@ -34,10 +35,12 @@ _WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 def child(hidden: int, layers: int, num_threads, requests: int, tokens: int, train_steps: int) -> dict:
     """One measurement in this (fresh) process: rollout seconds and optimizer-step seconds."""
+    import rollout  # noqa: F401 -- first, as every entry point does
+
+    # isort: split
     import torch
     import transformers
 
-    import rollout  # noqa: F401 -- first, as every entry point does
     from rollout import Engine, EngineConfig, SamplingParams, threads
 
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -144,10 +147,7 @@ def main(argv=None) -> dict:
                   f"{min(q):9.2f} /{statistics.median(q):6.2f}{min(b):12.2f} /{statistics.median(b):6.2f}"
                   f"{ratio:10.2f}x")
     print(f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
-    return report
+    return save_report(report, args.out)
 
 
 if __name__ == "__main__":

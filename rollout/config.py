@@ -5,12 +5,14 @@ that names the field, before any state of the engine is touched.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
-
-KNOWN_PROPOSERS = ("ngram", "history", "suffix", "lookahead", "drafter")
 
 
 @dataclass(frozen=True)
@@ -24,17 +26,43 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
 
     def validate(self, vocab_size: int | None = None) -> None:
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
+        t = _real(self.temperature, "temperature")
+        if not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            # outside this z / T leaves float32 (NaN logprobs) or flattens to uniform
+            raise ValueError(f"SamplingParams.temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
+                             f"{MAX_TEMPERATURE}], got {self.temperature}")
+        if not (0.0 < _real(self.top_p, "top_p") <= 1.0):
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if _integer(self.top_k, "top_k") < 0:
             raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if int(self.max_tokens) != self.max_tokens or self.max_tokens < 1:
+        if _integer(self.max_tokens, "max_tokens") < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens}")
-        for t in self.stop_token_ids:
-            if vocab_size is not None and not (0 <= int(t) < vocab_size):
-                raise ValueError(f"SamplingParams.stop_token_ids has {t}, outside the vocabulary [0, {vocab_size})")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a sequence of token ids, "
+                             f"got {self.stop_token_ids!r}")
+        for tok in self.stop_token_ids:
+            if vocab_size is not None and not (0 <= _integer(tok, "stop_token_ids") < vocab_size):
+                raise ValueError(f"SamplingParams.stop_token_ids has {tok}, outside the vocabulary [0, {vocab_size})")
+
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
+def _real(value, name: str) -> float:
+    """A finite real number (not a bool, a string or NaN), or a ValueError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _integer(value, name: str) -> int:
+    """An integer (Python, NumPy or 0-d tensor; not a bool or a float), or a ValueError naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -46,15 +74,12 @@ class SpecConfig:
     max_batch_for_spec: when more requests than this are running, the step is compute-bound
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
-    min_draft_prob: the adaptive budget (rollout/controller.py) drafts a token only when the
-        chance it is reached and accepted, estimated per proposer, evidence level and the
-        token's confidence (its logprob where it was sampled, when the proposer knows it), is at
-        least this times the fraction of slots in use: with every slot busy a draft token
-        costs about what a request's token does, with a few requests left (the long tail) a
-        step costs about the same however many draft tokens ride on it. 0 always drafts
-        max_draft_tokens. None (the default) picks by device (controller.default_min_draft_prob):
-        0.3 on a CPU, where every fed token costs compute, 0.05 on a GPU, where a decode step
-        costs its weight reads and launches more than its tokens.
+    min_draft_prob: None (the default) prices each draft token from the engine's measured step
+        cost: it is drafted when its chance of being reached and accepted is at least the step's
+        seconds per fed token over its seconds per emitted token (rollout/controller.py), so
+        speculation never costs more than it gains and turns itself off when drafts stop
+        landing. A number fixes the threshold at min_draft_prob x the fraction of slots in use
+        (deterministic; 0 always drafts max_draft_tokens).
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
@@ -69,9 +94,13 @@ class SpecConfig:
     lenience: Optional[float] = None
 
     def validate(self) -> None:
-        unknown = [p for p in self.proposers if p not in KNOWN_PROPOSERS]
+        from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
+
+        unknown = [p for p in self.proposers if p not in REGISTRY]
         if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(KNOWN_PROPOSERS)}")
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(REGISTRY)}")
+        if len(set(self.proposers)) != len(self.proposers):
+            raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
         if not self.proposers:
             raise ValueError("SpecConfig.proposers is empty; use spec=None to turn speculation off")
         if self.max_draft_tokens < 1:
@@ -104,7 +133,6 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
-    show_progress: bool = False
     num_threads: Optional[int] = None
 
     def validate(self) -> None:
@@ -114,6 +142,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"EngineConfig.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"EngineConfig.device must name a torch device ('cpu', 'cuda', 'cuda:1', ...), "
+                             f"got {self.device!r}") from None
         if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
             raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
                              f"got {self.num_threads!r}")

@@ -1,35 +1,38 @@
-"""The adaptive speculation budget: how many draft tokens each request gets this step.
+"""The draft budget: how many draft tokens each request gets this step, and from which proposer.
 
 A draft token costs a slot in the forward whether or not it is accepted; it pays only if it
 is reached and accepted. Treat acceptance as geometric: each token of a draft is accepted
 with probability `a` given the ones before it were, so token i is emitted with probability
-a**i. The controller drafts only the tokens with a**i >= min_draft_prob, which gives long
-drafts where a proposer has been right (history in the long tail) and none where it has been
-wrong (n-gram guesses on a fresh policy), and decides between proposers by the expected run
-sum(a**i).
+a**i (its "value"). The controller drafts only the tokens whose value reaches a threshold, which
+gives long drafts where a proposer has been right (history in the long tail) and none where it
+has been wrong, and decides between proposers by the expected run sum(a**i).
 
 `a` depends less on the proposer than on how much context backs its draft: last epoch's
-response followed from its first token is almost always right, the same response re-aligned
-on a two-token match far less often, and a sibling's text matched on a whole line more often
-than on one token. So each proposer reports its `evidence` for the draft (tokens of context
+response followed from its first token is almost always right, the same response re-aligned on
+a two-token match far less often. So each proposer reports its `evidence` (tokens of context
 that agree with the source it copies from), and `a` is learnt per (proposer, evidence level)
-from verify trials (a trial is each compared draft token: the accepted ones plus the first
-mismatch), shrunk towards the proposer's rate over all levels, which itself starts from the
-proposer's `prior` attribute. Levels are powers of two, so a level is a "how sure" bucket.
+from verify trials (each compared draft token: the accepted ones plus the first mismatch),
+shrunk towards the proposer's rate over all levels, which starts from the proposer's `prior`.
+Levels are powers of two. Within a draft, tokens differ too: a proposer that copies sampled
+text knows how likely the policy found each token where it was sampled (its `confidence`); with
+fresh noise a copied token lands about that often, so `a` is also learnt per confidence bin and
+a draft is cut right before an unsure token.
 
-Within a draft, tokens differ too: a proposer that copies sampled text knows how likely the
-policy that wrote each token found it (the old response's logprobs, a sibling's logprobs). With
-fresh noise a copied token is accepted about as often as that probability, with a sample's own
-old noise far more often; so a proposer may also report each draft token's `confidence`, and
-`a` is then learnt per (proposer, evidence level, confidence bin), shrunk towards the level's
-rate. A draft is cut where the product of its tokens' rates falls under the threshold, which
-stops it right before the uncertain token instead of after an average number of tokens.
+The threshold is a price. A step costs `fixed + per_token x fed tokens` seconds, measured
+(rollout/step_cost.py), and emits tokens at some rate; a draft token adds `per_token` seconds
+and `value` expected tokens, so it raises the rollout's throughput exactly when
+`value / per_token > emitted tokens / second`, i.e. when
 
-The threshold scales with the load (the fraction of slots in use). A full batch pays for
-every draft token about what it pays for a request's token, so a draft token must be likely
-to land. In the long tail a few requests are left, the step costs about the same with or
-without their drafts (fixed overhead on a CPU, weight reads on a GPU), and the rollout ends
-when the slowest of them does: a long shot is then worth its slot.
+    value >= per_token x emitted tokens per second   (= seconds per fed token / seconds per emitted token).
+
+On a compute-bound CPU step every fed token costs about what an emitted one does, so only sure
+tokens pay; on a GPU, or in the long tail where a few requests are left and a step costs about
+the same with or without their drafts, a long shot is worth its slot. With drafts that never
+land the learnt rates fall under the price and speculation switches itself off; a small
+exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
+switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
+`min_draft_prob` replaces the price by `min_draft_prob x load` (load: the fraction of slots in
+use), deterministic, as tests and benchmarks of draft lengths need.
 """
 from __future__ import annotations
 
@@ -38,28 +41,19 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-import torch
-
+from .proposers.base import Draft, Proposer
 from .request import Request
+from .step_cost import DECAY, StepCost
 
 LEVELS = 7  # evidence levels: 0, 1, 2-3, 4-7, 8-15, 16-31, 32+ tokens
 PRIOR_WEIGHT = 4.0  # trials' worth of trust in the proposer's overall rate for a new level
 GLOBAL_DECAY = 0.5  # each run() halves the old evidence, so the rates follow the policy
-
-
 CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.97, 0.99)  # bins: unknown, then < 0.5, ..., >= 0.99
 NUM_BINS = len(CONFIDENCE_EDGES) + 2
-
-
-def default_min_draft_prob(device) -> float:
-    """The threshold when the config leaves it to the device. On a CPU a forward is compute-bound:
-    a fed token costs a slice of the step whatever happens to it. On a GPU a decode step of a
-    batch costs its weight reads and kernel launches, and its tokens are nearly free until a step
-    carries hundreds of them; there the step count is what costs, and that is set by the slowest
-    requests, so drafting past an unsure token pays (the demo's policy on an H200: about 40%
-    fewer steps than at 0.3, from longer drafts for the diverged long responses). For a large
-    model at full batch, whose steps do grow with their tokens, set min_draft_prob higher."""
-    return 0.3 if torch.device(device).type == "cpu" else 0.05
+# The price never falls under this: a token that lands less often than this is not worth the
+# proposing and bookkeeping, which the step timings cannot attribute to single tokens.
+MIN_PRICE = 0.02
+EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
 
 
 def level(evidence: int) -> int:
@@ -73,35 +67,151 @@ def confidence_bin(q: Optional[float]) -> int:
     return 1 + bisect.bisect_right(CONFIDENCE_EDGES, q)
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What a step may draft: the value a draft token must reach, what a sample past a rejected
+    draft token is worth as the next step's draft (0 when no proposer reads them), and each
+    proposer's standing."""
+
+    threshold: float
+    lookahead: float
+    offers: list
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A proposer's standing in one step: its rate table, its best rate, and the most draft
+    tokens that rate earns at this load (a proposer is never asked for more)."""
+
+    proposer: Proposer
+    table: list[list[float]]
+    top: float
+    most: int
+
+
 @dataclass
 class AdaptiveController:
-    min_draft_prob: float = 0.3
+    """min_draft_prob: None prices draft tokens from the measured step cost (the default), a
+    number fixes the threshold at min_draft_prob x load; max_draft_tokens: k; max_batch_for_spec:
+    no drafts while more requests than this run."""
+
+    min_draft_prob: Optional[float] = None
+    max_draft_tokens: int = 8
+    max_batch_for_spec: Optional[int] = None
     accepted: dict = field(default_factory=dict)  # name, (name, level), (name, level, bin) -> tokens
     trials: dict = field(default_factory=dict)
+    cost: StepCost = field(default_factory=StepCost)
+    emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
+    credit: float = 0.0  # seconds of exploration earned and not yet spent
+
+    @classmethod
+    def from_spec(cls, spec) -> AdaptiveController:
+        return cls(spec.min_draft_prob, spec.max_draft_tokens, spec.max_batch_for_spec)
+
+    @property
+    def priced(self) -> bool:
+        return self.min_draft_prob is None
 
     def new_run(self) -> None:
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
 
-    def rate(self, proposer, evidence: int = 0) -> float:
-        return self.table(proposer)[level(evidence)][0]
+    # ---- the price -----------------------------------------------------------------------
 
-    def best_rate(self, proposer) -> float:
-        """The highest rate any evidence level (or confidence bin) of this proposer has now:
-        no draft of it can be worth more than a k-token draft at this rate."""
-        return max(map(max, self.table(proposer)))
+    def observe_step(self, fed: int, emitted: int, seconds: float) -> None:
+        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too)."""
+        self.cost.observe(fed, seconds)
+        self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
+        self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
-    def token_rates(self, proposer, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
-        """The acceptance rate of each of n draft tokens (confidence: one per token, or None)."""
-        return rates_from(self.table(proposer), evidence, confidence, n)
+    def threshold(self, load: float, rows: int) -> float:
+        """The value a draft token must reach this step. rows: the requests that will emit (the
+        rate before any step was timed is the profile's: one token per row)."""
+        if not self.priced:
+            return self.min_draft_prob * min(max(load, 0.0), 1.0)
+        seconds, tokens = self.emitted
+        if tokens <= 0:
+            seconds, tokens = self.cost.predict(rows), rows
+        per_emitted = seconds / max(tokens, 1e-9)
+        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
 
-    def table(self, proposer) -> list[list[float]]:
-        """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's
-        rate. The engine reads it once per step: rates move only when a step is recorded."""
+    # ---- one step ------------------------------------------------------------------------
+
+    def plan_step(self, proposers: Sequence[Proposer], running: int, load: float) -> Optional[StepPlan]:
+        """The step's budget; None when it drafts nothing (more requests running than
+        max_batch_for_spec: the step is compute-bound). Rates move only when a step is recorded,
+        so a table is read once per step."""
+        if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
+            return None
+        threshold = self.threshold(load, running)
+        tables = [(p, self.table(p)) for p in proposers]
+        lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
+        offers = []
+        for p, table in tables:
+            top = max(map(max, table))
+            offers.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, threshold, lookahead)))
+        return StepPlan(threshold, lookahead, offers)
+
+    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
+        """Ask every proposer for a draft, cut each where its tokens' value falls under the
+        threshold (by the evidence behind it and its tokens' confidence), and take the one with
+        the longest expected accepted run. A proposer is not asked when even its best rate could
+        not beat the draft in hand. With none granted, exploration may try one token."""
+        best, best_value = None, 0.0
+        for offer in plan.offers:
+            cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
+            if cap == 0 or expected_run(offer.top, cap) <= best_value:
+                continue
+            draft = offer.proposer.propose(req, cap)
+            if draft is None or not draft.tokens:
+                continue
+            n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
+                                           min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
+            if value > best_value:
+                best, best_value = draft.cut(n), value
+        if best is None and self.priced and room > 0:
+            best = self._explore(req, plan.offers)
+        return best
+
+    def _explore(self, req: Request, offers: Sequence[Offer]) -> Optional[Draft]:
+        """One draft token from the most promising proposer, paid from the exploration credit."""
+        price = self.cost.per_token()
+        if self.credit < price:
+            return None
+        offer = max(offers, key=lambda o: o.top)
+        draft = offer.proposer.propose(req, 1)
+        if draft is None or not draft.tokens:
+            return None
+        self.credit -= price
+        return draft.cut(1)
+
+    def record(self, req: Request, draft: Draft, accepted: int) -> None:
+        """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
+        trials of its proposer's evidence level and of each token's confidence bin."""
+        name, proposed = draft.proposer.name, len(draft.tokens)
+        trials = accepted + (1 if accepted < proposed else 0)
+        req.proposed[name] = req.proposed.get(name, 0) + proposed
+        req.accepted[name] = req.accepted.get(name, 0) + accepted
+        lv = level(draft.evidence)
+        acc, tri = self.accepted, self.trials
+        for key in (name, (name, lv)):
+            acc[key] = acc.get(key, 0.0) + accepted
+            tri[key] = tri.get(key, 0.0) + trials
+        if draft.confidence is not None:
+            for i, q in enumerate(draft.confidence[:trials]):
+                b = confidence_bin(q)
+                if b:
+                    key = (name, lv, b)
+                    acc[key] = acc.get(key, 0.0) + (i < accepted)
+                    tri[key] = tri.get(key, 0.0) + 1
+
+    # ---- rates and cuts ------------------------------------------------------------------
+
+    def table(self, proposer: Proposer) -> list[list[float]]:
+        """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's rate."""
         name, acc, trials = proposer.name, self.accepted, self.trials
-        prior = getattr(proposer, "prior", 0.5)
-        overall = (acc.get(name, 0.0) + 2 * prior) / (trials.get(name, 0.0) + 2)
+        overall = (acc.get(name, 0.0) + 2 * proposer.prior) / (trials.get(name, 0.0) + 2)
         rows = []
         for lv in range(LEVELS):
             rate = (acc.get((name, lv), 0.0) + PRIOR_WEIGHT * overall) / (trials.get((name, lv), 0.0) + PRIOR_WEIGHT)
@@ -109,40 +219,28 @@ class AdaptiveController:
                                   / (trials.get((name, lv, b), 0.0) + PRIOR_WEIGHT) for b in range(1, NUM_BINS)])
         return rows
 
-    def draft_len(self, rate: float, k: int, load: float = 1.0) -> int:
-        """The longest n <= k whose last token is still emitted with probability at least
-        min_draft_prob x load (load: the fraction of the engine's slots in use)."""
-        return self.cut(itertools.repeat(rate, k), load)[0]
+    @staticmethod
+    def draft_len(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> int:
+        """The longest n <= k whose tokens' values all reach the threshold (see `cut`)."""
+        return AdaptiveController.cut(itertools.repeat(rate, k), threshold, lookahead)[0]
 
-    def cut(self, rates: Iterable[float], load: float = 1.0) -> tuple[int, float]:
-        """(n, expected accepted tokens): the longest prefix of a draft whose last token is
-        still reached and accepted with probability >= min_draft_prob x load."""
-        threshold = self.min_draft_prob * min(max(load, 0.0), 1.0)
-        n, p, value = 0, 1.0, 0.0
+    @staticmethod
+    def cut(rates: Iterable[float], threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
+        """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
+        worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
+        what its sample is worth past an earlier rejection: the engine keeps those samples for
+        the lookahead proposer, where a sample d positions past the rejection lands with about
+        lookahead**d. So with lookahead, R_i = sum over j < i of P(first rejection at j) x
+        lookahead**(i - j) is added to P_i."""
+        n, p, value, option, failed = 0, 1.0, 0.0, 0.0, 0.0
         for a in rates:
-            if p * a < threshold:
+            option = lookahead * (option + failed)  # R_i, from the rejections before i
+            failed = p * (1.0 - a)  # the chance the first rejection is at i
+            if p * a + option < threshold:
                 break
             n, p = n + 1, p * a
             value += p
         return n, value
-
-    def record(self, req: Request, name: str, evidence: int, proposed: int, accepted: int,
-               confidence: Optional[Sequence[float]] = None) -> None:
-        trials = accepted + (1 if accepted < proposed else 0)  # the compared draft tokens
-        req.proposed[name] = req.proposed.get(name, 0) + proposed
-        req.accepted[name] = req.accepted.get(name, 0) + accepted
-        lv = level(evidence)
-        for key in (name, (name, lv)):
-            self.accepted[key] = self.accepted.get(key, 0.0) + accepted
-            self.trials[key] = self.trials.get(key, 0.0) + trials
-        if confidence is not None:
-            acc, tri = self.accepted, self.trials
-            for i, q in enumerate(confidence[:trials]):
-                b = confidence_bin(q)
-                if b:
-                    key = (name, lv, b)
-                    acc[key] = acc.get(key, 0.0) + (i < accepted)
-                    tri[key] = tri.get(key, 0.0) + 1
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],

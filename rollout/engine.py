@@ -1,30 +1,61 @@
-"""The continuous-batching engine: admit, prefill, decode and verify drafts, all in one loop.
+"""The continuous-batching engine: each step is plan -> forward -> verify.
 
-Each step packs every running request into one forward: a prompt chunk for a request still
-prefilling, otherwise its last sampled token plus the draft a proposer offers. The token at
-response position t is always sample(z_t, seed, t) -- the coupled Gumbel-max draw -- so a
-draft token is accepted exactly when it equals that sample and the output never depends on
-drafts, batch composition or chunking. A finished request frees its slot for the next one at
-once.
+plan: every running request gets a row of the step's one forward: a prompt chunk while it is
+    prefilling, otherwise its last sampled token plus the draft the controller grants it
+    (rollout/controller.py owns the whole draft budget; proposers return drafts as values).
+forward: one pass of the model over all rows (a ForwardBatch) against the slot KV cache.
+verify: the token at response position t is always sample(z_t, seed, t), the coupled
+    Gumbel-max draw (rollout/sampling.py), so a draft token is accepted exactly when it equals
+    that sample; the first mismatch emits the sample itself, and a fully accepted draft earns
+    the next sample as a bonus. The output never depends on drafts, batch composition or
+    chunking. A finished request frees its slot for the next one at once.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import math
+import time
 from collections import deque
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import sampling, threads
+from . import lenient, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
-from .controller import AdaptiveController, default_min_draft_prob, expected_run, rates_from
+from .controller import AdaptiveController
 from .model import CausalLM
 from .proposers import make_proposers
-from .request import Lookahead, Request
-from .requests import make_requests
+from .proposers.base import Draft
+from .request import Lookahead, Request, make_requests
+
+
+@dataclass
+class Row:
+    """One request's part of a step: `fed` of its pending tokens, then its draft's tokens."""
+
+    req: Request
+    fed: int
+    draft: Optional[Draft]
+    first_logit: Optional[int]  # its first row of the step's logits; None: a prompt chunk short of the end
+    old: Optional[list[float]] = None  # lenient mode: the draft tokens' old logprobs (rollout/lenient.py)
+    new: Optional[list[float]] = None  # ... and their logprobs under the current policy
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        return [] if self.draft is None else self.draft.tokens
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """The work of one `run`: target forwards, those without drafts, tokens fed to them."""
+
+    steps: int = 0
+    spec_off_steps: int = 0
+    fed_tokens: int = 0
 
 
 class Engine:
@@ -34,12 +65,11 @@ class Engine:
         self.device = torch.device(config.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
-        self.proposers = make_proposers(config.spec)
-        # the samples past a rejected draft token are kept only when a proposer reads them
-        self.keeps_lookahead = any(p.name == "lookahead" for p in self.proposers)
-        threshold = config.spec.min_draft_prob if config.spec else 0.0
-        self.controller = AdaptiveController(default_min_draft_prob(self.device) if threshold is None else threshold)
-        self.steps = self.spec_off_steps = 0  # forwards of the last run(), and those without drafts
+        self.proposers = make_proposers(config.spec, model)
+        self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
+        self.lenience = config.spec.lenience if config.spec else None
+        self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
+        self.last_run = RunStats()
         self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
         if self.device.type == "cpu":
             per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
@@ -73,75 +103,98 @@ class Engine:
                  seeds: Optional[Sequence[int]] = None,
                  drafts: Optional[Sequence[Optional[Sequence[int]]]] = None,
                  groups: Optional[Sequence[Optional[int]]] = None,
-                 draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None) -> list[Completion]:
+                 draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None,
+                 on_finish: Optional[Callable[[Request], None]] = None) -> list[Completion]:
         """Complete every prompt. seeds default to fresh random ones (returned in Completion.seed);
         drafts are previous responses for the "history" proposer; groups tie GRPO siblings
         together for the "suffix" proposer; draft_logprobs (the drafts' old logprobs) tell the
-        budget how sure the old policy was of each token (and the lenient mode compares them)."""
+        budget how sure the old policy was of each token (and the lenient mode compares them);
+        on_finish(request) is called as each request finishes."""
         requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
                                       draft_logprobs=draft_logprobs)
         try:
-            self.run(requests)
+            self.run(requests, on_finish=on_finish)
         finally:
             self.release_groups({r.group for r in requests if r.group is not None})
-        return [to_completion(r) for r in requests]
+        return [r.completion() for r in requests]
 
     def release_groups(self, groups) -> None:
         """Forget what proposers hold for these groups, so a later call may reuse the ids."""
         for p in self.proposers:
-            if hasattr(p, "drop_group"):
-                for g in groups:
-                    p.drop_group(g)
+            for g in groups:
+                p.drop_group(g)
+
+    def state_sizes(self) -> dict[str, int]:
+        """What the engine holds between calls beyond its weights, cache and learnt rates:
+        {"<proposer>.<table>": entries}, every one 0 when idle (a request's own state goes with
+        the request)."""
+        return {f"{p.name}.{table}": n for p in self.proposers for table, n in p.state_sizes().items()}
 
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
                       drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
-        """Validated Requests (see rollout/requests.py); nothing of the engine changes."""
+        """Validated Requests (see rollout/request.py); nothing of the engine changes."""
         return make_requests(self.vocab_size, self.config.max_model_len, prompt_token_ids, sampling_params,
                              seeds, drafts, groups, outputs, draft_logprobs)
 
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
-            on_finish=None) -> list[Request]:
+            on_finish: Optional[Callable[[Request], None]] = None) -> RunStats:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
         call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
-        waiting = deque(r for r in requests if r.finish_reason is None)
-        self.controller.new_run()
-        self.steps = self.spec_off_steps = 0
-        for r in waiting:
-            r.num_cached, r.slot = 0, -1
-            r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
-            self._finish_if_done(r)
+        for r in requests:
+            if r.finish_reason is None:
+                r.num_cached, r.slot = 0, -1
+                r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
+                self._finish_if_done(r)
         # Longest expected first (LPT): a request's old response predicts its length, and a long
         # request admitted late is what stretches a rollout's tail. Requests without one keep their
         # order, ahead of the rest (they may be long). Order never changes a token.
-        waiting = deque(sorted((r for r in waiting if r.finish_reason is None),
+        waiting = deque(sorted((r for r in requests if r.finish_reason is None),
                                key=lambda r: -len(r.history) if r.history else -math.inf))
-        free = list(range(self.config.max_batch_size))
-        running: list[Request] = []
-        progress = _progress(len(waiting)) if self.config.show_progress else None
+        if self.controller is not None:
+            self.controller.new_run()
+            if self.controller.priced and not self.controller.cost.profiled:
+                self._profile()
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
-        # heap (a trainer's is large): about 15% of a spectail step's host time on the demo.
+        # heap (a trainer's is large).
         gc.disable()
         try:
             with threads.using(self.num_threads):
-                self._loop(waiting, running, free, on_finish, progress)
+                self.last_run = self._loop(waiting, on_finish)
+        except BaseException:
+            self._abandon(requests)
+            raise
         finally:
             if gc_was_on:
                 gc.enable()
-            if progress is not None:
-                progress.close()
-        return requests
+        return self.last_run
 
-    def _loop(self, waiting: deque, running: list[Request], free: list[int], on_finish, progress) -> None:
+    def _abandon(self, requests: list[Request]) -> None:
+        """A run that raised: every request leaves, so proposers keep nothing of it (the caller
+        sees the original error, not one of these)."""
+        for req in requests:
+            req.slot = -1
+            for p in self.proposers:
+                with contextlib.suppress(Exception):
+                    p.finish(req)
+
+    def _loop(self, waiting: deque, on_finish) -> RunStats:
+        free = list(range(self.config.max_batch_size))
+        running: list[Request] = []
+        steps = spec_off = fed = 0
         while waiting or running:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 running.append(req)
-            self._step(running)
+            start = time.perf_counter()
+            drafting, n_fed, n_emitted = self._step(running)
+            if self.controller is not None:
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
+            steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
                 heapq.heappush(free, req.slot)
@@ -150,158 +203,139 @@ class Engine:
                     p.finish(req)
                 if req.finish_reason and on_finish is not None:
                     on_finish(req)
-                if progress is not None:
-                    progress.update(1)
+        return RunStats(steps, spec_off, fed)
 
-    def _step(self, running: list[Request]) -> None:
-        cfg = self.config
-        spec = cfg.spec is not None and (cfg.spec.max_batch_for_spec is None
-                                         or len(running) <= cfg.spec.max_batch_for_spec)
-        budget = cfg.max_num_batched_tokens
-        self.steps += 1
-        self.spec_off_steps += not spec
-        # Requests that are decoding go first (one token each), then prompt chunks fill the rest.
-        order = sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1)
-        load = len(running) / cfg.max_batch_size
-        tables = []  # (proposer, its rate table, its best rate, the most draft tokens that earns now)
-        for p in self.proposers if spec else ():
-            table = self.controller.table(p)
-            top = max(map(max, table))
-            tables.append((p, table, top, self.controller.draft_len(top, cfg.spec.max_draft_tokens, load)))
-        rows, plan = [], []  # plan: (request, n_fed, draft, (proposer, evidence, confidence), first logit index)
-        n_tokens, logit_rows = 0, []
-        for req in order:
+    def _step(self, running: list[Request]) -> tuple[bool, int, int]:
+        """One forward for every running request. Returns (whether drafts were allowed, tokens
+        fed, tokens emitted)."""
+        plan = None
+        if self.controller is not None:
+            plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
+        rows, batch = self._plan(running, plan)
+        logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
+        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits)
+
+    # ---- plan -> forward -> verify -----------------------------------------------------------
+
+    def _plan(self, running: list[Request], plan) -> tuple[list[Row], ForwardBatch]:
+        """Rows within the step's token budget: decoding requests first (one token and a draft
+        each), then prompt chunks fill the rest."""
+        cfg, budget = self.config, self.config.max_num_batched_tokens
+        rows, feed, logit_index, n_tokens = [], [], [], 0
+        for req in sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1):
             if budget <= 0:
                 break
             pending = req.pending()
             fed = pending[:budget]
-            draft, source = [], (None, 0, None)
-            if len(fed) == len(pending) and spec:
+            whole = len(fed) == len(pending)  # reaches the end of what is known: logits follow
+            draft = None
+            if whole and plan is not None:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                if room > 0:
-                    draft, source = self._propose(req, room, load, tables)
-            tokens = fed + draft
-            rows.append((req.slot, req.num_cached, tokens))
-            first = None
-            if len(fed) == len(pending):
-                first = len(logit_rows)
-                logit_rows.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
-            plan.append((req, len(fed), draft, source, first))
+                draft = self.controller.choose(req, room, plan) if room > 0 else None
+            row = Row(req, len(fed), draft, len(logit_index) if whole else None)
+            tokens = fed + row.draft_tokens
+            feed.append((req.slot, req.num_cached, tokens))
+            if whole:  # logits at the last fed token and at every draft token
+                logit_index.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
+            rows.append(row)
             n_tokens += len(tokens)
             budget -= len(tokens)
+        return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket)
 
-        batch = ForwardBatch.build(rows, logit_rows, self.device, self.min_bucket)
-        logits, _ = self.model(batch, self.cache)
-        tokens, logprobs, draft_lps = self._sample(logits, plan)
-
-        for req, n_fed, draft, (chosen, evidence, confidence), first in plan:
+    def _verify(self, rows: list[Row], logits: torch.Tensor) -> int:
+        """Sample every logit row, then accept, emit and tell the proposers, row by row.
+        Returns the number of tokens emitted."""
+        tokens, logprobs = self._sample(rows, logits)
+        emitted = 0
+        for row in rows:
+            req = row.req
             was_prefill = req.num_tokens - req.num_cached > 1
-            req.num_cached += n_fed
-            if first is None:
+            req.num_cached += row.fed
+            if row.first_logit is None:
                 continue  # a prompt chunk that did not reach the end of the prompt
             if not was_prefill:
                 req.forward_passes += 1
-            ys = tokens[first:first + len(draft) + 1]
-            lps = logprobs[first:first + len(draft) + 1]
-            accepted = 0
-            while accepted < len(draft):
-                if draft[accepted] != ys[accepted]:
-                    if not self._lenient_ok(req, chosen, accepted, draft, draft_lps.get(first + accepted)):
-                        break
-                    ys[accepted], lps[accepted] = draft[accepted], draft_lps[first + accepted]
-                    req.lenient += 1
-                accepted += 1
-            req.num_cached += accepted  # accepted drafts are already in the cache
-            if req.lenient and self._history_continues(req, chosen, accepted, draft):
-                # Lenient runs follow the old response through chunk boundaries: drop the bonus
-                # sample and re-feed the last draft token (rolled back one) to verify the next chunk.
-                ys, lps = ys[:accepted], lps[:accepted]
-                req.num_cached -= 1
-            if chosen is not None:
-                self.controller.record(req, chosen.name, evidence, len(draft), accepted, confidence)
-            emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
-            req.lookahead = None
-            if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
-                    and not req.finish_reason):
-                req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
-                                          [math.exp(lp) for lp in lps[accepted + 1:]])
-            for p in self.proposers:
-                mine = draft if p is chosen else []
-                p.observe(req, mine, accepted if p is chosen else 0, emitted)
+            n = len(row.draft_tokens) + 1
+            emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                    logprobs[row.first_logit:row.first_logit + n])
+        return emitted
 
-    def _propose(self, req: Request, k: int, load: float, tables):
-        """Ask every proposer for a draft, cut each where the adaptive budget stops granting
-        tokens (by the evidence behind it, its tokens' confidence and this load), and take the
-        one with the longest expected accepted run. tables: (proposer, its rate table, its best
-        rate, the draft tokens that rate earns): a proposer is asked for no more than that, and
-        not at all when even its best could not beat the draft in hand.
-        Returns (draft, (proposer, evidence, confidence))."""
-        ctl = self.controller
-        best, best_value, best_source = [], 0.0, (None, 0, None)
-        for p, table, top, most in tables:
-            cap = min(most, k)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
-            if cap == 0 or expected_run(top, cap) <= best_value:
-                continue
-            draft = p.propose(req, cap)
-            if not draft:
-                continue
-            evidence = p.evidence(req) if hasattr(p, "evidence") else 0
-            confidence = p.confidence(req) if hasattr(p, "confidence") else None
-            n, value = ctl.cut(rates_from(table, evidence, confidence, min(cap, len(draft))), load)
-            if value > best_value:
-                best, best_value = list(draft[:n]), value
-                best_source = (p, evidence, None if confidence is None else list(confidence[:n]))
-        return best, best_source
+    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> int:
+        """ys, lps: the exact samples at the row's last fed token and at each draft token."""
+        req, draft = row.req, row.draft_tokens
+        accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
+        req.lenient += lenient_now
+        req.num_cached += accepted  # accepted drafts are already in the cache
+        if lenient.follows_old_response(req, row.old, draft, accepted):
+            ys, lps = ys[:accepted], lps[:accepted]
+            req.num_cached -= 1  # re-feed the last draft token: the next draft is judged from it
+        if row.draft is not None:
+            self.controller.record(req, row.draft, accepted)
+        emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+        req.lookahead = None
+        if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
+                and not req.finish_reason):
+            req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
+                                      [math.exp(lp) for lp in lps[accepted + 1:]])
+        for p in self.proposers:
+            mine = row.draft if row.draft is not None and p is row.draft.proposer else None
+            p.observe(req, mine, accepted if mine is not None else 0, emitted)
+        return len(emitted)
 
-    def _sample(self, logits: torch.Tensor, plan) -> tuple[list[int], list[float], dict]:
-        """The exact sample at every logit row; with lenience on, also the new logprob of each
-        history draft token (keyed by logit row)."""
-        seeds, positions, params, lenient_rows, lenient_tokens = [], [], [], [], []
-        lenient = self.config.spec is not None and self.config.spec.lenience is not None
-        for req, _, draft, (chosen, _, _), first in plan:
-            if first is None:
+    def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The exact sample and its logprob at every logit row; in lenient mode also the draft
+        tokens' old and new logprobs (set on their rows)."""
+        seeds, positions, params = [], [], []
+        for row in rows:
+            if row.first_logit is None:
                 continue
-            t, n = len(req.output_ids), len(draft) + 1
-            seeds.extend([req.seed] * n)
+            t, n = len(row.req.output_ids), len(row.draft_tokens) + 1
+            seeds.extend([row.req.seed] * n)
             positions.extend(range(t, t + n))
-            params.extend([req.params] * n)
-            if lenient and chosen is not None and chosen.name == "history":
-                lenient_rows.extend(range(first, first + len(draft)))
-                lenient_tokens.extend(draft)
+            params.extend([row.req.params] * n)
         if not seeds:
-            return [], [], {}
+            return [], []
         dev = logits.device
-        temperature, top_k, top_p = sampling.sampling_tensors(params, dev)
+        temperature, top_k, top_p = sampling.sampling_tensors(params, dev)  # [M] each
         tokens, logprobs = sampling.sample(
             logits, torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor(positions, dtype=torch.int64, device=dev), temperature, top_k, top_p)
-        draft_lps = {}
-        if lenient_rows:
-            rows = torch.tensor(lenient_rows, device=dev)
-            lps = sampling.token_logprobs(logits[rows], temperature[rows], top_k[rows], top_p[rows],
-                                          torch.tensor(lenient_tokens, device=dev))
-            draft_lps = dict(zip(lenient_rows, lps.tolist()))
-        return tokens.tolist(), logprobs.tolist(), draft_lps
+        if self.lenience is not None:
+            self._score_leniently(rows, logits, temperature, top_k, top_p)
+        return tokens.tolist(), logprobs.tolist()
 
-    @staticmethod
-    def _history_continues(req: Request, chosen, accepted: int, draft: list[int]) -> bool:
-        t = len(req.output_ids) + accepted
-        return (chosen is not None and chosen.name == "history" and accepted == len(draft) > 0
-                and req.history_logprobs is not None and t < len(req.history))
+    def _score_leniently(self, rows: list[Row], logits, temperature, top_k, top_p) -> None:
+        for r in rows:
+            if r.first_logit is not None:
+                r.old = lenient.old_logprobs(r.req, r.draft)
+        scored = [r for r in rows if r.old is not None]
+        index = [r.first_logit + i for r in scored for i in range(len(r.draft_tokens))]
+        new = lenient.new_logprobs(logits, index, [t for r in scored for t in r.draft_tokens],
+                                   temperature, top_k, top_p)
+        for r in scored:
+            r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
-    def _lenient_ok(self, req: Request, chosen, i: int, draft: list[int], new_lp) -> bool:
-        """SPEC-RL's lenience (biased, off by default): keep history token d at response position
-        t if p_new(d) >= p_old(d) / l. Only while the draft is aligned with the old response,
-        where the old logprob of d is known."""
-        spec = self.config.spec
-        if new_lp is None or spec.lenience is None or chosen is None or chosen.name != "history":
-            return False
-        t = len(req.output_ids) + i
-        old = req.history_logprobs
-        if old is None or t >= len(old) or req.history[t] != draft[i]:
-            return False
-        return new_lp >= old[t] - math.log(spec.lenience)
+    def _profile(self) -> None:
+        """Two timed forwards of different sizes (one token per row, then a draft's worth), so the
+        step cost has a slope before the first real step. They write into free KV-cache slots at
+        positions no request has yet: each request overwrites its slot from position 0."""
+        rows = min(self.config.max_batch_size, 8)
+        for per_row in (1, 1 + min(self.config.spec.max_draft_tokens, 8)):
+            if per_row > self.config.max_model_len:
+                continue
+            feed = [(slot, 0, [0] * per_row) for slot in range(rows)]
+            batch = ForwardBatch.build(feed, list(range(rows * per_row)), self.device, self.min_bucket)
+            seconds = []
+            for _ in range(2):
+                start = time.perf_counter()
+                logits, _ = self.model(batch, self.cache)
+                n = logits.shape[0]
+                sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
+                                torch.arange(n, device=logits.device), *sampling.sampling_tensors(
+                                    [SamplingParams()] * n, logits.device))[0].tolist()
+                seconds.append(time.perf_counter() - start)
+            self.controller.cost.add_profile(rows * per_row, min(seconds))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""
@@ -320,15 +354,3 @@ class Engine:
         elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
             req.finish_reason = "length"
         return req.finish_reason is not None
-
-
-def to_completion(req: Request) -> Completion:
-    stats = {"forward_passes": req.forward_passes, "proposed": dict(req.proposed),
-             "accepted": dict(req.accepted), "lenient": req.lenient}
-    return Completion(list(req.output_ids), list(req.logprobs), req.finish_reason or "length",
-                      req.seed, stats)
-
-
-def _progress(total: int):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc="rollout", unit="req", leave=False)

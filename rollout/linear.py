@@ -56,6 +56,8 @@ class Projection:
     def __call__(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """The maps of x; with residual (one map only), map(x) + residual in one pass."""
         n = x.shape[0]
+        if n == 0:  # a forward that wants no logits (a draft head's features only)
+            return [x.new_empty(0, size) for size in self.sizes]
         if n < self.min_rows:
             x = _pad_rows(x, self.min_rows)
             residual = None if residual is None else _pad_rows(residual, self.min_rows)

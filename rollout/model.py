@@ -131,14 +131,30 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On the module's own weights (a draft head's trainer); the engine runs packed kernels."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
+        self.cfg = cfg
         self.self_attn = Attention(cfg, window)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                cache: KVCache, index: int) -> torch.Tensor:
+        """This layer alone on its own weights (no packs), as cache layer `index`: for a module
+        that owns one layer (drafter/head.py). CausalLM runs its layers through `run_layer`."""
+        cfg, a, m = self.cfg, self.self_attn, self.mlp
+        plain = LayerKernels(projection([a.q_proj, a.k_proj, a.v_proj], False), projection([a.o_proj], False),
+                             projection([m.gate_proj, m.up_proj], False), projection([m.down_proj], False))
+        grids = attention.plan(batch.groups, cfg.num_heads, cfg.num_kv_heads, x.dtype, cache, {a.window})
+        step = Step(batch, cache, cos, sin, grids, cache.write_index(batch.token_slots, batch.positions))
+        return run_layer(cfg, self, plain, x, index, step)
 
 
 class Backbone(nn.Module):
@@ -178,6 +194,23 @@ class Step:
     write_index: torch.Tensor
 
 
+def run_layer(cfg: ModelConfig, layer: DecoderLayer, k: LayerKernels, x: torch.Tensor, i: int,
+              step: Step) -> torch.Tensor:
+    """One decoder layer over the batch's tokens x [N, d], writing its keys and values at cache layer i."""
+    n, attn = x.shape[0], layer.self_attn
+    q, key, value = k.qkv(layer.input_layernorm(x))
+    q = q.view(n, cfg.num_heads, cfg.head_dim)
+    key = key.view(n, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q, key = attn.q_norm(q), attn.k_norm(key)
+    q, key = rotate(q, step.cos, step.sin), rotate(key, step.cos, step.sin)
+    step.cache.write(i, step.write_index, key, value.reshape(n, cfg.num_kv_heads, cfg.head_dim))
+    o = attention.attend(q, step.grids, step.cache, i, attn.window)
+    x = k.o(o, residual=x)[0]
+    gate, up = k.gate_up(layer.post_attention_layernorm(x))
+    return k.down(F.silu(gate) * up, residual=x)[0]
+
+
 class CausalLM(nn.Module):
     """The engine's model. Build with `CausalLM.from_pretrained`."""
 
@@ -207,7 +240,8 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logits [M, V] float32, hidden [M, d]) for the tokens in batch.logit_index."""
+        """Returns (logits [M, V] float32 for the tokens in batch.logit_index, final hidden states
+        [H, d] for those in batch.hidden_index, which defaults to the logit rows)."""
         kernels = self.kernels()
         x = self.model.embed_tokens(batch.token_ids)
         freqs = batch.positions[:, None].float() * self.inv_freq
@@ -218,42 +252,34 @@ class CausalLM(nn.Module):
                                set(self.cfg.sliding_windows))
         step = Step(batch, cache, cos, sin, grids, cache.write_index(batch.token_slots, batch.positions))
         for i, (layer, k) in enumerate(zip(self.model.layers, kernels.layers)):
-            x = self._layer(x, i, layer, k, step)
+            x = run_layer(self.cfg, layer, k, x, i, step)
         hidden = self.model.norm(x[batch.logit_index])
-        return kernels.lm_head(hidden)[0].float(), hidden
-
-    def _layer(self, x: torch.Tensor, i: int, layer: DecoderLayer, k: LayerKernels, step: Step) -> torch.Tensor:
-        cfg, n, attn = self.cfg, x.shape[0], layer.self_attn
-        q, key, value = k.qkv(layer.input_layernorm(x))
-        q = q.view(n, cfg.num_heads, cfg.head_dim)
-        key = key.view(n, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, key = attn.q_norm(q), attn.k_norm(key)
-        q, key = rotate(q, step.cos, step.sin), rotate(key, step.cos, step.sin)
-        step.cache.write(i, step.write_index, key, value.reshape(n, cfg.num_kv_heads, cfg.head_dim))
-        o = attention.attend(q, step.grids, step.cache, i, attn.window)
-        x = k.o(o, residual=x)[0]
-        gate, up = k.gate_up(layer.post_attention_layernorm(x))
-        return k.down(F.silu(gate) * up, residual=x)[0]
+        logits = kernels.lm_head(hidden)[0].float()
+        if batch.hidden_index is not None:
+            hidden = self.model.norm(x[batch.hidden_index])
+        return logits, hidden
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
         return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim,
-                       p.dtype, p.device, align=attention.KEY_BLOCK if attention.uses_matmul(p.device) else 1)
+                       p.dtype, p.device)
 
     # ---- weights -------------------------------------------------------------------------
 
     @classmethod
     def from_pretrained(cls, model_or_path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> CausalLM:
-        """A local Hugging Face checkpoint folder, or an in-memory transformers causal LM."""
+        """A local Hugging Face checkpoint folder, an in-memory transformers causal LM, or a
+        (Hugging Face config, state dict) pair (say a merged PEFT policy's weights)."""
         if isinstance(model_or_path, (str, Path)):
             hf_config, tensors = _read_checkpoint(Path(model_or_path))
         elif isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config"):
             hf_config, tensors = model_or_path.config, model_or_path.state_dict()
+        elif isinstance(model_or_path, tuple) and len(model_or_path) == 2 and isinstance(model_or_path[1], dict):
+            hf_config, tensors = model_or_path
         else:
-            raise ValueError("model_or_path must be a checkpoint folder or a transformers model, "
-                             f"got {type(model_or_path).__name__}")
+            raise ValueError("model_or_path must be a checkpoint folder, a transformers model or a (config, state "
+                             f"dict) pair, got {type(model_or_path).__name__}")
         cfg = config_from_hf(hf_config)
         inv_freq, scaling = rope_inv_freq(hf_config)
         with torch.device("meta"):
@@ -314,8 +340,3 @@ def _read_checkpoint(folder: Path):
     for f in files:
         tensors.update(load_file(str(f)))
     return hf_config, tensors
-
-
-def num_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-

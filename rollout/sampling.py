@@ -242,7 +242,7 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Mask to -inf what top-k then top-p drop, for rows that use at least one of them.
 
-    Sorting a whole row is slow on CPU (~5 ms for 32k tokens), and the cut usually falls
+    Sorting a whole row is slow on CPU (a large vocabulary per row), and the cut usually falls
     among the few largest logits. So each row first ranks only its _TOP_CANDIDATES[0]
     largest, rows whose cut is not provably among them try the next size, and the rest get
     a full sort. Which path a row takes depends on that row alone (and every path computes
@@ -293,7 +293,8 @@ def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
     before = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], dim=-1)  # mass ranked before
     p = top_p.to(torch.float64)[:, None]
     use_p = p < 1  # top_p == 1 is "off", not "stop once the running sum rounds to 1"
-    keep_ranked = in_top_k & ((before < p) | ~use_p)
+    # the top token always stays: a top_p too small for float32 (it rounds to 0) keeps it alone
+    keep_ranked = in_top_k & ((before < p) | ~use_p | (rank[None, :] == 0))
     keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device).scatter_(1, ids, keep_ranked)
     if c == vocab_size:
         return keep, torch.ones_like(k, dtype=torch.bool)

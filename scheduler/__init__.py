@@ -3,8 +3,8 @@ import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch
 
 from .history_store import HistoryRecord, HistoryStore
 from .ray_backend import RayRolloutBackend
-from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig, tail_seconds
+from .rollout_scheduler import MODES, RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
 
 __all__ = ["HistoryRecord", "HistoryStore", "RayRolloutBackend", "RolloutScheduler",
-           "SchedulerConfig", "RolloutWorker", "MODES", "tail_seconds"]
+           "SchedulerConfig", "RolloutWorker", "MODES"]

@@ -111,8 +111,7 @@ def main(argv=None) -> dict:
                     reference = reference or got
                     if got != reference:
                         raise SystemExit(f"{mode}: tokens differ from the first run: the scheduler changed the output")
-                    m = dict(backend.last_metrics)
-                    m.pop("finish_times", None)
+                    m = backend.metrics()
                     m.update(workload=k, repeat=rep)
                     runs.append(m)
                     print(f"  {mode:16s} rollout {m['rollout_seconds']:6.2f}s  tail {m['tail_seconds']:6.2f}s  "

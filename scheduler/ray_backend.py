@@ -4,7 +4,7 @@
                                 num_gpus_per_worker=1)
     outs = backend.generate(prompt_ids, SamplingParams(max_tokens=512), seeds=seeds, groups=groups)
     backend.update_weights(model)          # after each optimizer step: one ray.put, every worker
-    backend.last_metrics                   # rollout_seconds, tail_seconds, worker_busy_fraction...
+    backend.metrics()                      # rollout_seconds, tail_seconds, worker_busy_fraction...
     backend.shutdown()
 
 Where Ray runs: `address` (or the RAY_ADDRESS variable, which `ray job submit` sets) names a
@@ -29,8 +29,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from rollout import Completion, EngineConfig, SamplingParams, threads
-from rollout.engine import to_completion
-from rollout.requests import make_requests
+from rollout.request import make_requests
 
 from .rollout_scheduler import RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
@@ -136,12 +135,12 @@ class WorkerPool:
                  actor_options: Optional[dict] = None):
         self.payload, self.engine_config = payload, engine_config
         self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
-        # OpenMP reads its wait policy when torch loads: it must be in the worker's environment
-        # from the start (rollout/threads.py); the user's runtime_env variables win.
+        # OpenMP reads its wait policy and thread count when torch loads: they must be in the
+        # worker's environment from the start (rollout/threads.py); the user's variables win.
         runtime_env = dict(self.options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**threads.worker_env(), **(runtime_env.get("env_vars") or {})}
+        cores = {"OMP_NUM_THREADS": str(max(1, int(num_cpus)))} if engine_config.device == "cpu" else {}
+        runtime_env["env_vars"] = {**threads.worker_env(), **cores, **(runtime_env.get("env_vars") or {})}
         self.options["runtime_env"] = runtime_env
-        self.num_threads = max(1, int(num_cpus)) if engine_config.device == "cpu" else None
         self.start_timeout_s, self.restart = start_timeout_s, restart
         self.max_restarts = self.restarts_left = max_restarts  # replacements per rollout
         self.num_slots = num_workers
@@ -156,8 +155,7 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         ray = _ray()
-        actor = ray.remote(RolloutWorker).options(**self.options).remote(
-            self.payload, self.engine_config, i, self.num_threads)
+        actor = ray.remote(RolloutWorker).options(**self.options).remote(self.payload, self.engine_config, i)
         if self.weights_ref is not None:
             actor.update_weights.remote(self.weights_ref)  # calls run in order: after the constructor
         self._starting[actor.ping.remote()] = (i, actor, time.perf_counter())
@@ -323,7 +321,7 @@ class RayRolloutBackend:
         self.engine_config, self.num_workers = engine_config, num_workers
         self.on_idle, self.on_chunk = on_idle, on_chunk
         self.call_timeout_s = call_timeout_s
-        self.last_metrics: dict = {}
+        self._metrics: dict = {}
         self._rollouts = 0
         self._pool = None
         self._started_ray = connect(address, num_cpus=max(os.cpu_count() or 1,
@@ -382,14 +380,14 @@ class RayRolloutBackend:
         requests = make_requests(self.vocab_size, self._engine_config.max_model_len, prompt_token_ids,
                                  sampling_params, seeds, drafts, groups, draft_logprobs=draft_logprobs)
         if not requests:
-            self.last_metrics = {}
+            self._metrics = {}
             return []
         self._pool.await_starting(0)  # replacements that came up since the last rollout join now
         self._pool.restarts_left = self._pool.max_restarts
         self._rollouts += 1
         sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk)
-        self.last_metrics = sched.run(requests, rollout_id=self._rollouts)
-        return [to_completion(r) for r in requests]
+        self._metrics = sched.run(requests, rollout_id=self._rollouts)
+        return [r.completion() for r in requests]
 
     def update_weights(self, state_dict_or_module) -> None:
         """Put the weights in the object store once; every worker loads that copy (all or nothing
@@ -397,6 +395,10 @@ class RayRolloutBackend:
         self._check_open()
         ref = _ray().put(_cpu_state_dict(state_dict_or_module))
         self._pool.update_weights(ref, self.call_timeout_s)
+
+    def metrics(self) -> dict:
+        """The scheduler's figures of the last generate (see rollout_scheduler's docstring)."""
+        return dict(self._metrics)
 
     def wait_ready(self, timeout_s: float = 300.0) -> int:
         """Wait (at most timeout_s) for replacement workers still starting; returns how many

@@ -49,9 +49,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from rollout.backend import tail_seconds
 from rollout.request import Request
-
-from .worker import get_stats, set_stats
 
 MODES = ("static", "divided", "divided+context")
 
@@ -79,14 +78,6 @@ class SchedulerConfig:
             raise ValueError(f"probe_factor must be >= 1, got {self.probe_factor}")
         if not (self.poll_s > 0 and self.chunk_timeout_s > 0):
             raise ValueError("poll_s and chunk_timeout_s must be > 0")
-
-
-def tail_seconds(finish_times: list[float], fraction: float = 0.9) -> float:
-    """Time from when `fraction` of the samples had finished to when all had."""
-    if not finish_times:
-        return 0.0
-    t = sorted(finish_times)
-    return t[-1] - t[max(0, math.ceil(fraction * len(t)) - 1)]
 
 
 class RolloutScheduler:
@@ -287,11 +278,7 @@ class RolloutScheduler:
         return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * longest))
 
     def _item(self, i: int, budget: Optional[int]) -> dict:
-        r = self.reqs[i]
-        return {"id": i, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids, "logprobs": r.logprobs,
-                "seed": r.seed, "params": r.params, "draft": r.history,
-                "draft_logprobs": getattr(r, "history_logprobs", None), "stats": get_stats(r),
-                "group": r.group, "rollout": self.rollout_id, "max_new_tokens": budget}
+        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": budget, "request": self.reqs[i].to_wire()}
 
     # ---- failures and metrics ------------------------------------------------------------------
 
@@ -325,7 +312,6 @@ class RolloutScheduler:
             "generated_tokens": generated,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
             "forward_passes": sum(r.forward_passes for r in reqs),
-            "finish_times": sorted(finish_times),
             **self.counts,
         }
 
@@ -334,7 +320,7 @@ def _apply(r: Request, res: dict) -> None:
     """Fold one chunk's result into the scheduler's copy of the request."""
     r.output_ids.extend(res["token_ids"])
     r.logprobs.extend(res["logprobs"])
-    set_stats(r, res["stats"])  # cumulative: the worker started from ours
+    r.set_stats(res["stats"])  # cumulative: the worker started from ours
     r.finish_reason = res["finish_reason"]
 
 

@@ -1,8 +1,9 @@
+import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
+
+# isort: split
 import pytest
 import torch
 import transformers
-
-import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
 
 ARCH_CONFIGS = {
     "llama": lambda kw: transformers.LlamaConfig(**kw, tie_word_embeddings=False),
@@ -25,3 +26,13 @@ def tiny_hf_model(arch: str = "llama", vocab: int = 101, seed: int = 0, dtype=to
 @pytest.fixture(scope="session")
 def llama_tiny():
     return tiny_hf_model("llama")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.fuzz_counts import summary_lines
+
+    lines = summary_lines()
+    if lines:
+        terminalreporter.section("fuzz example counts")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,30 +1,39 @@
-"""Draft sources. Each is a guesser: the engine verifies every draft token exactly."""
+"""Draft sources, by name. Each is a guesser: the engine verifies every draft token exactly.
+
+The registry maps a name to the proposer's class as "module:Class", imported only when a
+SpecConfig asks for it (the drafter lives in a higher package, which `rollout` never imports).
+A class is built with `Class.from_config(spec, model)`.
+"""
 from __future__ import annotations
 
-from .base import Proposer
-from .ngram import NgramProposer
+import importlib
+
+from .base import Draft, Proposer
+
+REGISTRY = {
+    "ngram": "rollout.proposers.ngram:NgramProposer",
+    "history": "rollout.proposers.history:HistoryProposer",
+    "suffix": "rollout.proposers.suffix:SuffixProposer",
+    "lookahead": "rollout.proposers.lookahead:LookaheadProposer",
+    "drafter": "drafter.proposer:DrafterProposer",
+}
 
 
-def make_proposers(spec) -> list:
+def make_proposers(spec, model=None) -> list[Proposer]:
     """The proposers a SpecConfig names, in its order (None -> no speculation)."""
     if spec is None:
         return []
-    out = []
-    for name in spec.proposers:
-        if name == "ngram":
-            out.append(NgramProposer(spec.ngram_sizes))
-        elif name == "history":
-            from .history import HistoryProposer
-            out.append(HistoryProposer())
-        elif name == "lookahead":
-            from .lookahead import LookaheadProposer
-            out.append(LookaheadProposer())
-        elif name == "suffix":
-            from .suffix import SuffixProposer
-            out.append(SuffixProposer())
-        else:
-            raise ValueError(f"proposer {name!r} is not available yet")
-    return out
+    return [_load(name).from_config(spec, model) for name in spec.proposers]
 
 
-__all__ = ["Proposer", "NgramProposer", "make_proposers"]
+def _load(name: str):
+    if name not in REGISTRY:
+        raise ValueError(f"unknown proposer {name!r}; known: {list(REGISTRY)}")
+    module, _, cls = REGISTRY[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"proposer {name!r} is not available ({REGISTRY[name]}: {e})") from None
+
+
+__all__ = ["REGISTRY", "Draft", "Proposer", "make_proposers"]

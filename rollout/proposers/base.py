@@ -1,34 +1,78 @@
-"""What a draft source must do. Drafts are only guesses: the engine verifies every token
-against the exact coupled sample, so a proposer can be wrong but never unsafe."""
+"""What a draft source is: a guesser that returns its draft as a value.
+
+Drafts are only guesses: the engine verifies every token against the exact coupled sample, so
+a proposer can be wrong but never unsafe. A proposer keeps per-request state, if any, on the
+request (`req.proposer_state[self.name]`), so it lives and dies with the request, and per-group
+state (GRPO siblings) until `drop_group`.
+"""
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
 
 from ..request import Request
 
 
-@runtime_checkable
-class Proposer(Protocol):
-    name: str
+@dataclass(frozen=True)
+class Draft:
+    """Tokens offered to follow a request's output, and what the budget judges them by.
 
-    def propose(self, req: Request, k: int) -> list[int]:
-        """Up to k draft tokens that would follow req.prompt_ids + req.output_ids.
-        Deterministic given the request's state; [] when it has nothing to offer."""
-        ...
+    evidence: tokens of context that agree with the source the draft copies (0 = none known);
+        the controller learns acceptance per evidence level (rollout/controller.py).
+    confidence: per token, the probability the policy gave it where it was sampled (negative or
+        NaN where unknown), or None; the controller learns acceptance per confidence bin too.
+    """
 
-    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
-        """Called after each verify step of req: `draft` was offered (possibly []),
+    tokens: list[int]
+    proposer: Proposer
+    evidence: int = 0
+    confidence: Optional[list[float]] = None
+
+    def cut(self, n: int) -> Draft:
+        """The first n tokens of this draft."""
+        if n >= len(self.tokens):
+            return self
+        conf = None if self.confidence is None else self.confidence[:n]
+        return dataclasses.replace(self, tokens=self.tokens[:n], confidence=conf)
+
+
+class Proposer:
+    """The base of every draft source: no draft, no state.
+
+    name: the registry name (rollout/proposers/__init__.py) and the key of its stats.
+    prior: the acceptance rate the controller assumes before it has seen any of its drafts.
+    wants_lookahead: the engine keeps the target's samples past a rejected draft token on the
+        request (`req.lookahead`) only when some proposer reads them.
+    """
+
+    name = "base"
+    prior = 0.5
+    wants_lookahead = False
+
+    def propose(self, req: Request, k: int) -> Optional[Draft]:
+        """Up to k tokens that would follow req.prompt_ids + req.output_ids, or None.
+        Deterministic given the request's state."""
+        return None
+
+    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
+        """After each verify step of req: `draft` was offered (None: none of this proposer's),
         its first `num_accepted` tokens matched, and `emitted` were appended to the output."""
-        ...
-
-    # Optional: evidence(req) -> int, the tokens of context that back the draft just proposed
-    # for req (0 = none known). The controller learns acceptance per evidence level
-    # (rollout/controller.py); a proposer without it is judged at level 0.
-    # Optional: confidence(req) -> list[float] | None, one per token of that draft: the
-    # probability the policy gave the token where the proposer copied it from (negative or NaN
-    # where unknown). The controller learns acceptance per confidence bin too.
 
     def finish(self, req: Request) -> None:
         """req leaves this engine: finished, or paused at the end of a chunk of a divided
-        rollout (it may come back, here or on another worker). Drop per-request state."""
-        ...
+        rollout (it may come back, here or on another worker)."""
+        req.proposer_state.pop(self.name, None)
+
+    def drop_group(self, group) -> None:
+        """The caller is done with this GRPO group: forget what is held for it."""
+
+    def state_sizes(self) -> dict[str, int]:
+        """Entries held outside any request (per group, say): all 0 once every group was dropped."""
+        return {}
+
+    def old_logprobs(self, req: Request, draft: Draft) -> Optional[list[float]]:
+        """Per draft token, the logprob the old policy gave it at the same response position
+        (NaN where unknown), for SPEC-RL's lenient acceptance (rollout/lenient.py); None when
+        this proposer does not copy an earlier response of the request."""
+        return None

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..request import Request
+from .base import Draft, Proposer
 
 
 @dataclass
 class _State:
-    req: Request  # held so that id(req) cannot be reused while the state lives
     hist: list[int]
     pos: int = 0  # output tokens consumed so far
     ptr: int = 0  # next position in hist that the output should continue with
@@ -42,10 +42,9 @@ class _State:
     run: int = 0  # output tokens that agree with hist up to ptr (the evidence for the next draft)
     index: Optional[dict] = None  # (a, b) -> positions right after each bigram, ascending
     probs: Optional[list[float]] = None  # exp(the old logprobs), made on first use
-    drafted: int = 0  # length of the last draft, which started at ptr
 
 
-class HistoryProposer:
+class HistoryProposer(Proposer):
     """Drafts from `req.history`, re-aligning after insertions, deletions and substitutions.
 
     max_match / min_match: the longest and shortest output suffix looked up in the old response
@@ -68,55 +67,55 @@ class HistoryProposer:
         self.max_match = max_match
         self.min_match = min_match
         self.max_candidates = max_candidates
-        self._states: dict[int, _State] = {}
 
-    # -- the Proposer protocol -------------------------------------------------------------
+    @classmethod
+    def from_config(cls, spec, model=None) -> HistoryProposer:
+        return cls()
 
-    def propose(self, req: Request, k: int) -> list[int]:
+    # -- the Proposer interface ------------------------------------------------------------
+
+    def propose(self, req: Request, k: int) -> Optional[Draft]:
+        """The next k old tokens while aligned. evidence: tokens of agreement behind the
+        alignment (the prompt and every output token while the old response has been followed
+        from its start, else the re-alignment match plus the tokens that agreed since).
+        confidence: how likely the old policy found each token (from the old logprobs)."""
         if k <= 0 or not req.history:
-            return []
+            return None
         st = self._sync(req)
         if not st.aligned or st.ptr >= len(st.hist):
-            return []
-        draft = st.hist[st.ptr : st.ptr + k]
-        st.drafted = len(draft)
-        return draft
+            return None
+        tokens = st.hist[st.ptr : st.ptr + k]
+        return Draft(tokens, self, evidence=st.run, confidence=self._confidence(req, st, len(tokens)))
 
-    def evidence(self, req: Request) -> int:
-        """Tokens of agreement behind the current alignment: the prompt and every output token
-        while the old response has been followed from its start, else the re-alignment match
-        plus the tokens that agreed since."""
-        st = self._states.get(id(req))
-        return 0 if st is None or st.req is not req or not st.aligned else st.run
-
-    def confidence(self, req: Request) -> Optional[list[float]]:
-        """How likely the old policy found each token of the last draft (from the old logprobs),
-        or None when they are unknown."""
-        st = self._states.get(id(req))
+    def _confidence(self, req: Request, st: _State, n: int) -> Optional[list[float]]:
         lps = req.history_logprobs
-        if st is None or st.req is not req or lps is None or len(lps) != len(st.hist):
+        if lps is None or len(lps) != len(st.hist):
             return None
         if st.probs is None:
             st.probs = [math.exp(lp) for lp in lps]
-        return st.probs[st.ptr : st.ptr + st.drafted]
+        return st.probs[st.ptr : st.ptr + n]
 
-    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         if req.history:
             self._sync(req)
 
-    def finish(self, req: Request) -> None:
-        self._states.pop(id(req), None)
+    def old_logprobs(self, req: Request, draft: Draft) -> Optional[list[float]]:
+        """The old logprob of each draft token that sits where the old response had it."""
+        old, hist, t = req.history_logprobs, req.history, len(req.output_ids)
+        if old is None:
+            return None
+        return [old[t + i] if t + i < len(old) and hist[t + i] == d else math.nan
+                for i, d in enumerate(draft.tokens)]
 
     # -- alignment -------------------------------------------------------------------------
 
     def _sync(self, req: Request) -> _State:
         """Bring the state up to date with req.output_ids (only the new tokens are read)."""
-        st = self._states.get(id(req))
+        st = req.proposer_state.get(self.name)
         out = req.output_ids
-        if (st is None or st.req is not req or st.hist is not req.history or st.pos > len(out)
+        if (st is None or st.hist is not req.history or st.pos > len(out)
                 or (st.pos and out[st.pos - 1] != st.last)):  # O(1) check that out only grew
-            st = _State(req=req, hist=req.history, run=len(req.prompt_ids))
-            self._states[id(req)] = st
+            st = req.proposer_state[self.name] = _State(hist=req.history, run=len(req.prompt_ids))
         if st.pos == len(out):
             return st
         hist, n_hist = st.hist, len(st.hist)

@@ -6,36 +6,31 @@ what a model writes a few tokens on rarely hangs on one earlier token (a digit, 
 So the engine keeps them on the request (`Request.lookahead`, with their probabilities), and this
 proposer offers them, after the corrected token, as the next draft. When a request's text has
 drifted from everything the group wrote (an early slip shifts every later line), history and
-siblings have nothing to copy, and this is what still drafts: the request then needs about a
-third fewer steps in the demo. Like every draft, these are verified against the exact sample:
-a wrong guess costs a forward slot, never a token.
+siblings have nothing to copy, and this is what still drafts. Like every draft, these are
+verified against the exact sample: a wrong guess costs a forward slot, never a token.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ..request import Request
+from .base import Draft, Proposer
 
 
-class LookaheadProposer:
+class LookaheadProposer(Proposer):
     name = "lookahead"
-    prior = 0.5
+    wants_lookahead = True
 
-    def propose(self, req: Request, k: int) -> list[int]:
+    @classmethod
+    def from_config(cls, spec, model=None) -> LookaheadProposer:
+        return cls()
+
+    def propose(self, req: Request, k: int) -> Optional[Draft]:
         la = req.lookahead
         if k <= 0 or la is None or la.position != len(req.output_ids):
-            return []  # none left from the last step, or stale (the output moved on)
-        return la.tokens[:k]
-
-    def evidence(self, req: Request) -> int:
-        return 0  # one level: the controller learns from the confidence of each token
-
-    def confidence(self, req: Request) -> Optional[list[float]]:
-        la = req.lookahead
-        return None if la is None else la.probs
-
-    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
-        pass  # the engine refreshes req.lookahead after every verify
+            return None  # none left from the last step, or stale (the output moved on)
+        # one evidence level: the controller learns from the confidence of each token
+        return Draft(la.tokens[:k], self, evidence=0, confidence=la.probs[:k])
 
     def finish(self, req: Request) -> None:
         req.lookahead = None

@@ -3,19 +3,23 @@ what followed them then follows them now. Free to compute and strong on repetiti
 from __future__ import annotations
 
 from array import array
+from typing import Optional
 
 from ..request import Request
+from .base import Draft, Proposer
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     name = "ngram"
 
     def __init__(self, ngram_sizes: tuple[int, ...] = (3, 2, 1)):
         self.sizes = tuple(sorted(set(ngram_sizes), reverse=True))
-        self._evidence: dict[int, int] = {}  # id(req) -> n of the n-gram behind its last draft
 
-    def propose(self, req: Request, k: int) -> list[int]:
-        self._evidence[id(req)] = 0
+    @classmethod
+    def from_config(cls, spec, model=None) -> NgramProposer:
+        return cls(spec.ngram_sizes)
+
+    def propose(self, req: Request, k: int) -> Optional[Draft]:
         ids = req.all_ids
         # bytes.rfind scans in C; a hit counts only on a token boundary (offset % 4 == 0).
         hay = array("i", ids).tobytes()
@@ -30,16 +34,6 @@ class NgramProposer:
                     break
                 if at % 4 == 0:
                     start = at // 4 + n
-                    self._evidence[id(req)] = n
-                    return ids[start:start + k]
+                    return Draft(ids[start:start + k], self, evidence=n)
                 end = at + 4 * n - 1
-        return []
-
-    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
-        pass
-
-    def evidence(self, req: Request) -> int:
-        return self._evidence.get(id(req), 0)
-
-    def finish(self, req: Request) -> None:
-        self._evidence.pop(id(req), None)
+        return None

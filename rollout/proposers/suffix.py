@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Hashable, Optional
 
 from ..request import Request
+from .base import Draft, Proposer
 
 START = -1  # marks the start of a response (token ids are >= 0)
 _NGRAMS = (4, 2, 1)  # indexed suffix lengths, longest first
@@ -160,26 +161,25 @@ class SuffixIndex:
 
 @dataclass
 class _State:
-    req: Request  # held so that id(req) cannot be reused while the state lives
-    key: Hashable  # the group's key in SuffixProposer._groups
-    index: SuffixIndex  # the group's index when this request registered
+    key: Optional[Hashable]  # the group's key in SuffixProposer._groups; None: a private index
+    index: SuffixIndex  # the group's index when this request registered (or its private one)
     seq: int  # this request's sequence in that index
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     """Drafts from a per-group suffix index of the group's responses.
 
     min_share: stop drafting when the chosen continuation is followed by fewer than this
         share of the matched occurrences (a fork among the siblings).
     max_depth: the longest context suffix matched (tokens).
     max_candidates: occurrences examined per match, newest first, and followed while drafting
-        (their cost is per drafted token; on the demo 16 accept as many tokens as 64 did).
+        (their cost is per drafted token).
 
-    Requests with group None get a private index (their own tokens and history), freed by
-    finish(). A group's index outlives its requests (finish() keeps it, siblings still draft
-    from it); the caller frees it with drop_group() when the group is done — group ids reused
-    by a later batch for another prompt would otherwise draft from the wrong responses
-    (harmless to the output, wasteful for speed).
+    A request with group None gets a private index (its own tokens and history) that lives in
+    its state and goes with it. A group's index outlives its requests (finish() keeps it,
+    siblings still draft from it); the caller frees it with drop_group() when the group is done
+    -- group ids reused by a later batch for another prompt would otherwise draft from the wrong
+    responses (harmless to the output, wasteful for speed).
     """
 
     name = "suffix"
@@ -195,96 +195,78 @@ class SuffixProposer:
         self.max_depth = max_depth
         self.max_candidates = max_candidates
         self._groups: dict[Hashable, SuffixIndex] = {}
-        self._states: dict[int, _State] = {}
-        self._evidence: dict[int, int] = {}  # id(req) -> match length behind its last draft
-        self._confidence: dict[int, list[float]] = {}  # id(req) -> its last draft's confidence
 
-    # -- feeding ---------------------------------------------------------------------------
-
-    def add_past_responses(self, group, responses) -> None:
-        """Index finished responses of `group` (e.g. earlier epochs' samples of its prompt)."""
-        if group is None:
-            raise ValueError("add_past_responses needs a group id (requests with group None are private)")
-        index = self._index(("group", group))
-        for r in responses:
-            if r:
-                index.add_sequence(r)
+    @classmethod
+    def from_config(cls, spec, model=None) -> SuffixProposer:
+        return cls()
 
     def drop_group(self, group) -> None:
         self._groups.pop(("group", group), None)
 
-    def index_for(self, group) -> Optional[SuffixIndex]:
-        return self._groups.get(("group", group))
+    def state_sizes(self) -> dict[str, int]:
+        return {"groups": len(self._groups)}
 
-    def _index(self, key) -> SuffixIndex:
-        index = self._groups.get(key)
-        if index is None:
-            index = self._groups[key] = SuffixIndex()
-        return index
+    def _current(self, st: Optional[_State]) -> bool:
+        """The state's index is still the one its group uses (not dropped, not replaced)."""
+        return st is not None and (st.key is None or self._groups.get(st.key) is st.index)
 
     def _sync(self, req: Request) -> tuple[SuffixIndex, list[int]]:
-        st = self._states.get(id(req))
-        if st is not None and st.req is not req:
-            st = None
-        index = None
-        if st is not None and self._groups.get(st.key) is st.index:
-            index = st.index  # (not dropped, and not replaced by a new group of that id)
+        st = req.proposer_state.get(self.name)
+        index = st.index if self._current(st) else None
         out = req.output_ids
         if index is not None:
             n = len(index.seqs[st.seq]) - 1  # output tokens indexed so far
             if n > len(out) or (n and index.seqs[st.seq][-1] != out[n - 1]):
                 index = None  # the output was rewritten (O(1) check of the last indexed token)
         if index is None:
-            # first sight (or the group was dropped, or the output was rewritten): register
-            key = ("group", req.group) if req.group is not None else ("private", id(req))
-            fresh = st is None or self._groups.get(st.key) is not st.index
-            index = self._index(key)
-            if req.history and fresh:
-                index.add_sequence(req.history, _probs(req.history_logprobs, len(req.history)))
-            st = _State(req=req, key=key, index=index, seq=index.new_sequence())
-            self._states[id(req)] = st
+            st = self._register(req, st)
+            index = st.index
         seq = index.seqs[st.seq]
         if len(seq) - 1 < len(out):
             n = len(seq) - 1
             index.extend(st.seq, out[n:], _probs(req.logprobs[n:], len(out) - n))
         return index, seq
 
-    # -- the Proposer protocol -------------------------------------------------------------
+    def _register(self, req: Request, st: Optional[_State]) -> _State:
+        """First sight, a dropped group or a rewritten output: a new sequence for the request,
+        in its group's index (the old response indexed once per index it joins)."""
+        fresh = not self._current(st)
+        if req.group is None:
+            key, index = None, (st.index if st is not None else SuffixIndex())
+        else:
+            key = ("group", req.group)
+            index = self._groups.get(key)
+            if index is None:
+                index = self._groups[key] = SuffixIndex()
+        if req.history and fresh:
+            index.add_sequence(req.history, _probs(req.history_logprobs, len(req.history)))
+        st = req.proposer_state[self.name] = _State(key=key, index=index, seq=index.new_sequence())
+        return st
 
-    def propose(self, req: Request, k: int) -> list[int]:
+    # -- the Proposer interface ------------------------------------------------------------
+
+    def propose(self, req: Request, k: int) -> Optional[Draft]:
+        """evidence: the length of the context suffix the draft was matched on (a match back to
+        START also matches the prompt, which the whole group shares). confidence: per token, the
+        probability where it was sampled (-1 unknown)."""
         if k <= 0:
-            return []
+            return None
         index, ctx = self._sync(req)
         m, occs = index.match(ctx, self.max_depth, self.max_candidates)
-        # a match back to START also matches the prompt, which the whole group shares
-        self._evidence[id(req)] = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
         if not occs:
-            return []
-        draft, self._confidence[id(req)] = index.follow(occs, k, self.min_share)
-        return draft
+            return None
+        tokens, confidence = index.follow(occs, k, self.min_share)
+        evidence = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
+        return Draft(tokens, self, evidence=evidence, confidence=confidence)
 
-    def evidence(self, req: Request) -> int:
-        """The length of the context suffix the last draft for req was matched on."""
-        return self._evidence.get(id(req), 0)
-
-    def confidence(self, req: Request) -> Optional[list[float]]:
-        """Per token of the last draft for req: the probability where it was sampled (-1 unknown)."""
-        return self._confidence.get(id(req))
-
-    def observe(self, req: Request, draft: list[int], num_accepted: int, emitted: list[int]) -> None:
+    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         self._sync(req)  # siblings see the new tokens from now on
 
     def finish(self, req: Request) -> None:
-        self._evidence.pop(id(req), None)
-        self._confidence.pop(id(req), None)
-        st = self._states.get(id(req))
-        if st is None or st.req is not req:
-            return
-        if self._groups.get(st.key) is st.index:
-            self._sync(req)
-        del self._states[id(req)]
-        if st.key[0] == "private":
-            self._groups.pop(st.key, None)
+        st = req.proposer_state.get(self.name)
+        if st is not None and st.key is not None and self._groups.get(st.key) is st.index:
+            self._sync(req)  # the group keeps the request's whole response
+        req.proposer_state.pop(self.name, None)
 
 
 def _newest_known(live: list[tuple[list, list, int]], offset: int) -> float:

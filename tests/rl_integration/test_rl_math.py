@@ -111,10 +111,11 @@ def test_micro_batches_give_the_minibatch_gradient(agg, algorithm):
     from rl_integration.grpo import GRPOTrainer
     from rl_integration.ppo import PPOTrainer
     from rl_integration.rollout_client import RolloutClient
+    from rollout import EngineConfig
     from tests.conftest import tiny_hf_model
 
     model = tiny_hf_model("llama", seed=2)
-    client = RolloutClient(RolloutSection(max_tokens=6, n=3, spec=None, max_model_len=64), model, seed=0,
+    client = RolloutClient(RolloutSection(max_tokens=6, n=3, engine=EngineConfig(max_model_len=64)), model, seed=0,
                            stop_token_ids=[2])
     batch = client.generate([[1, 5, 6], [1, 7]])
     rewards = [1.0, 0.0, 0.5, 0.0, 0.0, 1.0]

@@ -12,20 +12,18 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rl_integration import policy as policy_mod
-from rl_integration.policy import PolicyConfig, cache_key, load_or_train_policy, sample_responses, sft_examples
-from rl_integration.task import (
-    Problem,
-    TaskConfig,
+from rl_integration.config import PolicyConfig, TaskConfig
+from rl_integration.dataset import Problem, load_parquet_dataset, save_parquet_dataset
+from rl_integration.demo import policy as policy_mod
+from rl_integration.demo.policy import cache_key, load_or_train_policy, sft_examples
+from rl_integration.demo.task import (
     extract_answer,
     format_solution,
-    load_parquet_dataset,
     make_problems,
     parse_prompt,
     reward_fn,
-    save_parquet_dataset,
 )
-from rl_integration.tokenizer import VOCAB, build_tokenizer, make_tokenizer
+from rl_integration.demo.tokenizer import VOCAB, build_tokenizer, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +175,7 @@ def test_policy_is_trained_once_then_loaded_from_cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECTAIL_CACHE", str(tmp_path / "env-cache"))
     task = TaskConfig(max_count=6)
-    before = policy_mod.train_count
     model, tok, folder = load_or_train_policy(task, TINY, progress=False)
-    assert policy_mod.train_count == before + 1
     assert os.path.dirname(folder) == str(tmp_path / "env-cache")
     assert os.path.basename(folder).startswith("policy-")
     assert sorted(os.listdir(tmp_path / "env-cache")) == [os.path.basename(folder)]  # no temp left
@@ -189,9 +185,12 @@ def test_policy_is_trained_once_then_loaded_from_cache(tmp_path, monkeypatch):
     assert model.config.model_type == "llama" and model.config.tie_word_embeddings
     assert model.config.vocab_size == len(tok)
 
+    def no_retraining(*args, **kwargs):
+        raise AssertionError("the cached policy was trained again")
+
+    monkeypatch.setattr(policy_mod, "train_sft", no_retraining)
     model2, tok2, folder2 = load_or_train_policy(TaskConfig(max_count=6, seed=9, num_problems=3), TINY,
                                                  progress=False)
-    assert policy_mod.train_count == before + 1  # loaded, not retrained
     assert folder2 == folder
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), model2.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
@@ -203,8 +202,11 @@ def test_policy_is_trained_once_then_loaded_from_cache(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.allclose(hf_model(ids).logits, model(ids).logits)
 
-    texts = sample_responses(model, tok, ["001+02\n", "030+04\n"], temperature=1.0, max_new_tokens=8)
-    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    from rollout import Engine, EngineConfig, SamplingParams
+
+    engine = Engine.from_pretrained(folder, EngineConfig(max_batch_size=2, max_model_len=64))  # the engine loads it
+    outs = engine.generate([tok("001+02\n")["input_ids"]] * 2, SamplingParams(max_tokens=8), seeds=[1, 2])
+    assert all(1 <= len(o.token_ids) <= 8 for o in outs)
 
 
 def test_interrupted_training_leaves_nothing(tmp_path, monkeypatch):

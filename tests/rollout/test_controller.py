@@ -1,41 +1,55 @@
 """The adaptive budget drafts where drafts pay and stops where they do not, never changing a token."""
+import pytest
+
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import AdaptiveController
+from rollout.controller import MIN_PRICE, AdaptiveController, rates_from
+from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
 
 
-class Named:
+class Named(Proposer):
     def __init__(self, name, prior=0.5):
         self.name, self.prior = name, prior
 
 
+def rate(c, p, evidence=0):
+    """The proposer's acceptance rate at this evidence level, confidence unknown."""
+    return rates_from(c.table(p), evidence, None, 1)[0]
+
+
+def record(c, req, p, evidence, proposed, accepted, confidence=None):
+    c.record(req, Draft(list(range(proposed)), p, evidence, confidence), accepted)
+
+
 def test_draft_len_follows_the_acceptance_rate():
     c = AdaptiveController(min_draft_prob=0.3)
-    assert c.draft_len(0.95, 16) == 16  # 0.95**16 = 0.44
-    assert c.draft_len(0.9, 16) == 11  # 0.9**11 = 0.31, 0.9**12 = 0.28
-    assert c.draft_len(0.5, 16) == 1
-    assert c.draft_len(0.2, 16) == 0
-    assert AdaptiveController(min_draft_prob=0.0).draft_len(0.01, 5) == 5
+    t = c.threshold(load=1.0, rows=1)
+    assert t == 0.3
+    assert c.draft_len(0.95, 16, t) == 16  # 0.95**16 = 0.44
+    assert c.draft_len(0.9, 16, t) == 11  # 0.9**11 = 0.31, 0.9**12 = 0.28
+    assert c.draft_len(0.5, 16, t) == 1
+    assert c.draft_len(0.2, 16, t) == 0
+    assert c.draft_len(0.01, 5, AdaptiveController(min_draft_prob=0.0).threshold(1.0, 1)) == 5
 
 
 def test_rate_is_learnt_per_evidence_level():
     c = AdaptiveController()
     req = Request(0, [1], SP(), 0)
     p = Named("x", prior=0.5)
-    assert c.rate(p, 0) == 0.5 and c.rate(p, 40) == 0.5
+    assert rate(c, p, 0) == 0.5 and rate(c, p, 40) == 0.5
     for _ in range(10):
-        c.record(req, "x", evidence=20, proposed=4, accepted=4)  # long matches: right
-        c.record(req, "x", evidence=2, proposed=4, accepted=0)  # short matches: wrong
-    assert c.rate(p, 20) > 0.9 and c.rate(p, 17) == c.rate(p, 20)  # one level: 16-31 tokens
-    assert c.rate(p, 2) < 0.35
+        record(c, req, p, evidence=20, proposed=4, accepted=4)  # long matches: right
+        record(c, req, p, evidence=2, proposed=4, accepted=0)  # short matches: wrong
+    assert rate(c, p, 20) > 0.9 and rate(c, p, 17) == rate(c, p, 20)  # one level: 16-31 tokens
+    assert rate(c, p, 2) < 0.35
     assert c.trials["x"] == 50 and req.proposed["x"] == 80  # a mismatch ends the trials of a draft
     assert req.accepted["x"] == 40
-    assert 0.7 < c.rate(p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
+    assert 0.7 < rate(c, p, 5) < 0.85  # an unseen level starts from the overall rate, 40 of 50
     c.new_run()
-    assert c.rate(p, 20) > 0.85  # halved evidence, same rate
-    assert AdaptiveController().rate(Named("y", prior=0.9)) == 0.9
+    assert rate(c, p, 20) > 0.85  # halved evidence, same rate
+    assert rate(AdaptiveController(), Named("y", prior=0.9)) == 0.9
 
 
 def test_useless_drafts_are_switched_off_and_tokens_unchanged():
@@ -51,7 +65,11 @@ def test_useless_drafts_are_switched_off_and_tokens_unchanged():
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     proposed_always = sum(o.stats["proposed"].get("ngram", 0) for o in a)
     proposed_adaptive = sum(o.stats["proposed"].get("ngram", 0) for o in b)
-    assert proposed_adaptive < proposed_always / 4, (proposed_adaptive, proposed_always)
+    assert proposed_adaptive < proposed_always / 2, (proposed_adaptive, proposed_always)  # learning what fails
+    again = adaptive.generate(prompts, params, seeds=seeds)  # it remembers: off, but for one-token exploration
+    assert [o.token_ids for o in again] == [o.token_ids for o in a]
+    for o in again:
+        assert o.stats["proposed"].get("ngram", 0) <= o.stats["forward_passes"]
 
 
 def test_engine_counts_steps_without_drafts():
@@ -61,18 +79,19 @@ def test_engine_counts_steps_without_drafts():
     eng = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32, spec=SpecConfig(
         proposers=("ngram",), max_batch_for_spec=2)))
     eng.generate(prompts, params, seeds=[1, 2, 3])
-    assert eng.steps > 0 and 0 < eng.spec_off_steps < eng.steps  # off while 3 run, on once fewer do
+    run = eng.last_run
+    assert run.steps > 0 and 0 < run.spec_off_steps < run.steps  # off while 3 run, on once fewer do
     plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=3, max_model_len=32))
     plain.generate(prompts, params, seeds=[1, 2, 3])
-    assert plain.spec_off_steps == plain.steps > 0
+    assert plain.last_run.spec_off_steps == plain.last_run.steps > 0
 
 
 def test_the_threshold_falls_with_the_load():
     c = AdaptiveController(min_draft_prob=0.3)
-    assert c.draft_len(0.5, 16, load=1.0) == 1  # 0.5 >= 0.3 > 0.25
-    assert c.draft_len(0.5, 16, load=0.5) == 2  # threshold 0.15
-    assert c.draft_len(0.5, 16, load=0.125) == 4  # 0.0375: 0.5**4 = 0.0625 >= it > 0.5**5
-    assert c.draft_len(0.99, 16, load=1.0) == 16  # capped by k
+    assert c.draft_len(0.5, 16, c.threshold(1.0, 8)) == 1  # 0.5 >= 0.3 > 0.25
+    assert c.draft_len(0.5, 16, c.threshold(0.5, 8)) == 2  # threshold 0.15
+    assert c.draft_len(0.5, 16, c.threshold(0.125, 8)) == 4  # 0.0375: 0.5**4 = 0.0625 >= it > 0.5**5
+    assert c.draft_len(0.99, 16, c.threshold(1.0, 8)) == 16  # capped by k
 
 
 def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
@@ -81,29 +100,100 @@ def test_rate_is_learnt_per_confidence_bin_and_cuts_before_an_unsure_token():
     p = Named("x", prior=0.5)
     sure, unsure = 0.995, 0.4
     for _ in range(20):  # fresh noise: sure tokens land, unsure ones mostly do not
-        c.record(req, "x", 20, proposed=4, accepted=3, confidence=[sure, sure, sure, unsure])
-    rates = c.token_rates(p, 20, [sure, sure, unsure, sure], 4)
+        record(c, req, p, 20, proposed=4, accepted=3, confidence=[sure, sure, sure, unsure])
+    rates = rates_from(c.table(p), 20, [sure, sure, unsure, sure], 4)
     assert rates[0] == rates[1] == rates[3] > 0.9 and rates[2] < 0.2
-    n, value = c.cut(rates, load=1.0)
+    n, value = c.cut(rates, c.threshold(1.0, 8))
     assert n == 2 and abs(value - (rates[0] + rates[0] ** 2)) < 1e-12  # stops before the unsure one
-    assert c.token_rates(p, 20, None, 3) == [c.rate(p, 20)] * 3  # no confidence: the level's rate
-    assert c.token_rates(p, 20, [-1.0, float("nan")], 2) == [c.rate(p, 20)] * 2  # unknown: likewise
-    assert c.best_rate(p) == rates[0]
+    assert rates_from(c.table(p), 20, None, 3) == [rate(c, p, 20)] * 3  # no confidence: the level's rate
+    assert rates_from(c.table(p), 20, [-1.0, float("nan")], 2) == [rate(c, p, 20)] * 2  # unknown: likewise
+    assert max(map(max, c.table(p))) == rates[0]
     a, b = rates[0], rates[2]
-    n, value = c.cut(rates, load=0.01)  # the long tail: a long shot is worth its slot
+    n, value = c.cut(rates, c.threshold(0.01, 8))  # the long tail: a long shot is worth its slot
     assert n == 4 and abs(value - (a + a * a + a * a * b + a * a * b * a)) < 1e-12
 
 
-def test_the_default_threshold_is_chosen_by_device_and_bad_values_are_named():
-    import pytest
+def test_the_step_cost_is_fitted_from_timings_and_anchored_by_the_profile():
+    from rollout.step_cost import StepCost
 
-    from rollout.controller import default_min_draft_prob
-    assert default_min_draft_prob("cpu") == 0.3
-    assert default_min_draft_prob("cuda:0") == 0.05  # a step's tokens are nearly free on a GPU
+    cost = StepCost()
+    assert cost.fit() == (0.0, 0.0)
+    cost.add_profile(8, 0.010 + 8 * 0.001)
+    cost.add_profile(72, 0.010 + 72 * 0.001)
+    assert cost.fit() == pytest.approx((0.010, 0.001))
+    for _ in range(200):  # steps of one size only: the slope stays the profile's
+        cost.observe(16, 0.010 + 16 * 0.001)
+    assert cost.fit() == pytest.approx((0.010, 0.001))
+    for n in range(1, 200):  # steps that vary move the fit to the machine as it is now
+        cost.observe(n % 40 + 1, 0.002 + (n % 40 + 1) * 0.004)
+    fixed, per_token = cost.fit()
+    assert per_token == pytest.approx(0.004, rel=0.1) and fixed < 0.01
+
+
+def test_the_price_is_seconds_per_fed_token_over_seconds_per_emitted_token():
+    c = AdaptiveController()  # priced (the default)
+    c.cost.add_profile(8, 0.018)
+    c.cost.add_profile(72, 0.082)  # 10 ms a step + 1 ms a token
+    assert c.threshold(1.0, rows=8) == pytest.approx(0.001 / (0.018 / 8))  # the profile's rate before any step
+    for _ in range(50):
+        c.observe_step(fed=8, emitted=16, seconds=0.018)  # half the fed tokens are drafts that land
+    assert c.threshold(1.0, rows=8) == pytest.approx(0.001 / (0.018 / 16), rel=1e-6)
+    compute_bound = AdaptiveController()
+    compute_bound.cost.add_profile(8, 0.008)
+    compute_bound.cost.add_profile(72, 0.072)  # every token costs the same: only sure drafts pay
+    assert compute_bound.threshold(1.0, rows=8) == pytest.approx(1.0)
+    free = AdaptiveController()
+    free.cost.add_profile(8, 0.05)
+    free.cost.add_profile(72, 0.05)  # a step costs the same whatever it carries: drafts are free
+    assert free.threshold(1.0, rows=8) == MIN_PRICE
+
+
+def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
+    c = AdaptiveController(max_draft_tokens=8)
+    c.cost.add_profile(8, 0.018)
+    c.cost.add_profile(72, 0.082)
+    p, req = Named("x", prior=0.5), Request(0, [1], SP(), 0)
+    steps_on = 0
+    for _ in range(30):
+        on = c.plan_step([p], 8, 1.0).offers[0].most > 0
+        steps_on += on
+        if on:
+            record(c, req, p, 0, proposed=2, accepted=0)
+        c.observe_step(8, 8, 0.018)
+    assert steps_on <= 5  # a few failed trials and the price is out of reach
+    assert c.plan_step([p], 8, 1.0).offers[0].most == 0
+
+    class Sure(Named):
+        def propose(self, req, k):
+            return Draft([7] * k, self)
+
+    sure = Sure("x", prior=0.5)
+    explored = 0
+    for _ in range(2000):  # drafts land now: exploration finds out, and the rate climbs back
+        d = c.choose(req, 8, c.plan_step([sure], 8, 1.0))
+        if d is not None:
+            explored += 1
+            record(c, req, sure, 0, proposed=len(d.tokens), accepted=len(d.tokens))
+        c.observe_step(8, 8, 0.018)
+    assert explored > 0 and c.plan_step([sure], 8, 1.0).offers[0].most > 0
+
+
+def test_a_draft_token_is_also_worth_its_sample_as_lookahead_past_an_earlier_rejection():
+    c = AdaptiveController(min_draft_prob=0.2)
+    rates = [0.5] * 8
+    assert c.cut(rates, 0.2) == (2, 0.75)  # 0.5, 0.25 reach 0.2; 0.125 does not
+    n, value = c.cut(rates, 0.2, lookahead=0.9)
+    # token 3: P_3 = 0.125, plus R_3 = 0.9 * (R_2 + P(first rejection at 2)) = 0.9 * (0.45 + 0.25) = 0.63
+    assert n == 8 and value == sum(0.5 ** i for i in range(1, 9))  # the value chooses proposers: direct only
+    assert c.cut(rates, 0.2, lookahead=0.1)[0] == 2  # a lookahead that rarely lands adds little
+    assert c.draft_len(0.5, 16, 0.2, lookahead=0.9) == 16
+
+
+def test_a_fixed_threshold_is_kept_and_bad_values_are_named():
     hf = tiny_hf_model()
-    by_device = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, spec=SpecConfig()))
-    assert by_device.controller.min_draft_prob == 0.3
+    priced = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, spec=SpecConfig()))
+    assert priced.controller.priced
     given = Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, spec=SpecConfig(min_draft_prob=0.1)))
-    assert given.controller.min_draft_prob == 0.1
+    assert given.controller.min_draft_prob == 0.1 and not given.controller.priced
     with pytest.raises(ValueError, match="min_draft_prob"):
         SpecConfig(min_draft_prob=1.5).validate()

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.proposers.base import Draft, Proposer
 from tests.conftest import tiny_hf_model
 
 VOCAB = 101
 
 
-class OracleProposer:
+class OracleProposer(Proposer):
     """Drafts the known reference output, corrupted at a few places: exercises acceptance,
     rejection in the middle of a draft, and bonus tokens."""
 
@@ -27,13 +28,7 @@ class OracleProposer:
         for i in range(len(draft)):
             if (t + i) % self.corrupt_every == self.corrupt_every - 1:
                 draft[i] = (draft[i] + 1) % VOCAB
-        return draft
-
-    def observe(self, req, draft, num_accepted, emitted):
-        pass
-
-    def finish(self, req):
-        pass
+        return Draft(draft, self) if draft else None
 NGRAM4 = SpecConfig(proposers=("ngram",), max_draft_tokens=4, min_draft_prob=0.0)
 
 

@@ -21,7 +21,7 @@ def reference(eng):
     (lambda e: e.generate([[1], list(range(1, 33))]), "prompt 1 has 32 tokens; max_model_len is 32"),
     (lambda e: e.generate([[1, 64]]), "token id 64 outside the vocabulary"),
     (lambda e: e.generate([[1, -1]]), "token id -1 outside the vocabulary"),
-    (lambda e: e.generate([[1]], SamplingParams(temperature=-0.5)), "temperature must be >= 0"),
+    (lambda e: e.generate([[1]], SamplingParams(temperature=-0.5)), "temperature must be 0 \\(greedy\\) or in"),
     (lambda e: e.generate([[1]], SamplingParams(top_p=0.0)), r"top_p must be in \(0, 1\]"),
     (lambda e: e.generate([[1]], SamplingParams(top_p=1.5)), r"top_p must be in \(0, 1\]"),
     (lambda e: e.generate([[1]], SamplingParams(max_tokens=0)), "max_tokens must be an integer >= 1"),

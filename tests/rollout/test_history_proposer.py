@@ -7,7 +7,7 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.history import HistoryProposer
 from rollout.request import Request
-from tests.rollout.proposer_sim import run
+from tests.rollout.proposer_sim import drafted, run
 
 
 def make_req(history, index=0, prompt=(1, 2, 3)):
@@ -31,33 +31,32 @@ def test_identical_history_is_drafted_and_accepted_entirely():
     # every step drafts the next 8 old tokens and all are accepted (+1 bonus)
     assert all(d == hist[pos : pos + 8] and a == len(d) for pos, d, a in steps)
     assert len(steps) == -(-len(hist) // 9)
-    assert prop._states == {}  # finish() cleaned up
 
 
 def test_never_more_than_k_and_chunks_follow_the_pointer():
     hist = list(range(40))
     prop, req = HistoryProposer(), make_req(hist)
-    assert prop.propose(req, 3) == [0, 1, 2]
-    assert prop.propose(req, 3) == [0, 1, 2]  # deterministic without new tokens
-    assert prop.propose(req, 0) == []
+    assert drafted(prop, req, 3) == [0, 1, 2]
+    assert drafted(prop, req, 3) == [0, 1, 2]  # deterministic without new tokens
+    assert drafted(prop, req, 0) == []
     req.output_ids.extend([0, 1, 2, 3])
-    prop.observe(req, [0, 1, 2], 3, [0, 1, 2, 3])
-    assert prop.propose(req, 5) == [4, 5, 6, 7, 8]
-    assert prop._states[id(req)].index is None  # aligned: no n-gram index built
+    prop.observe(req, None, 0, [0, 1, 2, 3])
+    assert drafted(prop, req, 5) == [4, 5, 6, 7, 8]
+    assert req.proposer_state["history"].index is None  # aligned: no n-gram index built
     req.output_ids = list(hist)
-    assert prop.propose(req, 5) == []  # old response exhausted
+    assert drafted(prop, req, 5) == []  # old response exhausted
 
 
 def test_no_history_no_draft():
     prop = HistoryProposer()
     for h in (None, []):
         req = make_req(h)
-        assert prop.propose(req, 4) == []
+        assert drafted(prop, req, 4) == []
         req.output_ids.append(7)
-        prop.observe(req, [], 0, [7])
-        assert prop.propose(req, 4) == []
+        prop.observe(req, None, 0, [7])
+        assert drafted(prop, req, 4) == []
         prop.finish(req)
-    assert prop._states == {}
+        assert req.proposer_state == {}
 
 
 def test_one_token_substitution_recovers_right_after_the_change():
@@ -105,14 +104,14 @@ def test_prefers_the_occurrence_nearest_after_the_old_pointer():
     req.output_ids = list(target)
     prop._sync(req)
     # last 4 tokens match all three blocks equally: the one after the old pointer wins
-    assert prop.propose(req, 2) == [30, 31]
+    assert drafted(prop, req, 2) == [30, 31]
 
 
 def test_longest_match_wins_over_nearer_shorter():
     hist = [50, 51, 5, 6, 60, 61, 70, 71, 72, 5, 6, 80, 81]
     prop, req = HistoryProposer(), make_req(hist)
     req.output_ids = [90, 91, 92, 71, 72, 5, 6]  # matches hist[7:11] best
-    assert prop.propose(req, 2) == [80, 81]
+    assert drafted(prop, req, 2) == [80, 81]
 
 
 def test_long_insertion_recovers_at_the_first_old_token():
@@ -140,23 +139,23 @@ def test_unrelated_response_offers_nothing_after_the_guess():
     target = list(range(1000, 1040))
     prop, req = HistoryProposer(), make_req(hist)
     steps = run(prop, req, target, k=4)
-    drafted = [pos for pos, d, _ in steps if d]
-    assert drafted[:2] == [0, 1]  # the start of the old response, then one substitution guess
-    assert len(drafted) == 2
+    positions = [pos for pos, d, _ in steps if d]
+    assert positions[:2] == [0, 1]  # the start of the old response, then one substitution guess
+    assert len(positions) == 2
 
 
 def test_state_is_per_request_and_cleaned():
     prop = HistoryProposer()
     a, b = make_req([1, 2, 3, 4], index=0), make_req([9, 8, 7, 6], index=1)
-    assert prop.propose(a, 2) == [1, 2]
-    assert prop.propose(b, 2) == [9, 8]
+    assert drafted(prop, a, 2) == [1, 2]
+    assert drafted(prop, b, 2) == [9, 8]
     a.output_ids.append(1)
-    prop.observe(a, [1, 2], 1, [1])
-    assert prop.propose(a, 2) == [2, 3] and prop.propose(b, 2) == [9, 8]
+    prop.observe(a, None, 0, [1])
+    assert drafted(prop, a, 2) == [2, 3] and drafted(prop, b, 2) == [9, 8]
     prop.finish(a)
     prop.finish(b)
     prop.finish(b)  # idempotent
-    assert prop._states == {}
+    assert a.proposer_state == {} and b.proposer_state == {}
 
 
 def test_tokens_from_other_proposers_are_followed():
@@ -164,8 +163,8 @@ def test_tokens_from_other_proposers_are_followed():
     hist = list(range(100, 200))
     prop, req = HistoryProposer(), make_req(hist)
     req.output_ids.extend(hist[:37])
-    prop.observe(req, [], 0, hist[:37])
-    assert prop.propose(req, 4) == hist[37:41]
+    prop.observe(req, None, 0, hist[:37])
+    assert drafted(prop, req, 4) == hist[37:41]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -190,16 +189,15 @@ def test_random_edits_never_break_and_reuse_a_lot(seed):
 def test_evidence_is_the_agreement_behind_the_alignment():
     hist = list(range(100, 160))
     prop, req = HistoryProposer(), make_req(hist, prompt=(1, 2, 3))
-    prop.propose(req, 4)
-    assert prop.evidence(req) == 3  # the prompt: the old response was drawn from the same one
+    assert prop.propose(req, 4).evidence == 3  # the prompt: the old response was drawn from the same one
     req.output_ids = hist[:10]
-    prop.observe(req, [], 0, [])
-    assert prop.evidence(req) == 13  # + ten old tokens followed from the start
+    prop.observe(req, None, 0, [])
+    assert prop.propose(req, 4).evidence == 13  # + ten old tokens followed from the start
     req.output_ids = hist[:10] + [7, 7] + hist[30:35]  # an edit: re-aligned on hist[30:35]
-    prop.observe(req, [], 0, [])
-    assert prop.propose(req, 2) == hist[35:37]
-    assert prop.evidence(req) == 5  # only the re-alignment's match backs the draft now
-    assert HistoryProposer().evidence(make_req(hist)) == 0  # never seen: no evidence
+    prop.observe(req, None, 0, [])
+    d = prop.propose(req, 2)
+    assert d.tokens == hist[35:37]
+    assert d.evidence == 5  # only the re-alignment's match backs the draft now
 
 
 def test_confidence_is_the_old_policy_probability_of_each_draft_token():
@@ -207,10 +205,29 @@ def test_confidence_is_the_old_policy_probability_of_each_draft_token():
 
     r = Request(0, [1], SamplingParams(), 0, history=[5, 6, 7, 8], history_logprobs=[-0.1, -0.2, -0.3, -0.4])
     h = HistoryProposer()
-    assert h.propose(r, 2) == [5, 6]
-    assert h.confidence(r) == pytest.approx([math.exp(-0.1), math.exp(-0.2)])
+    d = h.propose(r, 2)
+    assert d.tokens == [5, 6]
+    assert d.confidence == pytest.approx([math.exp(-0.1), math.exp(-0.2)])
     r.output_ids = [5, 6]
-    h.observe(r, [5, 6], 2, [5, 6])
-    assert h.propose(r, 5) == [7, 8]
-    assert h.confidence(r) == pytest.approx([math.exp(-0.3), math.exp(-0.4)])
-    assert HistoryProposer().confidence(Request(1, [1], SamplingParams(), 0, history=[5])) is None
+    h.observe(r, d, 2, [5, 6])
+    d = h.propose(r, 5)
+    assert d.tokens == [7, 8]
+    assert d.confidence == pytest.approx([math.exp(-0.3), math.exp(-0.4)])
+    assert HistoryProposer().propose(Request(1, [1], SamplingParams(), 0, history=[5]), 1).confidence is None
+
+
+def test_old_logprobs_only_where_the_draft_sits_at_the_old_position():
+    import math
+
+    def req():
+        return Request(0, [1], SamplingParams(), 0, history=[5, 6, 7, 8], history_logprobs=[-0.1, -0.2, -0.3, -0.4])
+
+    h, r = HistoryProposer(), req()
+    assert h.old_logprobs(r, h.propose(r, 3)) == pytest.approx([-0.1, -0.2, -0.3])
+    r = req()
+    r.output_ids = [6]  # the old first token was deleted: the draft [7, 8] sits one position early
+    h.observe(r, None, 0, [6])
+    d = h.propose(r, 2)
+    assert d.tokens == [7, 8] and all(math.isnan(x) for x in h.old_logprobs(r, d))
+    r = Request(1, [1], SamplingParams(), 0, history=[5])
+    assert h.old_logprobs(r, h.propose(r, 1)) is None  # no old logprobs known

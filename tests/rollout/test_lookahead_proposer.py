@@ -9,12 +9,13 @@ from tests.conftest import tiny_hf_model
 def test_offers_the_samples_only_where_they_belong():
     r = Request(0, [1, 2], SP(), 0)
     p = LookaheadProposer()
-    assert p.propose(r, 4) == [] and p.confidence(r) is None
+    assert p.propose(r, 4) is None
     r.output_ids = [5, 6]
     r.lookahead = Lookahead(position=2, tokens=[7, 8, 9], probs=[0.9, 0.8, 0.7])
-    assert p.propose(r, 2) == [7, 8] and p.confidence(r) == [0.9, 0.8, 0.7]
+    d = p.propose(r, 2)
+    assert d.tokens == [7, 8] and d.confidence == [0.9, 0.8] and p.wants_lookahead
     r.output_ids.append(7)  # the output moved on without the engine refreshing it: stale
-    assert p.propose(r, 2) == []
+    assert p.propose(r, 2) is None
     p.finish(r)
     assert r.lookahead is None
 

@@ -82,3 +82,18 @@ def test_float64_model_matches():
     with torch.no_grad():
         ref = hf(torch.tensor([seqs[0]])).logits[0]
     assert (ours[0].double() - ref).abs().max().item() < 1e-5
+
+
+def test_hidden_rows_without_logits():
+    """hidden_index returns the final hidden states of any rows (a draft head's features) and the
+    logits of logit_index only; lm_head of those hidden states are the same rows' logits."""
+    model = CausalLM.from_pretrained(tiny_hf_model("llama", seed=1))
+    seq = torch.randint(0, 101, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    all_logits, all_hidden = model(ForwardBatch.build([(0, 0, seq)], list(range(9)), "cpu"), model.new_cache(1, 16))
+    logits, hidden = model(ForwardBatch.build([(0, 0, seq)], [8], "cpu", hidden_index=list(range(9))),
+                           model.new_cache(1, 16))
+    assert logits.shape == (1, 101) and hidden.shape == (9, 48)
+    torch.testing.assert_close(hidden, all_hidden)
+    torch.testing.assert_close(logits, all_logits[8:])
+    with torch.no_grad():
+        torch.testing.assert_close(model.lm_head(hidden).float(), all_logits)

@@ -1,7 +1,7 @@
 """NgramProposer (prompt lookup): the last n tokens seen before predict what follows them."""
 from rollout.config import SamplingParams
-from rollout.proposers import NgramProposer
 from rollout.proposers.base import Proposer
+from rollout.proposers.ngram import NgramProposer
 from rollout.request import Request
 
 
@@ -14,14 +14,11 @@ def make_req(prompt, output=()):
 def test_longest_ngram_wins_and_evidence_is_its_length():
     prop = NgramProposer((3, 2, 1))
     assert isinstance(prop, Proposer) and prop.name == "ngram"
-    req = make_req([5, 6, 7, 8, 9, 1, 6, 7], [8])  # "6 7 8" occurred before, followed by 9 1
-    assert prop.propose(req, 2) == [9, 1] and prop.evidence(req) == 3
-    req = make_req([5, 6, 7, 8, 9, 1, 2], [7])  # only "7" recurs: a unigram match
-    assert prop.propose(req, 3) == [8, 9, 1] and prop.evidence(req) == 1
-    req = make_req([5, 6], [7])  # nothing recurs: no draft, no evidence
-    assert prop.propose(req, 3) == [] and prop.evidence(req) == 0
-    prop.finish(req)
-    assert prop.evidence(req) == 0
+    d = prop.propose(make_req([5, 6, 7, 8, 9, 1, 6, 7], [8]), 2)  # "6 7 8" occurred before, then 9 1
+    assert d.tokens == [9, 1] and d.evidence == 3 and d.proposer is prop
+    d = prop.propose(make_req([5, 6, 7, 8, 9, 1, 2], [7]), 3)  # only "7" recurs: a unigram match
+    assert d.tokens == [8, 9, 1] and d.evidence == 1
+    assert prop.propose(make_req([5, 6], [7]), 3) is None  # nothing recurs: no draft
 
 
 def test_a_hit_must_sit_on_a_token_boundary():
@@ -30,4 +27,4 @@ def test_a_hit_must_sit_on_a_token_boundary():
     prop = NgramProposer((1,))
     req = make_req([256, 0, 4], [1])
     assert bytes(__import__("array").array("i", [256, 0]))[1:5] == bytes(__import__("array").array("i", [1]))
-    assert prop.propose(req, 2) == [] and prop.evidence(req) == 0
+    assert prop.propose(req, 2) is None

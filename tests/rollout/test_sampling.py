@@ -474,3 +474,15 @@ def test_rows_the_bounds_cannot_settle_are_scored_in_full(monkeypatch):
     tokens, _ = sample(z, seeds, positions, ones, zeros, ones)
     assert torch.equal(tokens, full_argmax(z, seeds, positions))
     assert (tokens != z.topk(sampling._CANDIDATES, -1).indices[:, 0]).any()  # the fallback did decide some
+
+
+@pytest.mark.parametrize("p", [1e-46, 5e-324])
+def test_a_top_p_that_rounds_to_zero_keeps_the_top_token(p):
+    """float32(p) == 0: nothing reaches the mass, yet the top token must stay (found by fuzzing:
+    every token was dropped, and the sample was token 0 with a NaN logprob)."""
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5], [3.0, 3.0, 0.0, -2.0]])
+    z = process_logits(logits, torch.ones(2), torch.zeros(2, dtype=torch.int64), torch.full((2,), p))
+    assert torch.isfinite(z).sum(dim=1).tolist() == [1, 1]
+    tokens, logprobs = sample(logits, torch.tensor([1, 2]), torch.tensor([0, 0]), torch.ones(2),
+                              torch.zeros(2, dtype=torch.int64), torch.full((2,), p))
+    assert tokens.tolist() == [1, 0] and logprobs.tolist() == [0.0, 0.0]

@@ -7,12 +7,25 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.suffix import SuffixIndex, SuffixProposer
 from rollout.request import Request
-from tests.rollout.proposer_sim import run, step
+from tests.rollout.proposer_sim import drafted, run, step
 
 
 def make_req(index=0, group=0, history=None, prompt=(1, 2, 3)):
     return Request(index=index, prompt_ids=list(prompt), params=SamplingParams(max_tokens=10_000), seed=index,
                    history=history, group=group)
+
+
+def add_finished(prop, group, responses):
+    """Siblings that finished earlier: each is registered, indexed and leaves."""
+    for i, resp in enumerate(responses):
+        r = make_req(1000 + i, group=group)
+        r.output_ids = list(resp)
+        prop.observe(r, None, 0, [])
+        prop.finish(r)
+
+
+def group_index(prop, group):
+    return prop._groups.get(("group", group))
 
 
 def test_protocol_and_name():
@@ -45,41 +58,41 @@ def test_sibling_in_flight_drafts_as_its_tokens_arrive():
     pos, draft, acc = step(prop, follow, b_target)
     assert (pos, draft, acc) == (9, shared[9:12], 3)
     step(prop, lead, a_target)  # the lead emits one more token
-    assert prop.propose(follow, 8) == shared[13:14]
+    assert drafted(prop, follow, 8) == shared[13:14]
 
 
 def test_min_share_stops_at_a_fork():
     prop = SuffixProposer(min_share=0.6)
-    prop.add_past_responses(7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
+    add_finished(prop, 7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
     req = make_req(group=7)
-    assert prop.propose(req, 8) == [1, 2, 3]  # 50/50 after 3: stop
+    assert drafted(prop, req, 8) == [1, 2, 3]  # 50/50 after 3: stop
     req.output_ids = [1, 2, 3, 7]
-    assert prop.propose(req, 8) == [8, 9]  # past the fork the branch is unique again
+    assert drafted(prop, req, 8) == [8, 9]  # past the fork the branch is unique again
     loose = SuffixProposer(min_share=0.3)
-    loose.add_past_responses(7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
-    assert loose.propose(make_req(group=7), 8) == [1, 2, 3, 4, 5, 6]  # tie -> smaller id
-    prop.add_past_responses(7, [[1, 2, 3, 7, 8, 0]])
-    assert prop.propose(make_req(index=1, group=7), 8) == [1, 2, 3, 7, 8]  # 7 has 2/3 now; then 9 vs 0
+    add_finished(loose, 7, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]])
+    assert drafted(loose, make_req(group=7), 8) == [1, 2, 3, 4, 5, 6]  # tie -> smaller id
+    add_finished(prop, 7, [[1, 2, 3, 7, 8, 0]])
+    assert drafted(prop, make_req(index=1, group=7), 8) == [1, 2, 3, 7, 8]  # 7 has 2/3 now; then 9 vs 0
 
 
 def test_longest_context_wins_over_frequency():
     prop = SuffixProposer(min_share=0.5)
-    prop.add_past_responses(0, [[5, 6, 7, 8, 100], [9, 6, 7, 8, 200], [1, 6, 7, 8, 200]])
+    add_finished(prop, 0, [[5, 6, 7, 8, 100], [9, 6, 7, 8, 200], [1, 6, 7, 8, 200]])
     req = make_req(group=0)
     req.output_ids = [40, 5, 6, 7, 8]
-    assert prop.propose(req, 4) == [100]
+    assert drafted(prop, req, 4) == [100]
     other = make_req(index=1, group=0)
     other.output_ids = [40, 3, 6, 7, 8]
-    assert prop.propose(other, 4) == [200]  # only 6 7 8 matches: 200 has 2 of 3
+    assert drafted(prop, other, 4) == [200]  # only 6 7 8 matches: 200 has 2 of 3
 
 
 def test_own_tokens_never_match_their_own_end():
     prop = SuffixProposer()
     req = make_req(group=None)
     req.output_ids = [5, 6, 7]
-    assert prop.propose(req, 8) == []
+    assert drafted(prop, req, 8) == []
     req.output_ids = [1, 2, 3, 9, 1, 2]
-    assert prop.propose(req, 8) == [3, 9, 1, 2]  # its own earlier text continues; stops at its end
+    assert drafted(prop, req, 8) == [3, 9, 1, 2]  # its own earlier text continues; stops at its end
 
 
 def test_history_is_indexed_once_and_private_index_is_freed():
@@ -88,26 +101,26 @@ def test_history_is_indexed_once_and_private_index_is_freed():
     req = make_req(group=None, history=hist)
     steps = run(prop, req, hist, k=4)
     assert all(a == len(d) == 4 for _, d, a in steps)
-    assert prop._groups == {} and prop._states == {}
+    assert prop._groups == {} and req.proposer_state == {}
     # in a group, each request's history is shared with its siblings
     a = make_req(0, group=3, history=hist)
-    prop.propose(a, 4)
+    drafted(prop, a, 4)
     b = make_req(1, group=3)
-    assert prop.propose(b, 4) == hist[:4]
-    index = prop.index_for(3)
+    assert drafted(prop, b, 4) == hist[:4]
+    index = group_index(prop, 3)
     assert sum(1 for s in index.seqs if s[1:] == hist) == 1
-    prop.propose(a, 4)
+    drafted(prop, a, 4)
     assert sum(1 for s in index.seqs if s[1:] == hist) == 1
 
 
 def test_groups_are_separate_and_finish_keeps_the_group():
     prop = SuffixProposer()
     run(prop, make_req(0, group=1), [10, 11, 12, 13, 14])
-    assert prop.propose(make_req(1, group=2), 4) == []
-    assert prop.index_for(1) is not None  # finish() kept it
-    assert prop.propose(make_req(2, group=1), 4) == [10, 11, 12, 13]
+    assert drafted(prop, make_req(1, group=2), 4) == []
+    assert group_index(prop, 1) is not None  # finish() kept it
+    assert drafted(prop, make_req(2, group=1), 4) == [10, 11, 12, 13]
     prop.drop_group(1)
-    assert prop.index_for(1) is None
+    assert group_index(prop, 1) is None
     prop.drop_group(1)  # idempotent
 
 
@@ -115,35 +128,33 @@ def test_a_dropped_group_is_rebuilt_for_a_live_request():
     prop = SuffixProposer()
     req = make_req(0, group=1)
     req.output_ids = [1, 2, 1]
-    assert prop.propose(req, 4) == [2, 1]
+    assert drafted(prop, req, 4) == [2, 1]
     prop.drop_group(1)
-    assert prop.propose(req, 4) == [2, 1]  # re-registered with its full output
+    assert drafted(prop, req, 4) == [2, 1]  # re-registered with its full output
     # the id is reused by a new group (dropped, then fed again): still consistent
     prop.drop_group(1)
-    prop.add_past_responses(1, [[7, 7, 7, 8]])
+    add_finished(prop, 1, [[7, 7, 7, 8]])
     req.output_ids.append(2)
-    assert prop.propose(req, 4) == [1, 2]
-    assert prop.index_for(1).seqs == [[-1, 7, 7, 7, 8], [-1, 1, 2, 1, 2]]  # the live request joined it
-    with pytest.raises(ValueError):
-        prop.add_past_responses(None, [[1]])
+    assert drafted(prop, req, 4) == [1, 2]
+    assert group_index(prop, 1).seqs == [[-1, 7, 7, 7, 8], [-1, 1, 2, 1, 2]]  # the live request joined it
 
 
 def test_k_and_max_depth_are_respected():
     prop = SuffixProposer(max_depth=3)
-    prop.add_past_responses(0, [list(range(100))])
+    add_finished(prop, 0, [list(range(100))])
     req = make_req(group=0)
-    assert prop.propose(req, 5) == [0, 1, 2, 3, 4]
-    assert prop.propose(req, 0) == []
+    assert drafted(prop, req, 5) == [0, 1, 2, 3, 4]
+    assert drafted(prop, req, 0) == []
     req.output_ids = [99, 98, 20, 21, 22]
-    assert prop.propose(req, 3) == [23, 24, 25]
-    index = prop.index_for(0)
+    assert drafted(prop, req, 3) == [23, 24, 25]
+    index = group_index(prop, 0)
     assert index.match(req.output_ids, 3, 64) == (3, [(0, 24)])  # position in [START] + response
 
 
 def test_index_is_linear_in_tokens():
     index = SuffixIndex()
     s = index.add_sequence(list(range(1000)))
-    assert index.num_tokens == 1000
+    assert sum(len(q) - 1 for q in index.seqs) == 1000
     # one entry per position per indexed n-gram length, whatever max_depth is
     assert sum(len(v) for g in index.grams for v in g.values()) <= 3 * 1001
     assert index.match([-1], 32, 64) == (1, [(s, 1)])  # START: the response's beginning
@@ -170,23 +181,25 @@ def test_group_of_similar_siblings_reuses_a_lot(seed):
                 steps[i].append(step(prop, r, t, k=8))
     for r in reqs:
         prop.finish(r)
-    assert prop._states == {}
+        assert r.proposer_state == {}
     total_steps = sum(len(s) for s in steps.values())
     assert total_steps < sum(map(len, targets)) / 3
 
 
 def test_evidence_is_the_match_length_and_a_match_from_start_counts_the_prompt():
     prop = SuffixProposer()
-    prop.add_past_responses(0, [list(range(100, 140))])
+    add_finished(prop, 0, [list(range(100, 140))])
     req = make_req(group=0, prompt=(1, 2, 3, 4))
-    assert prop.propose(req, 3) == [100, 101, 102]
-    assert prop.evidence(req) == 4  # [START] matched: the shared prompt backs the draft
+    d = prop.propose(req, 3)
+    assert d.tokens == [100, 101, 102]
+    assert d.evidence == 4  # [START] matched: the shared prompt backs the draft
     req.output_ids = [9, 9, 120, 121, 122]
-    assert prop.propose(req, 2) == [123, 124]
-    assert prop.evidence(req) == 3  # 120 121 122
+    d = prop.propose(req, 2)
+    assert d.tokens == [123, 124]
+    assert d.evidence == 3  # 120 121 122
     other = make_req(index=1, group=0)
     other.output_ids = [5, 6, 7, 8]  # occurs nowhere else
-    assert prop.propose(other, 2) == [] and prop.evidence(other) == 0
+    assert prop.propose(other, 2) is None
 
 
 def test_drafts_carry_the_confidence_of_their_source_tokens():
@@ -198,22 +211,26 @@ def test_drafts_carry_the_confidence_of_their_source_tokens():
         return r
 
     sfx = SuffixProposer()
-    sfx.observe(req(0, [3, 4, 9], [-0.2, -0.3, -1.5]), [], 0, [])
+    sfx.observe(req(0, [3, 4, 9], [-0.2, -0.3, -1.5]), None, 0, [])
     b = req(1, history=[3, 4, 5, 6], history_logprobs=[0.0, -0.1, -2.0, -0.5])
     # b's old response is indexed after the sibling, so it is the newest source of 3 and 4; at the
     # fork (5 or 9, one each) the smaller id wins; then only the old response goes on
-    assert sfx.propose(b, 4) == [3, 4, 5, 6]
-    assert sfx.confidence(b) == pytest.approx([1.0, math.exp(-0.1), math.exp(-2.0), math.exp(-0.5)])
-    sfx.observe(req(2, [3, 4], [-0.7, -0.8]), [], 0, [])  # a newer sibling speaks for 3 and 4
-    assert sfx.propose(b, 2) == [3, 4]
-    assert sfx.confidence(b) == pytest.approx([math.exp(-0.7), math.exp(-0.8)])
+    d = sfx.propose(b, 4)
+    assert d.tokens == [3, 4, 5, 6]
+    assert d.confidence == pytest.approx([1.0, math.exp(-0.1), math.exp(-2.0), math.exp(-0.5)])
+    sfx.observe(req(2, [3, 4], [-0.7, -0.8]), None, 0, [])  # a newer sibling speaks for 3 and 4
+    d = sfx.propose(b, 2)
+    assert d.tokens == [3, 4]
+    assert d.confidence == pytest.approx([math.exp(-0.7), math.exp(-0.8)])
     nan = float("nan")
-    sfx.observe(req(3, [3], [nan]), [], 0, [])  # continued from elsewhere: its logprob is unknown
-    assert sfx.propose(b, 1) == [3]
-    assert sfx.confidence(b) == pytest.approx([math.exp(-0.7)])  # the newest that knows it
+    sfx.observe(req(3, [3], [nan]), None, 0, [])  # continued from elsewhere: its logprob is unknown
+    d = sfx.propose(b, 1)
+    assert d.tokens == [3]
+    assert d.confidence == pytest.approx([math.exp(-0.7)])  # the newest that knows it
     solo, other = SuffixProposer(), req(5)
-    solo.observe(req(4, [3], [nan]), [], 0, [])
-    assert solo.propose(other, 1) == [3] and math.isnan(solo.confidence(other)[0])  # none knows it
+    solo.observe(req(4, [3], [nan]), None, 0, [])
+    d = solo.propose(other, 1)
+    assert d.tokens == [3] and math.isnan(d.confidence[0])  # none knows it
 
 
 def _reference_follow(index, occs, k, min_share):

@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
-from scheduler import RayRolloutBackend, SchedulerConfig, tail_seconds  # noqa: E402
+from scheduler import RayRolloutBackend, SchedulerConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -75,14 +75,6 @@ def reference(local):
 
 # ---- policy pieces that need no workers ---------------------------------------------------------
 
-def test_tail_seconds():
-    assert tail_seconds([]) == 0.0
-    times = [float(i) for i in range(1, 11)]  # 9 of 10 done at t=9, the last at t=10
-    assert tail_seconds(times) == pytest.approx(1.0)
-    assert tail_seconds([1.0] * 18 + [5.0, 3.0]) == pytest.approx(4.0)
-    assert tail_seconds([1.0, 2.0, 3.0, 5.0]) == 0.0  # 90% of 4 samples is all 4
-
-
 @pytest.mark.parametrize("bad", [dict(mode="fast"), dict(chunk_tokens=0), dict(chunk_growth=-1),
                                  dict(aging=-0.1), dict(probe_factor=0.5)])
 def test_scheduler_config_rejects(bad):
@@ -120,7 +112,7 @@ class TestTwoWorkers:
                                 draft_logprobs=[r.logprobs for r in reference])
         same(outs, reference)
         assert sum(o.stats["accepted"].get("history", 0) for o in outs) > len(outs)
-        m = backend.last_metrics
+        m = backend.metrics()
         assert m["num_workers"] == 2 and m["num_samples"] == len(prompts)
         assert m["chunks"] > 2 and set(m["worker_busy_seconds"]) == {0, 1}  # both workers ran chunks
         assert 0 < m["worker_busy_fraction"] <= 1.0
@@ -142,9 +134,9 @@ class TestTwoWorkers:
             backend.mode, backend.chunk_tokens = "divided+context", 4
         same(outs, reference)
         if mode == "static":
-            assert backend.last_metrics["chunks"] == 2  # one run per worker, no chunks
+            assert backend.metrics()["chunks"] == 2  # one run per worker, no chunks
         else:
-            assert backend.last_metrics["chunks"] >= max(p.max_tokens for p in params) // chunk
+            assert backend.metrics()["chunks"] >= max(p.max_tokens for p in params) // chunk
 
     def test_without_groups_and_default_seeds(self, backend, local):
         prompts, params, _, _ = workload(3, 2, seed=5)
@@ -153,12 +145,12 @@ class TestTwoWorkers:
         same(outs, ref)
 
     def test_bad_input_is_rejected_before_dispatch(self, backend):
-        chunks = backend.last_metrics.get("chunks")
+        chunks = backend.metrics().get("chunks")
         with pytest.raises(ValueError, match="outside the vocabulary"):
             backend.generate([[1, 2], [3, VOCAB]], SamplingParams(max_tokens=4))
         with pytest.raises(ValueError, match="seeds"):
             backend.generate([[1, 2]], SamplingParams(max_tokens=4), seeds=[1, 2])
-        assert backend.last_metrics.get("chunks") == chunks
+        assert backend.metrics().get("chunks") == chunks
         assert backend.generate([], SamplingParams()) == []
 
     def test_worker_killed_mid_rollout(self, backend, reference, local):
@@ -180,12 +172,12 @@ class TestTwoWorkers:
             backend.on_chunk = None
         assert killed
         same(outs, reference)
-        m = backend.last_metrics
+        m = backend.metrics()
         assert m["worker_failures"] >= 1 and m["requeued_requests"] >= 1
         assert backend.wait_ready(timeout_s=90) == 2  # the replacement is up
         outs = backend.generate(prompts, params, seeds=seeds, groups=groups)
         same(outs, reference)
-        assert set(backend.last_metrics["worker_busy_seconds"]) == {0, 1}
+        assert set(backend.metrics()["worker_busy_seconds"]) == {0, 1}
 
     def test_update_weights(self, backend, local, reference, hf):
         prompts, params, seeds, groups = workload()
@@ -222,7 +214,7 @@ def test_dead_worker_without_restart(ray_local, hf, reference):
     with RayRolloutBackend(hf, CONFIG, num_workers=2, mode="static", restart_workers=False) as b:
         ray.kill(b.workers[1])
         same(b.generate(prompts, params, seeds=seeds, groups=groups), reference)
-        assert b.last_metrics["worker_failures"] == 1 and list(b.workers) == [0]
+        assert b.metrics()["worker_failures"] == 1 and list(b.workers) == [0]
         same(b.generate(prompts, params, seeds=seeds, groups=groups), reference)
         ray.kill(b.workers[0])
         with pytest.raises(RuntimeError, match="no rollout worker left"):

@@ -26,7 +26,7 @@ VOCAB: tuple[str, ...] = SPECIAL_TOKENS + WORDS + CHARS
 assert len(set(VOCAB)) == len(VOCAB) and len(VOCAB) < 128
 
 
-def make_backend() -> Tokenizer:
+def make_word_level() -> Tokenizer:
     """The raw `tokenizers.Tokenizer`: WordLevel over VOCAB, words first, then single characters."""
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=UNK))
     pattern = "|".join(WORDS) + r"|[\s\S]"
@@ -43,7 +43,7 @@ def make_backend() -> Tokenizer:
 def make_tokenizer() -> PreTrainedTokenizerFast:
     """The Hugging Face tokenizer, in memory."""
     return PreTrainedTokenizerFast(
-        tokenizer_object=make_backend(),
+        tokenizer_object=make_word_level(),
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,

@@ -14,8 +14,8 @@ The cache root is `cache_dir`, else $SPECTAIL_CACHE, else ~/.cache/spectail; the
 `policy-<hash>` of the policy config and of the task config's problem distribution (its
 `num_problems` and `seed` do not change what the policy is trained on, so they are not in it).
 
-Sampled at temperature 1.0 the warm-started policy answers about half of the problems right
-(see `evaluate_accuracy`): most short chains, few long ones. It has learnt the format and the
+Sampled at temperature 1.0 the warm-started policy answers part of the problems right: most
+short chains, few long ones. It has learnt the format and the
 counting, and also the occasional slip its training data carries (`sft_slip_rate`): RL has to
 train the slips away, and the longer the chain the more there is to gain.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -31,72 +30,17 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from .task import Problem, TaskConfig, format_solution, make_problems, reward_fn
+from ..config import PolicyConfig, TaskConfig
+from ..dataset import Problem
+from .task import format_solution, make_problems
 from .tokenizer import build_tokenizer
 
 CACHE_FORMAT = 2  # bump when the training recipe changes in a way the configs do not show
 META_FILE = "spectail_sft.json"
-train_count = 0  # how many times this process has trained a policy (tests read it)
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """The tiny policy and its supervised warm start.
-
-    arch: "llama" or "qwen2". Prefer llama: transformers 5's AutoTokenizer replaces the tokenizer of
-        any qwen2 checkpoint with Qwen2Tokenizer (load_policy sidesteps that, other code may not).
-    attention_bias: biases on the llama attention projections (qwen2 always has q/k/v biases).
-        They let a head attend by relative position alone from the first step, which this task
-        (each line computed from the line above) needs: without them a tiny model learns it far
-        more slowly.
-    hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings:
-        the transformer; embeddings are tied.
-    sft_steps: optimizer steps of supervised training (prompt tokens are masked out of the loss).
-    sft_tokens_per_batch: tokens (padding included) per step; problems of similar length are batched.
-    sft_pool: how many generated problems the steps cycle through.
-    sft_slip_rate: the fraction of solution lines in the training data that carry an arithmetic
-        slip (see task.format_solution): it sets how often the warm-started policy slips at T=1,
-        and so its starting accuracy, robustly (a policy trained to convergence on clean data would
-        be right nearly always, one stopped early is erratic from seed to seed).
-    lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to lr / 10.
-    seed: seeds the initial weights and the training problems (independent of TaskConfig.seed).
-    num_threads: torch threads while training (0 = leave torch's setting alone). One: the matrices
-        are too small to split, and on a busy 2-core machine two threads measured ~20x slower.
-    """
-
-    arch: str = "llama"
-    attention_bias: bool = True
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 1024
-    sft_steps: int = 1800
-    sft_tokens_per_batch: int = 512
-    sft_pool: int = 20000
-    sft_slip_rate: float = 0.1
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 50
-    seed: int = 1234
-    num_threads: int = 1
-
-    def validate(self) -> None:
-        if self.arch not in ("llama", "qwen2"):
-            raise ValueError(f"PolicyConfig.arch must be 'llama' or 'qwen2', got {self.arch!r}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                "PolicyConfig needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
-                f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}"
-            )
-        if self.sft_steps < 0:
-            raise ValueError(f"PolicyConfig.sft_steps must be >= 0, got {self.sft_steps}")
 
 
 def make_model(policy_cfg: PolicyConfig, tokenizer):
@@ -186,8 +130,6 @@ def train_sft(model, tokenizer, problems: Sequence[Problem], policy_cfg: PolicyC
     """Supervised training on worked solutions, prompt masked out; returns what it did."""
     from tqdm.auto import tqdm
 
-    global train_count
-    train_count += 1
     old_threads = torch.get_num_threads()
     if policy_cfg.num_threads > 0:
         torch.set_num_threads(policy_cfg.num_threads)
@@ -227,7 +169,7 @@ def train_sft(model, tokenizer, problems: Sequence[Problem], policy_cfg: PolicyC
         torch.set_num_threads(old_threads)
 
 
-def load_policy(folder: str):
+def load_checkpoint(folder: str):
     """Load a cached (or any local) checkpoint: (model in eval mode, float32; tokenizer)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -266,7 +208,7 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
         finally:
             if os.path.isdir(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)
-    model, tokenizer = load_policy(folder)
+    model, tokenizer = load_checkpoint(folder)
     return model, tokenizer, folder
 
 
@@ -288,55 +230,3 @@ def remove_stale_temporaries(root: str) -> None:
                 shutil.rmtree(entry.path, ignore_errors=True)
         except OSError:
             pass
-
-
-@torch.no_grad()
-def sample_responses(model, tokenizer, prompts: Sequence[str], temperature: float = 1.0,
-                     max_new_tokens: int = 512, seed: int = 0, batch_size: int = 64) -> list[str]:
-    """Plain sampling with the KV cache (no speculation), for measuring a policy; returns texts."""
-    gen = torch.Generator().manual_seed(seed)
-    # transformers >= 5.x calls the KV cache `cache`, earlier versions `past_key_values`
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[str] = [""] * len(prompts)
-    for b in range(0, len(order), batch_size):
-        idx = order[b: b + batch_size]
-        enc = [tokenizer(prompts[i])["input_ids"] for i in idx]
-        width = max(len(e) for e in enc)
-        ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc])  # left padding
-        mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(e) for e in enc])[:, None]).long()
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        done = torch.zeros(len(idx), dtype=torch.bool)
-        result = [[] for _ in idx]
-        past, step_ids = None, ids
-        for _ in range(max_new_tokens):
-            o = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                      **{cache_kw: past})
-            past, logits = getattr(o, cache_kw), o.logits[:, -1, :].float()
-            if temperature > 0:
-                probs = torch.softmax(logits / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            else:
-                nxt = logits.argmax(-1)
-            for r in range(len(idx)):
-                if not done[r]:
-                    if int(nxt[r]) == eos:
-                        done[r] = True
-                    else:
-                        result[r].append(int(nxt[r]))
-            if bool(done.all()):
-                break
-            step_ids = nxt[:, None]
-            mask = torch.cat([mask, torch.ones(len(idx), 1, dtype=torch.long)], dim=1)
-            pos = pos[:, -1:] + 1
-        for r, i in enumerate(idx):
-            out[i] = tokenizer.decode(result[r], skip_special_tokens=True)
-    return out
-
-
-def evaluate_accuracy(model, tokenizer, problems: Sequence[Problem], temperature: float = 1.0,
-                      max_new_tokens: int = 512, seed: int = 0) -> float:
-    """Mean reward of one sample per problem."""
-    texts = sample_responses(model, tokenizer, [p.prompt for p in problems], temperature, max_new_tokens, seed)
-    return sum(reward_fn(t, p.answer) for t, p in zip(texts, problems)) / max(1, len(problems))

@@ -12,7 +12,7 @@ of CPU, where variable-width numbers took several times longer and sometimes not
 
 The count is heavy-tailed (P(count) ~ count^-tail_alpha on [min_count, max_count]), so most
 responses are short and a few are very long: with the defaults the 99th percentile of the
-response length in tokens is about 15x the median (measured over 2000 problems, see the tests).
+response length in tokens is many times the median (tests/rl_integration/test_task.py checks it).
 That is the long tail spectail is about.
 
 Every running total is a chance for an arithmetic slip (see `format_solution`): the warm-started
@@ -24,69 +24,21 @@ every epoch, which history reuse drafts from.
 The reward is verifiable: 1.0 when the first `answer <int>` in the response equals the ground
 truth (leading zeros ignored), else 0.0 — never an exception, whatever the response holds.
 
-API:
-    TaskConfig                  the generator's knobs (dataclass)
-    Problem(prompt, answer, solution)
+API (the generator's knobs are rl_integration.config.TaskConfig; problems are
+rl_integration.dataset.Problem):
     make_problems(cfg) -> list[Problem]          deterministic given cfg (seed included)
     parse_prompt(prompt) -> (start, count, widths);  format_solution(prompt, slip_rate=0, rng=None)
     extract_answer(text) -> str | None
     reward_fn(response, answer, tokenizer=None) -> float
-    load_parquet_dataset(path, prompt_key="prompt", answer_key="answer") -> list[Problem]
-    save_parquet_dataset(problems, path)
 """
 from __future__ import annotations
 
-import os
 import random
 import re
-from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from scheduler.atomic_file import atomic_path
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Knobs of the problem generator.
-
-    num_problems: how many problems make_problems returns.
-    seed: the generator's seed; the same config always gives the same problems.
-    min_start, max_start: the left addend (the running total's start) is uniform in [min_start, max_start].
-    min_count, max_count: the range of the right addend (the count), one response line per unit.
-    tail_alpha: P(count) is proportional to count ** -tail_alpha; smaller means a heavier tail.
-    """
-
-    num_problems: int = 256
-    seed: int = 0
-    min_start: int = 0
-    max_start: int = 99
-    min_count: int = 1
-    max_count: int = 64
-    tail_alpha: float = 1.3
-
-    def validate(self) -> None:
-        if self.num_problems < 0:
-            raise ValueError(f"TaskConfig.num_problems must be >= 0, got {self.num_problems}")
-        if not (0 <= self.min_start <= self.max_start):
-            raise ValueError(
-                f"TaskConfig needs 0 <= min_start <= max_start, got {self.min_start}, {self.max_start}"
-            )
-        if not (1 <= self.min_count <= self.max_count):
-            raise ValueError(
-                f"TaskConfig needs 1 <= min_count <= max_count, got {self.min_count}, {self.max_count}"
-            )
-        if not (self.tail_alpha >= 0.0):  # also rejects NaN
-            raise ValueError(f"TaskConfig.tail_alpha must be >= 0, got {self.tail_alpha}")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt, its ground-truth answer, and a worked solution (the response text without </s>).
-    `solution` is "" for problems loaded from a data set that has none."""
-
-    prompt: str
-    answer: str
-    solution: str = ""
+from ..config import TaskConfig
+from ..dataset import Problem
 
 
 def number_widths(cfg: TaskConfig) -> tuple[int, int]:
@@ -159,7 +111,7 @@ def reward_fn(response: Union[str, Sequence[int]], answer: Union[str, int], toke
     """1.0 if the response's first `answer <int>` equals `answer`, else 0.0; never raises.
 
     `response` is the response text, or its token ids: those are decoded with `tokenizer` when
-    given, else with the embedded task's fixed vocabulary (rl_integration.tokenizer)."""
+    given, else with the embedded task's fixed vocabulary (rl_integration/demo/tokenizer.py)."""
     try:
         if not isinstance(response, str):
             if tokenizer is not None:
@@ -174,43 +126,3 @@ def reward_fn(response: Union[str, Sequence[int]], answer: Union[str, int], toke
         return 1.0 if int(got) == int(str(answer).strip()) else 0.0
     except Exception:
         return 0.0
-
-
-def save_parquet_dataset(problems: Sequence[Problem], path: Union[str, os.PathLike]) -> None:
-    """Write problems as a Parquet table (columns prompt, answer, solution), atomically:
-    into a temporary file beside `path`, then renamed over it."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table(
-        {
-            "prompt": [p.prompt for p in problems],
-            "answer": [p.answer for p in problems],
-            "solution": [p.solution for p in problems],
-        }
-    )
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def load_parquet_dataset(
-    path: Union[str, os.PathLike], prompt_key: str = "prompt", answer_key: str = "answer"
-) -> list[Problem]:
-    """Read problems from a Parquet file. A `solution` column is used when present.
-    Raises ValueError naming the missing column(s) and the columns the file has."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(os.fspath(path))
-    present = table.column_names
-    missing = [k for k in (prompt_key, answer_key) if k not in present]
-    if missing:
-        raise ValueError(
-            f"{os.fspath(path)}: missing column(s) {missing}; the file has columns {present} "
-            f"(choose others with prompt_key= / answer_key=)"
-        )
-    prompts = table.column(prompt_key).to_pylist()
-    answers = table.column(answer_key).to_pylist()
-    solutions = table.column("solution").to_pylist() if "solution" in present else [""] * len(prompts)
-    return [
-        Problem(str(p), str(a), "" if s is None else str(s)) for p, a, s in zip(prompts, answers, solutions)
-    ]

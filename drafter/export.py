@@ -1,0 +1,126 @@
+"""Saving and loading a draft head: safetensors + config.json, in vLLM's EAGLE layout.
+
+The head's parameter names already are vLLM's EAGLE-1 names for a Llama draft
+(vllm/model_executor/models/llama_eagle.py, `LlamaModel`): `fc.weight` over cat(embeds, hidden),
+`embedding_layernorm.weight` / `hidden_states_layernorm.weight` (the HASS variant, switched on by
+the config key `add_para_norm`), and `layers.0.{self_attn,mlp}.*` + `layers.0.post_attention_layernorm`
+(layer 0 has no input_layernorm there, nor here). It has no `embed_tokens` or `lm_head` of its own:
+vLLM's loader skips a draft's embed_tokens and shares the target's, as this head reads the policy's.
+config.json is a Llama config with num_hidden_layers = 1 and architectures ["LlamaForCausalLM"],
+which vLLM's EAGLEConfig (vllm/transformers_utils/configs/eagle.py) renames to
+"EagleLlamaForCausalLM" for method "eagle". vLLM feeds such a draft the target's final hidden
+states paired with the next token at the same position, as this head is trained.
+
+The "mlp" kind has no EAGLE counterpart: its config carries only the spectail section.
+Our own section, "spectail_drafter", records the kind, format, hidden size and vocabulary; `load`
+reads it and refuses a head made for another policy shape, or one with NaN/Inf weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from rollout.model import CausalLM
+
+from .head import DraftHead, HeadConfig
+
+FORMAT = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def eagle_config(head: DraftHead) -> dict:
+    """The Hugging Face Llama config of the head's EAGLE layout."""
+    c = head.cfg
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+        "hidden_size": head.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps, "vocab_size": head.vocab_size,
+        "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "max_position_embeddings": 1 << 20, "attention_bias": bool(c.attention_bias), "mlp_bias": False,
+        "tie_word_embeddings": False, "add_para_norm": True,
+        "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
+    }
+
+
+def _check_finite(tensors: dict, what: str) -> None:
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{what}: weight {name!r} contains NaN or Inf")
+
+
+def export(head: DraftHead, folder: str | os.PathLike) -> Path:
+    """Write the head to `folder` (replaced as a whole: written beside it, then renamed in)."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    _check_finite(tensors, "export")
+    config = eagle_config(head) if head.kind == "attention" else {}
+    config["spectail_drafter"] = {"format": FORMAT, "kind": head.kind, "hidden_size": head.hidden_size,
+                                  "vocab_size": head.vocab_size, "head": dataclasses.asdict(head.cfg)}
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+        os.chmod(tmp, 0o755)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
+    """The head saved in `folder`, for this policy (dtype and device default to the policy's).
+    ValueError, naming the problem, for a folder that is not a spectail drafter export, a head made
+    for another hidden size or vocabulary, missing or unexpected weights, or NaN/Inf weights."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / CONFIG).is_file() or not (folder / WEIGHTS).is_file():
+        raise ValueError(f"{folder} is not a drafter export (needs {CONFIG} and {WEIGHTS})")
+    try:
+        config = json.loads((folder / CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{folder}/{CONFIG} is not valid JSON: {e}") from None
+    meta = config.get("spectail_drafter") if isinstance(config, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "head" not in meta:
+        raise ValueError(f"{folder}/{CONFIG} has no spectail_drafter section of format {FORMAT}")
+    hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
+    if (hidden, vocab) != (policy.cfg.hidden_size, policy.cfg.vocab_size):
+        raise ValueError(f"{folder}: draft head made for hidden size {hidden} and vocabulary {vocab}, "
+                         f"the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
+    try:
+        cfg = HeadConfig(**meta["head"])
+        cfg.validate()
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"{folder}/{CONFIG}: bad spectail_drafter.head: {e}") from None
+    tensors = load_file(str(folder / WEIGHTS))
+    _check_finite(tensors, str(folder))
+    with torch.device("meta"):
+        head = DraftHead(cfg, hidden, vocab)
+    expected = head.state_dict()
+    missing, unexpected = set(expected) - set(tensors), set(tensors) - set(expected)
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match a {cfg.kind} head: missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]}")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
+                             f"expected {tuple(expected[name].shape)}")
+    p = policy.lm_head.weight
+    head = head.to_empty(device=device or p.device).to(dtype or p.dtype)
+    head.load_state_dict({k: v.to(dtype or p.dtype) for k, v in tensors.items()})
+    return head.eval()

@@ -1,0 +1,263 @@
+"""The draft head: a one-layer, EAGLE-style model that predicts the policy's next hidden state.
+
+A head row at position j pairs the policy's final hidden state h_j (after its last norm: what
+rollout.model.CausalLM.forward returns beside the logits) with the token x_{j+1} that followed:
+
+    x   = fc(cat(embedding_layernorm(embed(x_{j+1})), hidden_states_layernorm(h_j)))
+    out = one decoder layer(x)          # "attention": RoPE attention over the head's own KV cache
+                                        # "mlp": no attention, only the feed-forward block
+    logits = lm_head(out)               # predicts x_{j+2}; `out` stands in for h_{j+1}
+
+so (h_{t-1}, y_t) -> the distribution of y_{t+1}. This is vLLM's pairing (v1/spec_decode/eagle.py
+shifts the token ids left by one and keeps hidden states and positions) and its EAGLE layout
+(model_executor/models/llama_eagle.py: `fc` without bias over cat(embeds, hidden), HASS's
+`embedding_layernorm` / `hidden_states_layernorm`, layer 0 without input_layernorm, no final norm
+before lm_head), so `drafter.export` writes a checkpoint in that layout.
+
+`embed` and `lm_head` are the policy's own, read from the CausalLM at every call (never copied):
+a weight update of the policy moves the head's input and output spaces with it. They enter as
+detached tensors, so training the head never touches the policy.
+
+Two ways to run the same weights:
+- `unroll`: whole padded sequences, several steps where step s feeds the head its own outputs
+  (training-time test; the offline acceptance metric). Step s at row j continues the draft chain
+  that started at row j - s: it attends to step-0 keys of rows <= j - s and to the key step m
+  wrote at row j - s + m, for m = 1..s -- exactly the keys the chain has in the cache.
+- `forward_cached`: ragged rows against the head's one-layer KVCache (rollout/kv_cache.py), one
+  slot per request, through rollout.model's DecoderLayer: what the engine's proposer runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollout.batch import ForwardBatch
+from rollout.kv_cache import KVCache
+from rollout.model import MLP, CausalLM, DecoderLayer, ModelConfig, RMSNorm, rotate
+
+KINDS = ("attention", "mlp")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The head's shape. None takes the policy's value (one policy layer's shape, as EAGLE does).
+
+    kind: "attention" (a decoder layer with RoPE attention) or "mlp" (the same without attention:
+        cheaper, but it sees only the current row).
+    num_heads, num_kv_heads, head_dim, intermediate_size, attention_bias: the decoder layer.
+    rope_theta: the head's own RoPE base (its positions are the policy's sequence positions).
+    """
+
+    kind: str = "attention"
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    attention_bias: Optional[bool] = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: Optional[float] = None
+
+    def resolved(self, policy_cfg: ModelConfig) -> HeadConfig:
+        """Every None replaced by the policy's value; validated."""
+        c = replace(self, **{k: getattr(policy_cfg, attr) for k, attr in (
+            ("num_heads", "num_heads"), ("num_kv_heads", "num_kv_heads"), ("head_dim", "head_dim"),
+            ("intermediate_size", "intermediate_size"), ("attention_bias", "qkv_bias"),
+            ("rms_norm_eps", "rms_norm_eps")) if getattr(self, k) is None})
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"HeadConfig.kind must be one of {list(KINDS)}, got {self.kind!r}")
+        for name in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"HeadConfig.{name} must be None (the policy's) or an integer >= 1, got {v!r}")
+        if self.num_heads and self.num_kv_heads and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"HeadConfig.num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim is not None and self.head_dim % 2:
+            raise ValueError(f"HeadConfig.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"HeadConfig.rope_theta must be > 0, got {self.rope_theta}")
+
+
+def _layer_config(cfg: HeadConfig, hidden_size: int, vocab_size: int) -> ModelConfig:
+    """rollout.model's config for the head's one decoder layer (a Llama layer)."""
+    return ModelConfig(arch="llama", vocab_size=vocab_size, hidden_size=hidden_size, num_layers=1,
+                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                       intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
+                       tie_word_embeddings=False, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
+                       mlp_bias=False, qk_norm=False, sliding_windows=(None,), max_position_embeddings=0)
+
+
+class FeedForwardLayer(nn.Module):
+    """The "mlp" kind's layer: the decoder layer's feed-forward block alone (same names)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.mlp = MLP(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x):
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftHead(nn.Module):
+    """Build with `DraftHead.for_policy(policy, HeadConfig(...))`. Parameter names are vLLM's
+    EAGLE names (see the module docstring); the policy's embed and lm_head are not among them."""
+
+    def __init__(self, cfg: HeadConfig, hidden_size: int, vocab_size: int):
+        super().__init__()
+        cfg.validate()
+        self.cfg, self.hidden_size, self.vocab_size = cfg, hidden_size, vocab_size
+        layer_cfg = _layer_config(cfg, hidden_size, vocab_size)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.embedding_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
+        self.hidden_states_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
+        if cfg.kind == "attention":
+            layer = DecoderLayer(layer_cfg, None)
+            layer.input_layernorm = nn.Identity()  # EAGLE's layer 0: fc's output goes straight in
+        else:
+            layer = FeedForwardLayer(layer_cfg)
+        self.layers = nn.ModuleList([layer])
+
+    @classmethod
+    def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
+                   device=None, seed: Optional[int] = None) -> DraftHead:
+        """A freshly initialised head sized for this policy (dtype and device default to the
+        policy's); seed makes the initial weights reproducible without touching the global RNG."""
+        cfg = cfg.resolved(policy.cfg)
+        p = policy.lm_head.weight
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            head = cls(cfg, policy.cfg.hidden_size, policy.cfg.vocab_size)
+        return head.to(device=device or p.device, dtype=dtype or p.dtype)
+
+    @property
+    def kind(self) -> str:
+        return self.cfg.kind
+
+    def num_parameters(self) -> int:
+        """The head's own parameters (the policy's embed and lm_head it reads are not counted)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def check_policy(self, policy: CausalLM) -> None:
+        if (policy.cfg.hidden_size, policy.cfg.vocab_size) != (self.hidden_size, self.vocab_size):
+            raise ValueError(f"draft head was made for hidden size {self.hidden_size} and vocabulary "
+                             f"{self.vocab_size}, the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
+
+    # ---- pieces shared by both ways of running --------------------------------------------
+
+    def inputs(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """fc(cat(norm(embed(tokens)), norm(feats))): [..., d] in the head's dtype."""
+        dtype = self.fc.weight.dtype
+        embeds = F.embedding(tokens, policy.model.embed_tokens.weight.detach()).to(dtype)
+        return self.fc(torch.cat((self.embedding_layernorm(embeds),
+                                  self.hidden_states_layernorm(feats.to(dtype))), dim=-1))
+
+    def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
+        """The policy's live lm_head on the head's output: float32 logits."""
+        w = policy.lm_head.weight.detach()
+        return F.linear(out.to(w.dtype), w).float()
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., 1, head_dim] for positions of any shape. The frequencies are made here in
+        float32 rather than kept as a buffer, which a bfloat16 head would round."""
+        dim = self.cfg.head_dim
+        inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
+        freqs = positions[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    # ---- the engine's way: ragged rows against a KV cache ---------------------------------
+
+    def new_cache(self, num_slots: int, max_len: int) -> Optional[KVCache]:
+        """The head's one-layer cache (None for the "mlp" kind, which keeps no state)."""
+        if self.kind != "attention":
+            return None
+        p = self.fc.weight
+        return KVCache(1, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim, p.dtype, p.device)
+
+    @torch.inference_mode()
+    def forward_cached(self, policy: CausalLM, batch: ForwardBatch, cache: Optional[KVCache],
+                       feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """batch.token_ids: x_{j+1} of each row j; batch.positions: j (the cache index the row's
+        key is written at); feats [N, d]: h_j. Returns (out [M, d], logits [M, V] float32) for
+        batch.logit_index. Keys below a row's start must already be in its slot."""
+        x = self.inputs(policy, batch.token_ids, feats)
+        layer = self.layers[0]
+        if self.kind == "attention":
+            cos, sin = self.rope(batch.positions, x.dtype)
+            x = layer(x, cos, sin, batch, cache, 0)
+        else:
+            x = layer(x)
+        out = x[batch.logit_index]
+        return out, self.logits(policy, out)
+
+    # ---- the trainer's way: padded sequences, unrolled ------------------------------------
+
+    def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
+               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> list[tuple]:
+        """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), rows at positions 0..L-1
+        (right padding is harmless: a row sees only rows before it). Returns per step s
+        (out [B, L, d], logits [B, L, V] float32); step s >= 1 feeds row j the output of step
+        s - 1 at row j - 1 and, as its token, x_{j+1} (teacher tokens) or pick(s - 1, logits of
+        step s - 1) shifted the same way (the head's own drafts)."""
+        b, length = tokens.shape
+        cos, sin = self.rope(torch.arange(length, device=tokens.device), self.fc.weight.dtype)
+        keys, values, results = [], [], []
+        tok, fin = tokens, feats
+        for s in range(steps):
+            x = self.inputs(policy, tok, fin)
+            layer = self.layers[0]
+            if self.kind == "attention":
+                x = x + self._attend_unrolled(layer.self_attn, x, cos, sin, keys, values)
+            out = layer.mlp(layer.post_attention_layernorm(x)) + x
+            logits = self.logits(policy, out)
+            results.append((out, logits))
+            if s + 1 < steps:
+                fin = _shift_right(out)
+                if pick is not None:
+                    tok = _shift_right(pick(s, logits))
+        return results
+
+    def _attend_unrolled(self, attn, x, cos, sin, keys: list, values: list) -> torch.Tensor:
+        """Attention of step s = len(keys): step-0 keys of rows <= j - s, and the key step m wrote
+        at row j - s + m (m = 1..s, the chain's own rows). Appends this step's keys and values."""
+        cfg = self.cfg
+        b, length, _ = x.shape
+        rep = cfg.num_heads // cfg.num_kv_heads
+        q = rotate(attn.q_proj(x).view(b, length, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = rotate(attn.k_proj(x).view(b, length, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        v = attn.v_proj(x).view(b, length, cfg.num_kv_heads, cfg.head_dim)
+        keys.append(k.repeat_interleave(rep, dim=2))
+        values.append(v.repeat_interleave(rep, dim=2))
+        s = len(keys) - 1
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        rows = torch.arange(length, device=x.device)
+        scores = torch.einsum("blhd,bmhd->bhlm", q, keys[0]).float() * scale
+        scores = scores.masked_fill(rows[None, :] > rows[:, None] - s, float("-inf"))
+        diag = []
+        for m in range(1, s + 1):
+            shifted = _shift_right(keys[m], s - m)
+            d = (q * shifted).sum(-1).float() * scale  # [B, L, H]
+            diag.append(d.masked_fill((rows < s - m)[None, :, None], float("-inf")).permute(0, 2, 1)[..., None])
+        weights = torch.softmax(torch.cat([scores] + diag, dim=-1), dim=-1).to(x.dtype)
+        out = torch.einsum("bhlm,bmhd->blhd", weights[..., :length], values[0])
+        for m in range(1, s + 1):
+            out = out + weights[..., length + m - 1].permute(0, 2, 1)[..., None] * _shift_right(values[m], s - m)
+        return attn.o_proj(out.reshape(b, length, -1))
+
+
+def _shift_right(t: torch.Tensor, n: int = 1) -> torch.Tensor:
+    """t[:, j] <- t[:, j - n] along dim 1; the first n rows are zeros (never read unmasked)."""
+    if n == 0:
+        return t
+    return torch.cat([torch.zeros_like(t[:, :n]), t[:, :-n]], dim=1)

@@ -1,0 +1,137 @@
+"""Simulated acceptance: the exact acceptance of a head's coupled drafts on a saved rollout.
+
+On a saved rollout the target's token at every position is known (it is the saved token), and a
+draft token is accepted exactly when it equals it. So the accepted run of any draft chain is
+computable without the engine: a chain starting at the row of pending token y_t proposes
+d_i = argmax(processed u_i + G(seed, t + i, .)) over its own logits u_i (rollout.sampling.sample
+on the head's logits with the request's seed, response position and params -- the coupling),
+each step fed its previous draft token and its own output feature, and its run is the number of
+leading d_i == y_{t+i}. Chains of k tokens start at every response position; `head.unroll` runs
+all of them at once (step s at row j is the chain that started at row j - s).
+
+The runs are what the engine would see for this head at the same positions (up to rounding of
+the cached against the unrolled attention), so they also predict its tokens per forward.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from rollout import sampling
+from rollout.model import CausalLM
+
+from .features import RowBatch, SavedRollout, row_batch, sequence_features
+
+
+@torch.no_grad()
+def chain_runs(head, policy: CausalLM, rollouts: Sequence[SavedRollout], max_k: int = 8,
+               features: Optional[Sequence[torch.Tensor]] = None, batch_tokens: int = 8192) -> list[list[tuple]]:
+    """Per rollout, per chain start t = 0 .. R - 2 (the pending token's response position):
+    (accepted run, chain length) of a max_k-token chain; the length is min(max_k, R - 1 - t)."""
+    if max_k < 1:
+        raise ValueError(f"max_k must be >= 1, got {max_k}")
+    if features is None:
+        features = sequence_features(policy, [r.token_ids for r in rollouts])
+    out: list = [None] * len(rollouts)
+    for idx in _batches(rollouts, batch_tokens):
+        rb = row_batch([rollouts[i] for i in idx], [features[i] for i in idx])
+        runs, lengths = _runs(head, policy, rb, max_k)
+        for b, i in enumerate(idx):
+            first, last = int(rb.first[b]), int(rb.rows[b]) - 1  # starts: rows P-1 .. N-3
+            out[i] = list(zip(runs[b, first:last].tolist(), lengths[b, first:last].tolist()))
+    return out
+
+
+def _batches(rollouts: Sequence[SavedRollout], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped by length so padding stays small, each group within batch_tokens padded."""
+    order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].token_ids))
+    groups, cur = [], []
+    for i in order:
+        if cur and len(rollouts[i].token_ids) * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    return groups + ([cur] if cur else [])
+
+
+def _runs(head, policy: CausalLM, rb: RowBatch, max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, L] accepted run and chain length of the chain starting at each row."""
+    drafts: dict[int, torch.Tensor] = {}
+
+    def pick(s: int, logits: torch.Tensor) -> torch.Tensor:
+        if s not in drafts:
+            drafts[s] = coupled_drafts(rb, s, logits)
+        return drafts[s]
+
+    steps = head.unroll(policy, rb.tokens, rb.feats, max_k, pick)
+    for s, (_, logits) in enumerate(steps):  # the last step's drafts (unroll feeds on all but it)
+        pick(s, logits)
+    target = torch.cat([rb.tokens[:, 1:], torch.zeros_like(rb.tokens[:, :1])], dim=1)  # row j: x_{j+2}
+    accepted, alive = [], []
+    for s in range(max_k):
+        valid = rb.valid(s)
+        hit = (drafts[s] == target) & valid
+        accepted.append(_shift_left(hit, s))  # [b, p]: step s of the chain started at row p
+        alive.append(_shift_left(valid, s))
+    runs = torch.stack(accepted).long().cumprod(0).sum(0)
+    lengths = torch.stack(alive).long().sum(0)
+    return runs, lengths
+
+
+def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor) -> torch.Tensor:
+    """[B, L] the coupled draft of each row valid at this step (0 elsewhere): row j drafts the
+    token at sequence position j + 2, response position j + 2 - P, with the sample's own noise."""
+    b_idx, j_idx = rb.valid(step).nonzero(as_tuple=True)
+    out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
+    if b_idx.numel():
+        tok, _ = sampling.sample(logits[b_idx, j_idx].detach(), rb.seeds[b_idx], j_idx + 2 - rb.prompt_len[b_idx],
+                                 rb.temperature[b_idx], rb.top_k[b_idx], rb.top_p[b_idx])
+        out[b_idx, j_idx] = tok
+    return out
+
+
+def _shift_left(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    return torch.cat([t[:, n:], torch.zeros_like(t[:, :n])], dim=1)
+
+
+def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict:
+    """Acceptance figures for chains of k = 1..max_k tokens from chain_runs' output.
+
+    per_token: accepted / compared draft tokens (a run of r out of n compares r + 1 tokens when
+        r < n): the geometric rate the engine's controller learns.
+    accepted_fraction: accepted / proposed, every chain drafting its full length.
+    mean_run: mean accepted run per chain start.
+    tokens_per_forward: response tokens / verify forwards when every verify drafts k tokens:
+        walking each response from t = 0, a verify at t emits run + 1 tokens."""
+    flat = [rn for r in runs for rn in r]
+    if not flat:
+        raise ValueError("no chain starts: every response is shorter than 2 tokens")
+    by_k = {}
+    for k in range(1, max_k + 1):
+        acc = sum(min(r, k) for r, _ in flat)
+        proposed = sum(min(n, k) for _, n in flat)
+        compared = acc + sum(1 for r, n in flat if min(r, k) < min(n, k))
+        tokens = sum(len(r) + 1 for r in runs)
+        forwards = sum(_walk(r, k) for r in runs)
+        by_k[k] = {"per_token": acc / compared, "accepted_fraction": acc / proposed,
+                   "mean_run": acc / len(flat), "tokens_per_forward": tokens / max(1, forwards)}
+    return {"chain_starts": len(flat), "first_token_acceptance": by_k[1]["per_token"],
+            "per_token_acceptance": by_k[max_k]["per_token"], "by_k": by_k}
+
+
+def _walk(runs: Sequence[tuple[int, int]], k: int) -> int:
+    """Verify forwards of one response of len(runs) + 1 tokens when each drafts k tokens."""
+    t, forwards = 0, 0
+    while t < len(runs):  # y_0 comes from the prefill; a verify at t (t <= R - 2) emits run + 1
+        forwards += 1
+        t += min(runs[t][0], k) + 1
+    return forwards
+
+
+def simulated_acceptance(head, policy: CausalLM, rollouts: Sequence[SavedRollout], max_k: int = 8,
+                         features: Optional[Sequence[torch.Tensor]] = None) -> dict:
+    """summarize(chain_runs(...)): the offline acceptance of this head on these rollouts."""
+    return summarize(chain_runs(head, policy, rollouts, max_k, features), max_k)

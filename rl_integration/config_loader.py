@@ -1,0 +1,185 @@
+"""Nested dataclasses from YAML, with dotted overrides: the mechanism under the run config.
+
+    raw = read_yaml("run.yaml")                       # a mapping, or {} for no file
+    apply_override(raw, "rollout.engine.spec.max_draft_tokens=16")
+    cfg = from_dict(RunConfig, raw)                   # every key and type checked
+
+Every key is checked against the dataclass fields and every value against the field's type: an
+unknown key or a wrong type raises ValueError naming the dotted key (and the expected type, or
+the known keys, with a "did you mean"). Override values are parsed as YAML (`3` is an int, `null`
+is None, `[a, b]` a list). A given section is merged onto the section's default value, so setting
+one key keeps the others' defaults; setting a key under a section that is null brings the section
+back with its default values.
+
+A section may name keys it renamed (`RENAMED: ClassVar[dict] = {"old": "new"}`) and values it
+renamed (`RENAMED_VALUES: ClassVar[dict] = {"key": {"old": "new"}}`), and why (`RENAMED_WHY`): an
+old name raises a ValueError that says the new one, instead of "unknown key".
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def read_yaml(path: Optional[Union[str, os.PathLike]]) -> dict:
+    """The mapping a YAML file holds ({} for no file or an empty one)."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ValueError(f"config file {os.fspath(path)!r} does not exist") from None
+    except OSError as e:  # a folder, no permission, ...
+        raise ValueError(f"config file {os.fspath(path)!r} cannot be read: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"config file {os.fspath(path)!r} is not valid YAML: {type(e).__name__}: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config file {os.fspath(path)!r} must hold a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Set `a.b.c=value` in the raw mapping (value parsed as YAML)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ValueError(f"override {item!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # (ValueError: an int of thousands of digits)
+        raise ValueError(f"override {item!r}: the value is not valid YAML: {e}") from None
+    node, parts = raw, key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:  # absent, or a null section being brought back
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"override {item!r}: {'.'.join(parts[:i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def from_dict(cls, data: Any, prefix: str = "", base=None):
+    """Build dataclass `cls` from a mapping, checking keys and types; the keys not given keep the
+    values of `base` (default: the class defaults)."""
+    where = prefix or "the config"
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ValueError(f"config key {where!r} must be a mapping (section {cls.__name__}), "
+                         f"got {type(data).__name__} {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    _refuse_renamed(cls, data, prefix)
+    for key in data:
+        if key not in fields:
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown config key {dotted!r}{hint}; known keys under {where}: {sorted(fields)}")
+    base = cls() if base is None else base
+    kwargs = {}
+    for name, value in data.items():
+        dotted = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _convert(hints[name], value, dotted, getattr(base, name))
+    return dataclasses.replace(base, **kwargs)
+
+
+def _refuse_renamed(cls, data: dict, prefix: str) -> None:
+    """A ValueError naming the new key (or value) for each old one `cls` declares renamed."""
+    def dotted(k):
+        return f"{prefix}.{k}" if prefix else str(k)
+    why = getattr(cls, "RENAMED_WHY", "")
+    why = f" ({why})" if why else ""
+    for old, new in getattr(cls, "RENAMED", {}).items():
+        if old in data:
+            raise ValueError(f"config key {dotted(old)!r} was renamed {dotted(new)!r}{why}")
+    for key, values in getattr(cls, "RENAMED_VALUES", {}).items():
+        value = data.get(key)
+        if isinstance(value, str) and value in values:
+            raise ValueError(f"config key {dotted(key)!r}: the value {value!r} was renamed {values[value]!r}{why}")
+
+
+def _convert(tp, value, key: str, current=None):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            if value is None:
+                raise ValueError(f"config key {key!r}: expected {type_name(tp)}, got null")
+            return _convert(inner[0], value, key, current)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key, current if isinstance(current, tp) else None)
+    if origin is Literal:
+        if value not in args or isinstance(value, bool):
+            raise ValueError(f"config key {key!r}: expected one of {list(args)}, got {value!r}")
+        return value
+    converted = _scalar(tp, origin, args, value, key)
+    if converted is not _NO:
+        return converted
+    raise ValueError(f"config key {key!r}: expected {type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+_NO = object()
+
+
+def _scalar(tp, origin, args, value, key: str):
+    """value as a bool, int, float, str or list/tuple of them, or _NO when it is not one."""
+    if tp is bool:
+        return value if isinstance(value, bool) else _NO
+    if tp is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            return float(value)  # PyYAML (YAML 1.1) reads 3e-4 as a string: still a float here
+        return _NO
+    if tp is str:
+        return value if isinstance(value, str) else _NO
+    if origin in (list, tuple) and isinstance(value, (list, tuple)):
+        elem = args[0] if args else Any
+        items = [_convert(elem, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is Any:
+        return value
+    return _NO
+
+
+def type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        inner = [type_name(a) for a in args if a is not type(None)]
+        return " or ".join(inner) + (" or null" if type(None) in args else "")
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if origin in (list, tuple):
+        return f"a list of {type_name(args[0])}" if args else "a list"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def to_dict(cfg) -> dict:
+    """Plain nested dict (lists for tuples), e.g. to save the resolved config as YAML."""
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+    return plain(cfg)

@@ -1,0 +1,87 @@
+"""The rollout-backend contract, and its in-process implementation.
+
+Every way spectail runs rollouts -- one engine in this process (`LocalBackend`), Ray workers
+(scheduler.ray_backend.RayRolloutBackend), vLLM (rollout.vllm_backend) -- is a RolloutBackend,
+so RolloutClient and the trainer adapters never ask which one they hold.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Protocol, Sequence, runtime_checkable
+
+from .config import Completion, EngineConfig, SamplingParams
+from .engine import Engine
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams], seeds: Optional[Sequence[int]] = None,
+                 drafts=None, groups=None, draft_logprobs=None) -> list[Completion]:
+        """Engine.generate's contract: one Completion per prompt, in order."""
+
+    def update_weights(self, weights) -> None:
+        """Load the trainer's weights (a state dict, module or (name, tensor) pairs with Hugging
+        Face names), all or nothing: a bad name or shape raises ValueError and changes nothing."""
+
+    def metrics(self) -> dict:
+        """Figures of the last generate: rollout_seconds, tail_seconds, engine_steps,
+        spec_off_steps, worker_busy_fraction, ... (rl_integration/metrics.py reads them)."""
+
+    def shutdown(self) -> None:
+        """Release what the backend holds (workers, a local Ray)."""
+
+
+def tail_seconds(finish_times: Sequence[float], fraction: float = 0.9) -> float:
+    """Time from when `fraction` of the samples had finished to when all had."""
+    if not finish_times:
+        return 0.0
+    t = sorted(finish_times)
+    return t[-1] - t[max(0, math.ceil(fraction * len(t)) - 1)]
+
+
+class LocalBackend:
+    """One Engine in this process. It measures what only an in-process engine can: when each
+    request finished (tail_seconds, and a progress bar) and the engine's own step counts."""
+
+    def __init__(self, model, engine_config: EngineConfig, progress: bool = False, desc: str = "rollout"):
+        self.engine = Engine.from_pretrained(model, engine_config)
+        self.progress, self.desc = progress, desc
+        self._metrics: dict = {}
+
+    def generate(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None, drafts=None, groups=None,
+                 draft_logprobs=None) -> list[Completion]:
+        finished: list[float] = []
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+            # disable=None: off when not a terminal
+            bar = tqdm(total=len(prompt_token_ids), desc=self.desc, unit="sample", leave=False, disable=None)
+        start = time.perf_counter()
+
+        def on_finish(_req) -> None:
+            finished.append(time.perf_counter() - start)
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            outs = self.engine.generate(prompt_token_ids, sampling_params, seeds, drafts, groups, draft_logprobs,
+                                        on_finish=on_finish)
+        finally:
+            if bar is not None:
+                bar.close()
+        run = self.engine.last_run
+        self._metrics = {"rollout_seconds": time.perf_counter() - start, "tail_seconds": tail_seconds(finished),
+                         "engine_steps": run.steps, "spec_off_steps": run.spec_off_steps,
+                         "fed_tokens": run.fed_tokens, "worker_busy_fraction": 1.0}
+        return outs
+
+    def update_weights(self, weights) -> None:
+        self.engine.update_weights(weights)
+
+    def metrics(self) -> dict:
+        return dict(self._metrics)
+
+    def shutdown(self) -> None:
+        pass

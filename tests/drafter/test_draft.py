@@ -1,0 +1,82 @@
+"""The engine's way of running the head (ragged rows against its KV cache, one draft position per
+batched forward) drafts exactly what the unrolled simulation says, including after rollbacks."""
+import pytest
+import torch
+
+from drafter.draft import Chain, draft_chains
+from drafter.head import DraftHead, HeadConfig
+from drafter.simulate import chain_runs
+
+
+def run_of(draft, target):
+    n = 0
+    while n < len(draft) and n < len(target) and draft[n] == target[n]:
+        n += 1
+    return n
+
+
+def chain_at(r, f, t, k, slot, start=0):
+    """The chain whose pending token is response position t; rows from `start` are (re)written."""
+    p = len(r.prompt_ids) - 1 + t  # the pending token's row
+    ids = r.token_ids
+    return Chain(slot=slot, start=start, tokens=ids[start + 1:p + 2], feats=f[start:p + 1], seed=r.seed,
+                 position=t + 1, k=k, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind):
+    rolls, feats = rollouts
+    head = DraftHead.for_policy(policy, HeadConfig(kind=kind), seed=5)
+    want = chain_runs(head, policy, rolls, max_k=6, features=feats)
+    assert sum(run for per in want for run, _ in per) > 100  # long runs: the comparison has teeth
+    cache = head.new_cache(len(rolls), 128)
+    for t in range(0, 30, 3):  # every request at once, each at response position t, k by request
+        idx = [i for i, r in enumerate(rolls) if t < len(r.response_ids) - 1]
+        chains = [chain_at(rolls[i], feats[i], t, want[i][t][1], slot=i) for i in idx]
+        drafts = draft_chains(head, policy, cache, chains, margins=True)
+        for i, d in zip(idx, drafts):
+            assert len(d.tokens) == want[i][t][1]
+            assert run_of(d.tokens, rolls[i].response_ids[t + 1:]) == want[i][t][0]
+            assert all(m >= 0 for m in d.margins)
+
+
+def test_engine_walk_with_rollback_matches_the_simulation(policy, rollouts):
+    """Walk each response as the engine would: after a verify the next chain rewrites the rows
+    from the first one whose input was a draft (stale keys beyond it are never read)."""
+    rolls, feats = rollouts
+    head = DraftHead.for_policy(policy, HeadConfig(), seed=5)
+    want = chain_runs(head, policy, rolls, max_k=5, features=feats)
+    cache = head.new_cache(2, 128)
+    walked = 0
+    for i, (r, f) in enumerate(zip(rolls[:12], feats[:12])):
+        t, start = 0, 0
+        while t < len(r.response_ids) - 1:
+            k = min(5, len(r.response_ids) - 1 - t)
+            d = draft_chains(head, policy, cache, [chain_at(r, f, t, k, slot=i % 2, start=start)])[0]
+            run = run_of(d.tokens, r.response_ids[t + 1:])
+            assert (run, k) == want[i][t]
+            start = len(r.prompt_ids) + t  # the first row fed a draft token
+            t += run + 1
+            walked += 1
+    assert walked > 50
+
+
+def test_bfloat16_head_runs_both_ways(policy, rollouts):
+    rolls, feats = rollouts
+    head = DraftHead.for_policy(policy, HeadConfig(), dtype=torch.bfloat16, seed=5)
+    runs = chain_runs(head, policy, rolls[:4], max_k=3, features=feats[:4])
+    assert all(0 <= run <= n for per in runs for run, n in per)
+    d = draft_chains(head, policy, head.new_cache(1, 128), [chain_at(rolls[0], feats[0], 2, 3, slot=0)])[0]
+    assert len(d.tokens) == 3 and all(0 <= x < policy.cfg.vocab_size for x in d.tokens)
+
+
+def test_bad_chain_is_refused(policy, rollouts):
+    rolls, feats = rollouts
+    head = DraftHead.for_policy(policy, HeadConfig(kind="mlp"), seed=5)
+    bad = Chain(slot=0, start=0, tokens=[1, 2], feats=feats[0][:1], seed=1, position=1, k=2)
+    with pytest.raises(ValueError, match="one feature row per token"):
+        draft_chains(head, policy, None, [bad])
+    attn = DraftHead.for_policy(policy, HeadConfig(), seed=5)
+    far = Chain(slot=0, start=30, tokens=[1, 2], feats=feats[0][:2], seed=1, position=1, k=4)
+    with pytest.raises(ValueError, match="do not fit the head's cache"):
+        draft_chains(attn, policy, attn.new_cache(1, 32), [far])
