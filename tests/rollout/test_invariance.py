@@ -4,9 +4,9 @@ Speculation on and off can only be token-identical if a verify row computes its 
 way one-token decodes do, whatever else shares the forward: other requests, their contexts,
 slots, query lengths. Each case feeds one sequence under another schedule (decode alone, in a
 batch, verify rows, prompt chunks, a re-prefill as after a divided rollout's move, one or two
-threads) and demands every position's logits equal, bit for bit, in float32, bfloat16 and
-float64. The model is small but has the wide MLP input (1408) whose single-row matmul takes
-another oneDNN kernel.
+threads) and demands every position's logits equal, bit for bit, in float32, bfloat16, float64
+and float16 (docs/dtypes.md). The model is small but has the wide MLP input (1408) whose
+single-row matmul takes another oneDNN kernel, and contexts past several key blocks of attention.
 """
 import random
 
@@ -21,7 +21,7 @@ from rollout.model import CausalLM
 VOCAB = 1000
 PROMPT, CONTINUATION = 150, 14
 OTHERS = (30, 300, 7, 60)  # prompt lengths of the other requests sharing some forwards
-DTYPES = ("float32", "bfloat16", "float64")
+DTYPES = ("float32", "bfloat16", "float64", "float16")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def corrupted(tokens, every=5):
     return [(t + 1) % VOCAB if i % every == every - 1 else t for i, t in enumerate(tokens)]
 
 
-@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
 def test_speculation_is_bit_identical(hf, dtype):
     """Drafts from the reference itself (every 5th token wrong): every token is verified in
     rows of several, in other batches; tokens and logprobs must be the same bits."""
