@@ -11,16 +11,18 @@ the grid's key length and query length (its key blocks are sized from them), so 
 would not reproduce its decode. Here the scores are keys @ queries^T (the key length is the
 matmul's row count, never a reduction), padded keys get exactly zero probability, and the query
 heads that share a KV head are folded into the queries' axis ([R, KV, H/KV * L, D]). oneDNN's
-bfloat16 matmuls then give a query the same bits in any grid, prompt chunks included. MKL's
+bfloat16 matmuls then give a query the same bits in any grid, prompt chunks included, in either
+orientation, so bfloat16 takes the faster one there, queries @ keys^T (`_attend_onednn`). MKL's
 float32/float64 matmuls pick their kernel by the number of query columns (1-4 and 8 share one,
 5, 6, 7 and 12+ others) and of probability rows (1-3 one, 4+ another), so there the folded
 queries go through the matmuls in chunks of 4 or 8 (`_chunks`), a short last chunk padded with
 zero queries. Both libraries split a long reduction over keys into blocks sized from its
-length, so probs @ values runs over fixed blocks of `KEY_BLOCK` keys (a batched matmul whose
-reduction is always that long) and the blocks' partial outputs are summed in order; a grid
-reads its keys in whole blocks (the extra ones masked out, the cache allocated in whole
-blocks), which also keeps softmax rows off torch's scalar path for rows shorter than a vector
-register. Every query of every row, decode, verify or prompt, meets the same kernels
+length (MKL's float32 from a few hundred keys, oneDNN's bfloat16 past 1024), so probs @ values
+runs over fixed blocks of `KEY_BLOCK` keys (a batched matmul whose reduction is always that
+long; bfloat16: spans of up to `ONEDNN_SPAN`, whose results do not depend on the span's length)
+and the partial outputs are summed in order; a grid reads its keys in whole blocks (the extra
+ones masked out, the cache allocated in whole blocks), which also keeps softmax rows off
+torch's scalar path for rows shorter than a vector register. Every query of every row, decode, verify or prompt, meets the same kernels
 (measured on this machine's MKL and oneDNN; tests/rollout/test_invariance.py fails where
 another CPU's kernels split differently).
 """
@@ -36,6 +38,7 @@ from .batch import AttentionGroup
 from .kv_cache import KEY_BLOCK, KVCache, blocks_on
 
 QUERY_CHUNKS = (4, 8)  # float32 / float64 on the CPU: folded queries per matmul (see above)
+ONEDNN_SPAN = 512  # bfloat16 on the CPU: keys per probs @ values reduction (see above)
 
 
 def uses_matmul(device: torch.device) -> bool:
@@ -122,6 +125,8 @@ def _attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ma
                    chunks: tuple) -> torch.Tensor:
     """[R, KV, P, D] scaled queries against [R, KV, K, D] keys and values (K whole blocks);
     mask [R, 1, P, K]."""
+    if q.dtype == torch.bfloat16:
+        return _attend_onednn(q, keys, values, mask)
     rows, kv, width, d = keys.shape
     blocks = width // KEY_BLOCK
     values = values.reshape(rows, kv, blocks, KEY_BLOCK, d)
@@ -132,6 +137,21 @@ def _attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ma
         probs = probs.view(rows, kv, size, blocks, KEY_BLOCK).transpose(2, 3)  # [R, KV, blocks, size, KEY_BLOCK]
         outs.append(torch.matmul(probs, values).sum(dim=2))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _attend_onednn(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """bfloat16: oneDNN gives a query the same bits for any number of queries, rows and keys in
+    queries @ keys^T (the faster orientation there), and in probs @ values for reductions of up
+    to ONEDNN_SPAN keys; longer grids sum such spans' outputs in order, in float32."""
+    scores = torch.matmul(q, keys.transpose(-1, -2))  # [R, KV, P, K]
+    probs = torch.softmax(scores + mask, dim=-1).to(q.dtype)  # float32 softmax
+    out = torch.matmul(probs[..., :ONEDNN_SPAN], values[:, :, :ONEDNN_SPAN])
+    if keys.shape[2] <= ONEDNN_SPAN:
+        return out
+    out = out.float()
+    for a in range(ONEDNN_SPAN, keys.shape[2], ONEDNN_SPAN):
+        out += torch.matmul(probs[..., a:a + ONEDNN_SPAN], values[:, :, a:a + ONEDNN_SPAN])
+    return out.to(q.dtype)
 
 
 def _chunks(folded: int, dtype: torch.dtype) -> list[tuple[int, int]]:

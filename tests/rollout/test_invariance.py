@@ -14,20 +14,20 @@ import pytest
 import torch
 import transformers
 
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, attention
 from rollout.batch import ForwardBatch
 from rollout.model import CausalLM
 
 VOCAB = 1000
 PROMPT, CONTINUATION = 150, 14
-OTHERS = (30, 300, 7, 60)  # prompt lengths of the other requests sharing some forwards
+OTHERS = (30, 600, 7, 60)  # prompt lengths of the other requests sharing some forwards
 DTYPES = ("float32", "bfloat16", "float64", "float16")
 
 
 @pytest.fixture(scope="module")
 def hf():
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=1408, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).eval()
 
@@ -50,7 +50,7 @@ def run(model, ours, others, chunks, slot=0, with_others=False, threads=None):
             return run(model, ours, others, chunks, slot, with_others)
         finally:
             torch.set_num_threads(before)
-    cache = model.new_cache(8, 512)
+    cache = model.new_cache(8, 1024)
     other_slots = [s for s in range(8) if s != slot][:len(others)]
     done, pos_others, out = 0, [0] * len(others), []
     for n in chunks:
@@ -116,3 +116,33 @@ def test_speculation_is_bit_identical(hf, dtype):
     assert sum(o.stats["accepted"].get("history", 0) for o in outs) > sum(len(o.token_ids) for o in ref) // 2
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     assert [o.logprobs for o in outs] == [o.logprobs for o in ref]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_query_attends_with_the_same_bits_in_any_grid(dtype):
+    """The attention kernel alone, at positions where a single matmul over all keys would change
+    its reduction with the grid's width (float32 past 3 key blocks, bfloat16 past 1024 keys):
+    one verify row's queries in a grid as wide as their context, against the same queries in
+    wider grids, among more rows and more queries."""
+    dt, kv, share, d = getattr(torch, dtype), 2, 2, 64
+    g = torch.Generator().manual_seed(5)
+    keys, values = (torch.randn(3, kv, 1600, d, generator=g).to(dt) for _ in range(2))
+    ours = torch.randn(kv, share * 2, d, generator=g).to(dt)  # two query positions, two heads per KV head
+
+    def grid(pos, rows, queries, width):
+        """Our queries first in row 0's folded axis, then others; padded as plan() pads."""
+        chunks = attention._chunks(share * queries, dt)
+        padded = chunks[-1][0] + chunks[-1][1]
+        q = torch.zeros(rows, kv, padded, d, dtype=dt)
+        q[:, :, :share * queries] = torch.randn(rows, kv, share * queries, d, generator=g).to(dt)
+        q[0, :, :share * 2] = ours
+        mask = torch.full((rows, 1, padded, width), float("-inf"))
+        mask[..., :pos + 1] = 0.0
+        out = attention._attend_matmul(q, keys[:rows, :, :width], values[:rows, :, :width], mask, tuple(chunks))
+        return out[0, :, :share * 2]
+
+    for pos in (191, 1023, 1100):
+        width = -(-(pos + 1) // attention.KEY_BLOCK) * attention.KEY_BLOCK
+        ref = grid(pos, 1, 2, width)
+        for rows, queries, wider in ((1, 2, width + 64), (3, 2, 1600), (3, 4, 1152), (2, 9, 1536)):
+            assert torch.equal(grid(pos, rows, queries, max(wider, width)), ref), (pos, rows, queries, wider)
