@@ -9,8 +9,8 @@ mostly compute (so a draft token costs about what a request's token does):
     high     most peaked: about 75%
 Every workload drafts from history (an earlier sampling of the same prompts, other seeds: fresh
 noise), siblings (groups of 4), lookahead (but zero) and n-grams. Configurations, same prompts and seeds:
-plain (no speculation), priced (the default budget) and fixed draft lengths 2, 4, 8, 16 (every
-token drafted). Rounds are interleaved and the order of the configurations rotates; tokens must be
+plain (no speculation: fixed length 0), priced (the default budget) and fixed draft lengths 2,
+4, 8, 16 (every token drafted). Rounds are interleaved and the order of the configurations rotates; tokens must be
 identical across all of them. Prints, per workload and batch size, median seconds, the priced
 budget's time against plain and against the best fixed length, and writes JSON.
 """
@@ -76,7 +76,8 @@ def prepare(name: str, batch: int, args) -> dict:
     ids = [p for p in prompts for _ in range(GROUP)]
     params = SamplingParams(temperature=temperature, max_tokens=args.tokens)
     max_len = max(map(len, prompts)) + args.tokens + 1
-    engines = {c: Engine.from_pretrained(model, EngineConfig(max_batch_size=batch, max_model_len=max_len, spec=spec))
+    engines = {c: Engine.from_pretrained(model, EngineConfig(max_batch_size=batch, max_model_len=max_len, spec=spec,
+                                                                   num_threads=args.threads))
                for c, spec in configs(max(FIXED), ZERO_PROPOSERS if peak is None else PROPOSERS).items()}
     old = engines["plain"].generate(ids, params, seeds=[10_000 + i for i in range(len(ids))])
     return {"engines": engines, "ids": ids, "params": params, "seeds": list(range(len(ids))),
@@ -93,7 +94,7 @@ def run_once(w: dict, config: str) -> tuple[float, list]:
 
 def summarize(name: str, batch: int, times: dict, outs: dict) -> dict:
     med = {c: statistics.median(t) for c, t in times.items()}
-    fixed = {c: v for c, v in med.items() if c.startswith("fixed")}
+    fixed = {c: v for c, v in med.items() if c.startswith("fixed") or c == "plain"}  # plain = fixed 0
     best = min(fixed, key=fixed.get)
     acc = outs["fixed 4"]
     proposed = sum(sum(o.stats["proposed"].values()) for o in acc)
@@ -115,6 +116,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=None, help="engine threads (default: the engine's choice)")
     ap.add_argument("--out", default="bench_results/spec_budget.json")
     args = ap.parse_args(argv)
     load = {"before": os.getloadavg()}
@@ -133,7 +135,7 @@ def main(argv=None) -> dict:
     worst_best = max(r["priced_over_best_fixed"] for r in rows)
     print(f"priced budget: at worst {worst_plain:.2f}x plain's time and {worst_best:.2f}x the best fixed length's "
           f"(medians of {args.rounds} interleaved rounds); load average before {load['before']}, after {load['after']}")
-    return save_report({"load_average": load, "rounds": args.rounds, "threads": torch.get_num_threads(),
+    return save_report({"load_average": load, "rounds": args.rounds, "threads": args.threads or "engine default",
                         "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
                         "tokens": args.tokens, "results": rows}, args.out)
 

@@ -54,6 +54,9 @@ NUM_BINS = len(CONFIDENCE_EDGES) + 2
 # proposing and bookkeeping, which the step timings cannot attribute to single tokens.
 MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
+# An attempt that finds no draft costs proposing time but no forward slot: charged this share of
+# a token's price, so a step asks only a few requests while nothing is found.
+FAILED_ATTEMPT = 0.25
 
 
 def level(evidence: int) -> int:
@@ -76,6 +79,11 @@ class StepPlan:
     threshold: float
     lookahead: float
     offers: list
+
+    @property
+    def drafts(self) -> bool:
+        """Some proposer may draft more than exploration's one token this step."""
+        return any(o.most > 0 for o in self.offers)
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,7 @@ class AdaptiveController:
         offer = max(offers, key=lambda o: o.top)
         draft = offer.proposer.propose(req, 1)
         if draft is None or not draft.tokens:
+            self.credit -= FAILED_ATTEMPT * price
             return None
         self.credit -= price
         return draft.cut(1)
