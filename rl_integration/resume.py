@@ -26,6 +26,7 @@ and metrics records from the killed run are dropped, their tokens come out the s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,6 +37,7 @@ from typing import Callable, Optional
 
 import torch
 
+from scheduler.atomic_file import TMP_SUFFIX
 from scheduler.history_store import restore_files
 
 from . import checkpoint as C
@@ -229,6 +231,22 @@ def drafter_folder(client, scratch: Path) -> Optional[Path]:
     head the run trains into `scratch` (drafter.export.export(head, scratch)) and return it; the
     checkpoint copies it to drafter/ and resume_drafter() hands it back. None: no drafter."""
     return None
+
+
+OUTPUT_FILES = ("metrics.jsonl", "metrics.png", "config.yaml")  # what the loop writes into output.dir
+
+
+def remove_output_temporaries(out_dir: str) -> None:
+    """A killed run's temporaries of its output files (scheduler/atomic_file.py names them
+    `.<name>.<random>.tmp`); only one run writes an output folder at a time."""
+    try:
+        entries = list(os.scandir(out_dir))
+    except OSError:
+        return
+    for e in entries:
+        if e.name.endswith(TMP_SUFFIX) and any(e.name.startswith(f".{n}.") for n in OUTPUT_FILES) and e.is_file():
+            with contextlib.suppress(OSError):
+                os.unlink(e.path)
 
 
 def restore_rng_last(ckpt: Optional[Checkpoint]) -> None:

@@ -109,6 +109,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     check_reward(reward, problems[0])
     fingerprint = resume.data_fingerprint(problems)
     ckpt = resume.find(cfg, tr.resume)
+    resume.remove_output_temporaries(out_dir)
     if ckpt is not None:
         resume.check(ckpt, cfg, fingerprint)
         model, tokenizer, reference = resume.load_models(ckpt, cfg, lambda: load_policy(cfg, progress))
