@@ -3,6 +3,7 @@ record what every step sampled. Production code has no fault hooks; this wraps i
 from the outside before the run starts.
 
     python -m tests.rl_integration.kill_points [--kill POINT:STEP] --record FILE -- train --config ...
+    code = run_forked([... the same arguments ...], log="run.log")   # the same, without the imports' cost
 
 POINT, at step STEP (0-based) of the run:
     rollout     the rollout: local, once half of its requests have finished (the engine's
@@ -28,6 +29,12 @@ import sys
 
 import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# what a run imports, loaded once by the fork server (the first line: rollout before torch)
+PRELOAD = ["rollout", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
+           "pyarrow.parquet", "yaml", "tqdm.auto", "rl_integration.cli", "rl_integration.trainer",
+           "rl_integration.grpo", "rl_integration.ppo", "rl_integration.demo.policy", "scheduler.history_store",
+           "tests.rl_integration.kill_points"]
 POINTS = ("rollout", "optimizer", "history", "metrics", "checkpoint", "prune")
 _now = {"step": None}  # the step the run is in (set when its rollout starts)
 
@@ -170,6 +177,30 @@ def _prune(armed) -> None:
     from rl_integration import checkpoint
 
     checkpoint.shutil = _RmtreeThenDie(armed)
+
+
+def run_forked(argv: list, log: str) -> int:
+    """main(argv) in a child process, its stdout and stderr appended to `log`; returns its exit
+    code (-9 when a kill point fired). The child forks from multiprocessing's fork server, which
+    imported PRELOAD once and never ran a torch operation (so no OpenMP pool is forked): a fresh
+    process as `python -m` would start, without its seconds of imports."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the first call)
+    child = ctx.Process(target=_forked_main, args=(list(argv), os.fspath(log)))
+    child.start()
+    child.join()
+    return child.exitcode
+
+
+def _forked_main(argv: list, log: str) -> None:
+    os.chdir(ROOT)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.exit(main(argv))
 
 
 def main(argv=None) -> int:

@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from rl_integration import checkpoint as C
 from rl_integration.metrics import read_jsonl
 from scheduler.history_file import read_file
+from tests.rl_integration.kill_points import run_forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "examples", "demo.yaml")
@@ -43,10 +44,18 @@ TIMED = ("seconds", "per_second")  # metrics that are wall times, the only ones 
 
 
 def spectail(tiny_run, out, record, *extra, kill=None, env=None):
-    cmd = [sys.executable, "-m", "tests.rl_integration.kill_points", "--record", str(record)]
-    cmd += ["--kill", f"{kill[0]}:{kill[1]}"] if kill else []
-    cmd += ["--", "train", "--config", DEMO, *tiny_run, *KILL_RUN, *extra, "--out", str(out)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    """The run, in a process of its own: forked from kill_points' preloaded server (the local
+    runs), or a fresh interpreter with this environment (the Ray runs: Ray's processes inherit it)."""
+    args = ["--record", str(record), *(["--kill", f"{kill[0]}:{kill[1]}"] if kill else [])]
+    args += ["--", "train", "--config", DEMO, *tiny_run, *KILL_RUN, *extra, "--out", str(out)]
+    if env is not None:
+        done = subprocess.run([sys.executable, "-m", "tests.rl_integration.kill_points", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env=env)
+        return done.returncode, done.stdout + done.stderr
+    log = f"{record}.{uuid.uuid4().hex[:8]}.log"
+    code = run_forked(args, log)
+    with open(log, encoding="utf-8") as f:
+        return code, f.read()
 
 
 def rollouts(record) -> dict:
@@ -61,8 +70,8 @@ def rollouts(record) -> dict:
 @pytest.fixture(scope="module")
 def reference(tiny_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    done = spectail(tiny_run, out / "run", out / "record.jsonl")
-    assert done.returncode == 0, done.stderr
+    code, log = spectail(tiny_run, out / "run", out / "record.jsonl")
+    assert code == 0, log
     return out / "run", rollouts(out / "record.jsonl")
 
 
@@ -102,12 +111,12 @@ def hidden(out) -> list:
 def test_killed_anywhere_a_run_resumes_to_the_same_tokens(reference, tiny_run, tmp_path):
     out, record = tmp_path / "run", tmp_path / "record.jsonl"
     for i, kill in enumerate(CHAIN):
-        killed = spectail(tiny_run, out, record, *(["--resume", "auto"] if i else []), kill=kill)
-        assert killed.returncode == -signal.SIGKILL, f"{kill}: {killed.stderr[-2000:]}"
+        code, log = spectail(tiny_run, out, record, *(["--resume", "auto"] if i else []), kill=kill)
+        assert code == -signal.SIGKILL, f"{kill}: {log[-2000:]}"
         assert_intact(out)
-    done = spectail(tiny_run, out, record, "--resume", "auto")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"resuming from {out / 'checkpoints' / 'step-3'}" in done.stdout
+    code, log = spectail(tiny_run, out, record, "--resume", "auto")
+    assert code == 0, log[-2000:]
+    assert f"resuming from {out / 'checkpoints' / 'step-3'}" in log
 
     ref = reference[1]
     got = rollouts(record)
@@ -159,12 +168,12 @@ def test_ray_driver_killed_mid_rollout_leaves_no_worker_and_resumes(reference, t
     env = {**os.environ, "SPECTAIL_KILL_TEST": tag, "RAY_ADDRESS": "local"}
     ray_run = ["rollout.backend=ray", "rollout.num_workers=2"]
     out, record = tmp_path / "run", tmp_path / "record.jsonl"
-    killed = spectail(tiny_run, out, record, *ray_run, kill=("rollout", 1), env=env)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    code, log = spectail(tiny_run, out, record, *ray_run, kill=("rollout", 1), env=env)
+    assert code == -signal.SIGKILL, log[-2000:]
     assert wait_gone(marker, b"ray::RolloutWorker", timeout_s=30) == []  # the workers go with their driver
     assert_intact(out)
-    done = spectail(tiny_run, out, record, *ray_run, "--resume", "auto", env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
+    code, log = spectail(tiny_run, out, record, *ray_run, "--resume", "auto", env=env)
+    assert code == 0, log[-2000:]
     # and so does the rest of the local Ray the killed driver started (and the resumed one's): Ray's
     # node agents sometimes report the dead raylet to the dead GCS first, which times out after
     # 60 s (ray/_private/process_watcher.py); the resumed run's time counts towards that
