@@ -213,23 +213,25 @@ def due(tr, step: int) -> bool:
 
 
 def save(cfg: RunConfig, run_config: dict, steps_done: int, model, tokenizer, trainer, client, records: list,
-         extra_state: dict) -> Path:
+         extra_state: dict, drafter=None) -> Path:
     """checkpoints/step-<steps_done>: everything `restore` needs, written atomically; then the
-    newest trainer.keep_checkpoints are kept."""
+    newest trainer.keep_checkpoints are kept. drafter: the loop's online drafter, if any (the
+    drafter_folder hook exports it)."""
     ts = trainer.state_dict()
     state = {"trainer": {"steps": ts["steps"]}, "client": client.state_dict(), **extra_state}
     history = client.history.files() if client.history is not None else []
     with tempfile.TemporaryDirectory(prefix="spectail-drafter-") as scratch:
         return C.save_checkpoint(checkpoints_dir(cfg.output.dir), steps_done, model, tokenizer=tokenizer,
                                optimizer=ts["optimizer"], scheduler=ts["scheduler"], value_head=ts.get("value_head"),
-                               drafter=drafter_folder(client, Path(scratch)), config=run_config, state=state,
+                               drafter=drafter_folder(drafter, client, Path(scratch)), config=run_config, state=state,
                                history=history, metrics=records, keep=cfg.trainer.keep_checkpoints)
 
 
-def drafter_folder(client, scratch: Path) -> Optional[Path]:
-    """HOOK for the online drafter (branch drafter2; its state is not on main yet): export the
-    head the run trains into `scratch` (drafter.export.export(head, scratch)) and return it; the
-    checkpoint copies it to drafter/ and resume_drafter() hands it back. None: no drafter."""
+def drafter_folder(drafter, client, scratch: Path) -> Optional[Path]:
+    """HOOK for the online drafter (branch drafter2; not on main yet): export the head the run
+    trains (the engine's, reached through `client`; `drafter` is what the loop holds for it) into
+    `scratch` with drafter/export.py and return `scratch`; the checkpoint copies the folder to
+    drafter/ and resume_drafter() starts the resumed run from it. None: nothing to save."""
     return None
 
 
