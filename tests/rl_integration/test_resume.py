@@ -5,6 +5,7 @@ value head); a config that would change the run is refused naming the key."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -16,7 +17,8 @@ from rl_integration import cli, resume
 from rl_integration.config import RunConfig, load_config
 from rl_integration.config_loader import to_dict
 from rl_integration.metrics import read_jsonl
-from rollout import Engine, EngineConfig, SamplingParams
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from scheduler.history_store import restore_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "examples", "demo.yaml")
@@ -127,3 +129,38 @@ def test_data_and_kl_reference_must_be_the_checkpoints(tiny_run, tmp_path):
         resume.load_models(ckpt, cfg, lambda: (other, None, None))
     cfg_no_kl = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, kl_coef=0.0))
     assert resume.load_models(ckpt, cfg_no_kl, lambda: pytest.fail("no reference needed"))[2] is None
+
+
+def test_the_draft_budget_state_survives_json(llama_tiny):
+    """What the engine's draft budget learnt comes back from state.json as it was (tuple keys too)."""
+    spec = SpecConfig(proposers=("ngram", "suffix"), max_draft_tokens=4)
+    engine = Engine.from_pretrained(llama_tiny, EngineConfig(max_batch_size=4, max_model_len=96, spec=spec))
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8]]
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=24), seeds=[1, 2])
+    learnt = engine.controller
+    assert learnt.trials and any(isinstance(k, tuple) for k in learnt.trials)
+    fresh = Engine.from_pretrained(llama_tiny, EngineConfig(max_batch_size=4, max_model_len=96, spec=spec)).controller
+    fresh.load_state_dict(json.loads(json.dumps(learnt.state_dict())))
+    assert (fresh.accepted, fresh.trials, fresh.emitted, fresh.credit, fresh.cost) == \
+           (learnt.accepted, learnt.trials, learnt.emitted, learnt.credit, learnt.cost)
+
+
+def test_the_history_store_comes_back_as_the_checkpoint_linked_it(tmp_path):
+    store, saved = tmp_path / "history", tmp_path / "ckpt"
+    store.mkdir(), saved.mkdir()
+    for step, body in ((1, b"one"), (2, b"two, old")):
+        (store / f"step-{step:09d}.parquet").write_bytes(body)
+        os.link(store / f"step-{step:09d}.parquet", saved / f"step-{step:09d}.parquet")
+    # the killed run went on: step 2 written again, step 3 written, step 1 pruned, a temporary left
+    (store / "step-000000002.parquet").unlink()
+    (store / "step-000000002.parquet").write_bytes(b"two, new")
+    (store / "step-000000003.parquet").write_bytes(b"three")
+    (store / "step-000000001.parquet").unlink()
+    (store / ".step-000000004.parquet.x1y2.tmp").write_bytes(b"half")
+    (store / "notes.txt").write_bytes(b"not the store's")
+    restore_files(store, sorted(saved.iterdir()))
+    assert sorted(p.name for p in store.iterdir()) == ["notes.txt", "step-000000001.parquet", "step-000000002.parquet"]
+    assert (store / "step-000000002.parquet").read_bytes() == b"two, old"
+    assert (store / "step-000000001.parquet").read_bytes() == b"one"
+    with pytest.raises(ValueError, match="not history store files"):
+        restore_files(store, [store / "notes.txt"])
