@@ -30,7 +30,7 @@ import sys
 import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# what a run imports, loaded once by the fork server (the first line: rollout before torch)
+# what a run imports, loaded once by the fork server (rollout first: it must come before torch)
 PRELOAD = ["rollout", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
            "pyarrow.parquet", "yaml", "tqdm.auto", "rl_integration.cli", "rl_integration.trainer",
            "rl_integration.grpo", "rl_integration.ppo", "rl_integration.demo.policy", "scheduler.history_store",
