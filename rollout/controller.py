@@ -125,6 +125,22 @@ class AdaptiveController:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
 
+    def state_dict(self) -> dict:
+        """What it learnt (rates, step cost, exploration credit) as plain JSON: a resumed run's
+        engine drafts as the uninterrupted one's would (exactly so with a fixed min_draft_prob)."""
+        def pairs(d):
+            return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
+        return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
+                "credit": self.credit, "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        def table(items):
+            return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
+        self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
+        self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
+        self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
+                             anchor=[float(x) for x in state["cost"]["anchor"]])
+
     # ---- the price -----------------------------------------------------------------------
 
     def observe_step(self, fed: int, emitted: int, seconds: float) -> None:
