@@ -22,9 +22,9 @@ runs over fixed blocks of `KEY_BLOCK` keys (a batched matmul whose reduction is 
 long; bfloat16: spans of up to `ONEDNN_SPAN`, whose results do not depend on the span's length)
 and the partial outputs are summed in order; a grid reads its keys in whole blocks (the extra
 ones masked out, the cache allocated in whole blocks), which also keeps softmax rows off
-torch's scalar path for rows shorter than a vector register. Every query of every row, decode, verify or prompt, meets the same kernels
-(measured on this machine's MKL and oneDNN; tests/rollout/test_invariance.py fails where
-another CPU's kernels split differently).
+torch's scalar path for rows shorter than a vector register. Every query of every row, decode,
+verify or prompt, meets the same kernels (measured on this machine's MKL and oneDNN;
+tests/rollout/test_invariance.py fails where another CPU's kernels split differently).
 """
 from __future__ import annotations
 
