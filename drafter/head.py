@@ -23,8 +23,8 @@ Two ways to run the same weights:
   (training-time test; the offline acceptance metric). Step s at row j continues the draft chain
   that started at row j - s: it attends to step-0 keys of rows <= j - s and to the key step m
   wrote at row j - s + m, for m = 1..s -- exactly the keys the chain has in the cache.
-- `forward_cached`: ragged rows against the head's one-layer KVCache (rollout/kv_cache.py), one
-  slot per request, through rollout.model's DecoderLayer: what the engine's proposer runs.
+- `forward_rows`: new rows of many requests against the head's own one-layer cache
+  (drafter/head_cache.py), one slot per request: what the engine's proposer runs.
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout.batch import ForwardBatch
-from rollout.kv_cache import KVCache
-from rollout.model import MLP, CausalLM, DecoderLayer, ModelConfig, RMSNorm, rotate
+from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
+
+from .head_cache import HeadCache, Rows
 
 KINDS = ("attention", "mlp")
 
@@ -87,24 +87,42 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.rope_theta must be > 0, got {self.rope_theta}")
 
 
-def _layer_config(cfg: HeadConfig, hidden_size: int, vocab_size: int) -> ModelConfig:
-    """rollout.model's config for the head's one decoder layer (a Llama layer)."""
-    return ModelConfig(arch="llama", vocab_size=vocab_size, hidden_size=hidden_size, num_layers=1,
-                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                       intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
-                       tie_word_embeddings=False, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
-                       mlp_bias=False, qk_norm=False, sliding_windows=(None,), max_position_embeddings=0)
+class HeadAttention(nn.Module):
+    """The attention's weights (Hugging Face / EAGLE names); the computation is the head's own."""
 
-
-class FeedForwardLayer(nn.Module):
-    """The "mlp" kind's layer: the decoder layer's feed-forward block alone (same names)."""
-
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
-        self.mlp = MLP(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hd, bias = cfg.head_dim, bool(cfg.attention_bias)
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=bias)
 
-    def forward(self, x):
+
+class HeadMLP(nn.Module):
+    def __init__(self, d: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, inner, bias=False)
+        self.up_proj = nn.Linear(d, inner, bias=False)
+        self.down_proj = nn.Linear(inner, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HeadLayer(nn.Module):
+    """One Llama decoder layer without input_layernorm (EAGLE's layer 0); the "mlp" kind has no
+    self_attn. Its own modules rather than rollout.model's, so the engine's kernels can change
+    without touching the head; the parameter names are the same."""
+
+    def __init__(self, cfg: HeadConfig, d: int):
+        super().__init__()
+        if cfg.kind == "attention":
+            self.self_attn = HeadAttention(cfg, d)
+        self.mlp = HeadMLP(d, cfg.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -116,16 +134,10 @@ class DraftHead(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg, self.hidden_size, self.vocab_size = cfg, hidden_size, vocab_size
-        layer_cfg = _layer_config(cfg, hidden_size, vocab_size)
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.embedding_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.hidden_states_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
-        if cfg.kind == "attention":
-            layer = DecoderLayer(layer_cfg, None)
-            layer.input_layernorm = nn.Identity()  # EAGLE's layer 0: fc's output goes straight in
-        else:
-            layer = FeedForwardLayer(layer_cfg)
-        self.layers = nn.ModuleList([layer])
+        self.layers = nn.ModuleList([HeadLayer(cfg, hidden_size)])
 
     @classmethod
     def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
@@ -176,30 +188,40 @@ class DraftHead(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    # ---- the engine's way: ragged rows against a KV cache ---------------------------------
+    # ---- the engine's way: new rows against the head's KV cache -------------------------
 
-    def new_cache(self, num_slots: int, max_len: int) -> Optional[KVCache]:
+    def new_cache(self, num_slots: int, max_len: int) -> Optional[HeadCache]:
         """The head's one-layer cache (None for the "mlp" kind, which keeps no state)."""
         if self.kind != "attention":
             return None
         p = self.fc.weight
-        return KVCache(1, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim, p.dtype, p.device)
+        cos, sin = self.rope(torch.arange(max_len, device=p.device), p.dtype)
+        shape = (num_slots, self.cfg.num_kv_heads, max_len, self.cfg.head_dim)
+        return HeadCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
+                         torch.zeros(shape, dtype=p.dtype, device=p.device), cos[:, 0], sin[:, 0])
 
     @torch.inference_mode()
-    def forward_cached(self, policy: CausalLM, batch: ForwardBatch, cache: Optional[KVCache],
-                       feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """batch.token_ids: x_{j+1} of each row j; batch.positions: j (the cache index the row's
-        key is written at); feats [N, d]: h_j. Returns (out [M, d], logits [M, V] float32) for
-        batch.logit_index. Keys below a row's start must already be in its slot."""
-        x = self.inputs(policy, batch.token_ids, feats)
+    def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache],
+                     rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """New rows j of some requests (drafter/head_cache.py): every row's key and value is
+        written, and only each request's last row (the others lie below it in its slot) is
+        attended from. Returns (out [C, d], logits [C, V] float32) of those last rows.
+
+        A key and value depend only on their own row (layer 0 has no attention before them), so
+        catch-up rows cost two projections and no attention: a draft position is one query per
+        request."""
+        x = self.inputs(policy, rows.tokens, rows.feats)
         layer = self.layers[0]
-        if self.kind == "attention":
-            cos, sin = self.rope(batch.positions, x.dtype)
-            masks = {(g, None): group.mask(None) for g, group in enumerate(batch.groups)}
-            x = layer(x, cos, sin, batch, cache, 0, masks)
-        else:
-            x = layer(x)
-        out = x[batch.logit_index]
+        if self.kind != "attention":
+            out = layer.feed_forward(x[rows.last])
+            return out, self.logits(policy, out)
+        attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
+        cos, sin = cache.cos[rows.positions][:, None], cache.sin[rows.positions][:, None]
+        k = rotate(attn.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        cache.write(rows.slots, rows.positions, k, attn.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim))
+        xl = x[rows.last]
+        q = rotate(attn.q_proj(xl).view(-1, cfg.num_heads, cfg.head_dim), cos[rows.last], sin[rows.last])
+        out = layer.feed_forward(xl + attn.o_proj(cache.attend(q, rows)))
         return out, self.logits(policy, out)
 
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
@@ -220,7 +242,7 @@ class DraftHead(nn.Module):
             layer = self.layers[0]
             if self.kind == "attention":
                 x = x + self._attend_unrolled(layer.self_attn, x, cos, sin, keys, values)
-            out = layer.mlp(layer.post_attention_layernorm(x)) + x
+            out = layer.feed_forward(x)
             logits = self.logits(policy, out)
             results.append((out, logits))
             if s + 1 < steps:

@@ -30,6 +30,7 @@ import yaml
 from rollout import threads
 
 from . import metrics as M
+from . import online_drafter
 from .config import RunConfig, validate
 from .config_loader import to_dict
 from .dataset import Problem, load_parquet_dataset
@@ -159,6 +160,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     history_dir = cfg.rollout.history.dir or os.path.join(out_dir, "history")
     source = model if cfg.rollout.backend == "local" else folder
+    drafter = online_drafter.start(cfg, folder, progress)  # the drafter's first head, in cfg.rollout.engine
 
     client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
     plain = (RolloutClient(cfg, source, stop_token_ids=eos, progress=progress, plain=True)
@@ -185,6 +187,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             batch = client.generate([prompts[i] for i in idx], epoch=epoch)
             rewards = compute_rewards(reward, cfg.task.reward, tokenizer, batch, [problems[i].answer for i in idx])
             client.record_rewards(batch, rewards)
+            drafter_stats = online_drafter.after_rollout(drafter, client, batch, rewards)
             extra = {}
             if plain is not None:
                 _label(plain, f"epoch {epoch} plain")
@@ -193,6 +196,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             with threads.using(train_threads):
                 stats = trainer.step(batch, rewards)
             client.update_weights(model)
+            drafter_stats.update(online_drafter.between_epochs(drafter, client))  # trains on the new weights
             if plain is not None:
                 plain.update_weights(model)
                 plain.end_epoch()
@@ -201,6 +205,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             record = client.end_epoch()
             record.update(stats)
             record.update(extra)
+            record.update(drafter_stats)
             record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
             record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
             record["num_samples"] = len(batch)

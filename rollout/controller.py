@@ -130,11 +130,16 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
+        per_emitted = self.seconds_per_emitted(rows)
+        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+
+    def seconds_per_emitted(self, rows: int) -> float:
+        """What an emitted token costs now: the recent steps' seconds over their tokens (before
+        any step was timed, the profile's one token per row)."""
         seconds, tokens = self.emitted
         if tokens <= 0:
             seconds, tokens = self.cost.predict(rows), rows
-        per_emitted = seconds / max(tokens, 1e-9)
-        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+        return seconds / max(tokens, 1e-9)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -150,8 +155,26 @@ class AdaptiveController:
         offers = []
         for p, table in tables:
             top = max(map(max, table))
-            offers.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, threshold, lookahead)))
+            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
+            if p.position_seconds > 0 and self.priced:
+                most = self._positions_worth(p, top, threshold, lookahead, running)
+            offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers)
+
+    def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
+                         running: int) -> int:
+        """Draft positions worth running for a proposer whose every position costs
+        `position_seconds` whoever drafts at it (a draft head's batched forward): position i pays
+        when its tokens, one per running request, are worth their slots plus that cost, i.e. when
+        top**i >= threshold + position_seconds / (running x seconds per emitted token). Once a
+        position is run its cost is spent, so `choose` cuts the drafts at the plain threshold.
+        With none worth it, the exploration budget may pay for one position."""
+        surcharge = proposer.position_seconds / (max(running, 1) * max(self.seconds_per_emitted(running), 1e-9))
+        most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
+        if most == 0 and self.credit >= proposer.position_seconds:
+            self.credit -= proposer.position_seconds
+            most = 1
+        return most
 
     def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
         """Ask every proposer for a draft, cut each where its tokens' value falls under the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..request import Request
 
@@ -37,6 +37,17 @@ class Draft:
         return dataclasses.replace(self, tokens=self.tokens[:n], confidence=conf)
 
 
+@dataclass(frozen=True)
+class HiddenSpan:
+    """Rows of one request whose context was correct in a step: sequence positions start ..
+    start + count - 1, at rows offset .. offset + count - 1 of the step's hidden states."""
+
+    req: Request
+    start: int
+    offset: int
+    count: int
+
+
 class Proposer:
     """The base of every draft source: no draft, no state.
 
@@ -44,11 +55,33 @@ class Proposer:
     prior: the acceptance rate the controller assumes before it has seen any of its drafts.
     wants_lookahead: the engine keeps the target's samples past a rejected draft token on the
         request (`req.lookahead`) only when some proposer reads them.
+    wants_hidden: the engine asks the forward for the final hidden state of every fed token and
+        hands them over (`observe_hidden`); False costs nothing. May change between steps.
+    batched: the proposer drafts for all requests at once (`prepare`), before any is asked.
+    position_seconds: what one batched draft position costs it, for all requests together
+        (measured by the proposer; 0 for proposers whose drafts cost nothing but their slots):
+        the controller charges it to the position's tokens when it decides how many positions
+        are worth drafting.
     """
 
     name = "base"
     prior = 0.5
     wants_lookahead = False
+    wants_hidden = False
+    batched = False
+    position_seconds = 0.0
+
+    def prepare(self, requests: Sequence[Request], most: int) -> None:
+        """Once per step, before any `propose`: the requests that are decoding (one pending
+        token), and the most draft tokens the budget could grant any of them this step."""
+
+    def observe_hidden(self, spans: Sequence[HiddenSpan], hidden) -> None:
+        """Once per step, after its verify: `hidden` [N, d] holds the final hidden state (after
+        the last norm) of each token fed in the step; `spans` say which rows had a correct
+        context (prompt chunks, the pending token, accepted drafts), per request."""
+
+    def weights_updated(self, version: int) -> None:
+        """The engine's weights were replaced (its version counter is now `version`)."""
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:
         """Up to k tokens that would follow req.prompt_ids + req.output_ids, or None.

@@ -1,0 +1,84 @@
+"""The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)).
+
+The same token rollout.sampling.sample would pick from these logits (z + G and z - log E are the
+same IEEE value, and argmax takes the first index of a tie in both), so a head whose distribution
+matches the policy's is accepted nearly always, and the offline simulation (drafter/simulate.py,
+which calls rollout.sampling.sample) predicts the engine's drafts exactly. What differs is only
+the work: the noise of every (request, draft position) of a call is made in one batch up front
+(it depends on no logits), the common case of temperature 1 without top-k / top-p skips the
+processing, and the margin (best minus second-best perturbed score: how far the head's logits
+would have to move to change the token) comes from the same scores. No logprobs are made: a draft
+needs none.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rollout import sampling
+
+# Noise of all of a call's draft positions is made at once when it holds at most this many
+# elements (requests x positions x vocabulary); beyond it, position by position.
+NOISE_ELEMENTS = 1 << 22
+
+
+class CoupledSampler:
+    """For chains with .seed, .position (of their first draft), .k, .temperature, .top_k, .top_p."""
+
+    def __init__(self, chains: Sequence, device):
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        self.seeds = col([int(c.seed) for c in chains], torch.int64)
+        self.first = col([int(c.position) for c in chains], torch.int64)
+        self.temperature = col([float(c.temperature) for c in chains], torch.float32)
+        self.top_k = col([int(c.top_k) for c in chains], torch.int64)
+        self.top_p = col([float(c.top_p) for c in chains], torch.float32)
+        self.plain = all(float(c.temperature) == 1.0 and int(c.top_k) == 0 and float(c.top_p) == 1.0 for c in chains)
+        self.greedy = [float(c.temperature) == 0 for c in chains]
+        self.ks = [int(c.k) for c in chains]
+        self.device = device
+        self._noise = None  # [sum of k, V] when made up front
+        self._offsets: list[int] = []
+
+    def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool) -> tuple[list[int], list[float]]:
+        """Tokens (and margins, NaN unless asked) of chains `live` at their step-th draft
+        position; logits [len(live), V] float32, in the order of `live`."""
+        index = None if len(live) == len(self.ks) else torch.tensor(live, device=self.device)
+
+        def pick(t):
+            return t if index is None else t[index]
+
+        z = logits if self.plain else sampling.process_logits(logits, pick(self.temperature), pick(self.top_k),
+                                                              pick(self.top_p))
+        scores = z
+        if not all(self.greedy[i] for i in live):
+            scores = z + self._gumbel(live, step, z.shape[-1])
+            if any(self.greedy[i] for i in live):
+                greedy = torch.tensor([self.greedy[i] for i in live], device=self.device)
+                scores = torch.where(greedy[:, None], z, scores)
+        tokens = scores.argmax(dim=-1).tolist()
+        if not margins:
+            return tokens, [float("nan")] * len(live)
+        if scores.shape[-1] < 2:
+            return tokens, [float("inf")] * len(live)
+        top2 = scores.topk(2, dim=-1).values
+        return tokens, (top2[:, 0] - top2[:, 1]).tolist()
+
+    def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
+        """G(seed, first + step, .) of the live chains: [len(live), V] float32."""
+        if self._noise is None and sum(self.ks) * vocab <= NOISE_ELEMENTS:
+            self._offsets = [0]
+            for k in self.ks[:-1]:
+                self._offsets.append(self._offsets[-1] + k)
+            ks = torch.tensor(self.ks, device=self.device)
+            offsets = torch.tensor(self._offsets, device=self.device)
+            steps = torch.arange(sum(self.ks), device=self.device) - torch.repeat_interleave(offsets, ks)
+            positions = torch.repeat_interleave(self.first, ks) + steps
+            self._noise = sampling.gumbel_noise(torch.repeat_interleave(self.seeds, ks), positions, vocab)
+        if self._noise is not None:
+            rows = [self._offsets[i] + step for i in live]
+            return self._noise[torch.tensor(rows, device=self.device)]
+        index = torch.tensor(live, device=self.device)
+        return sampling.gumbel_noise(self.seeds[index], self.first[index] + step, vocab)
