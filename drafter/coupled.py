@@ -58,13 +58,13 @@ class CoupledSampler:
             if any(self.greedy[i] for i in live):
                 greedy = torch.tensor([self.greedy[i] for i in live], device=self.device)
                 scores = torch.where(greedy[:, None], z, scores)
-        tokens = scores.argmax(dim=-1).tolist()
         if not margins:
-            return tokens, [float("nan")] * len(live)
+            return scores.argmax(dim=-1).tolist(), [float("nan")] * len(live)
+        best, tokens = scores.max(dim=-1)  # the first maximal index, as argmax
         if scores.shape[-1] < 2:
-            return tokens, [float("inf")] * len(live)
-        top2 = scores.topk(2, dim=-1).values
-        return tokens, (top2[:, 0] - top2[:, 1]).tolist()
+            return tokens.tolist(), [float("inf")] * len(live)
+        second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
+        return tokens.tolist(), (best - second).tolist()
 
     def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
         """G(seed, first + step, .) of the live chains: [len(live), V] float32."""

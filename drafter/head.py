@@ -122,8 +122,29 @@ class HeadLayer(nn.Module):
         self.mlp = HeadMLP(d, cfg.intermediate_size)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def feed_forward(self, x: torch.Tensor, gate_up: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x + mlp(norm(x)); gate_up: the gate and up weights packed in one (the engine's way)."""
+        h = norm(self.post_attention_layernorm, x)
+        if gate_up is None:
+            return x + self.mlp(h)
+        gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
+
+
+def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm module's function in torch's fused kernel (normalised in float32 and cast back
+    before the weight, as rollout.model.RMSNorm): one op where the module takes eight."""
+    return module.weight * F.rms_norm(x.float(), (x.shape[-1],), None, module.eps).to(x.dtype)
+
+
+@dataclass
+class Packed:
+    """The projections the engine's way runs as one matmul each, made from the live weights."""
+
+    version: tuple
+    qkv_weight: Optional[torch.Tensor]
+    qkv_bias: Optional[torch.Tensor]
+    gate_up: torch.Tensor
 
 
 class DraftHead(nn.Module):
@@ -171,8 +192,8 @@ class DraftHead(nn.Module):
         """fc(cat(norm(embed(tokens)), norm(feats))): [..., d] in the head's dtype."""
         dtype = self.fc.weight.dtype
         embeds = F.embedding(tokens, policy.model.embed_tokens.weight.detach()).to(dtype)
-        return self.fc(torch.cat((self.embedding_layernorm(embeds),
-                                  self.hidden_states_layernorm(feats.to(dtype))), dim=-1))
+        return self.fc(torch.cat((norm(self.embedding_layernorm, embeds),
+                                  norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
         """The policy's live lm_head on the head's output: float32 logits."""
@@ -211,18 +232,39 @@ class DraftHead(nn.Module):
         catch-up rows cost two projections and no attention: a draft position is one query per
         request."""
         x = self.inputs(policy, rows.tokens, rows.feats)
-        layer = self.layers[0]
+        layer, packed = self.layers[0], self.packed()
         if self.kind != "attention":
-            out = layer.feed_forward(x[rows.last])
+            out = layer.feed_forward(x[rows.last], packed.gate_up)
             return out, self.logits(policy, out)
         attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
-        cos, sin = cache.cos[rows.positions][:, None], cache.sin[rows.positions][:, None]
-        k = rotate(attn.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-        cache.write(rows.slots, rows.positions, k, attn.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim))
-        xl = x[rows.last]
-        q = rotate(attn.q_proj(xl).view(-1, cfg.num_heads, cfg.head_dim), cos[rows.last], sin[rows.last])
-        out = layer.feed_forward(xl + attn.o_proj(cache.attend(q, rows)))
+        heads, kv = cfg.num_heads, cfg.num_kv_heads
+        qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias).view(n, heads + 2 * kv, cfg.head_dim)
+        qk = rotate(qkv[:, :heads + kv], cache.cos[rows.positions][:, None], cache.sin[rows.positions][:, None])
+        cache.write(rows.slots, rows.positions, qk[:, heads:], qkv[:, heads + kv:])
+        last = x if x.shape[0] == rows.last.shape[0] else x[rows.last]
+        q = qk[:, :heads] if last is x else qk[rows.last, :heads]
+        out = layer.feed_forward(last + attn.o_proj(cache.attend(q, rows)), packed.gate_up)
         return out, self.logits(policy, out)
+
+    def packed(self) -> Packed:
+        """q|k|v and gate|up packed, remade whenever a weight changed (a training step)."""
+        layer = self.layers[0]
+        mlp, attn = layer.mlp, getattr(layer, "self_attn", None)
+        parts = [mlp.gate_proj.weight, mlp.up_proj.weight]
+        if attn is not None:
+            parts += [t for m in (attn.q_proj, attn.k_proj, attn.v_proj) for t in (m.weight, m.bias) if t is not None]
+        version = tuple((id(t), t._version, t.device, t.dtype) for t in parts)
+        cached = getattr(self, "_packed", None)
+        if cached is not None and cached.version == version:
+            return cached
+        with torch.no_grad():
+            qkv_w = qkv_b = None
+            if attn is not None:
+                qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                if attn.q_proj.bias is not None:
+                    qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            self._packed = Packed(version, qkv_w, qkv_b, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        return self._packed
 
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 

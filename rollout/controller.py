@@ -209,11 +209,12 @@ class AdaptiveController:
         self.credit -= price
         return draft.cut(1)
 
-    def record(self, req: Request, draft: Draft, accepted: int) -> None:
+    def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
         """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
-        trials of its proposer's evidence level and of each token's confidence bin."""
+        trials of its proposer's evidence level and of each token's confidence bin. judged: how
+        many of its tokens could count (fewer when the request ended inside the draft)."""
         name, proposed = draft.proposer.name, len(draft.tokens)
-        trials = accepted + (1 if accepted < proposed else 0)
+        trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
         lv = level(draft.evidence)

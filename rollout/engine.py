@@ -300,9 +300,13 @@ class Engine:
         if lenient.follows_old_response(req, row.old, draft, accepted):
             ys, lps = ys[:accepted], lps[:accepted]
             req.num_cached -= 1  # re-feed the last draft token: the next draft is judged from it
-        if row.draft is not None:
-            self.controller.record(req, row.draft, accepted)
         emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+        # Draft tokens past a stop token, max_tokens or the chunk's end were compared with samples
+        # nobody emits: they count as neither accepted nor rejected.
+        judged = min(len(row.draft_tokens), len(emitted))
+        accepted = min(accepted, judged)
+        if row.draft is not None:
+            self.controller.record(req, row.draft, accepted, judged)
         req.lookahead = None
         if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
                 and not req.finish_reason):
