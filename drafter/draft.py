@@ -34,7 +34,8 @@ class Chain:
     from target features of this same context). tokens: x_{j+1} of rows start..p, the last being
     the pending token; feats [len(tokens), d]: h_j of those rows, from the policy's forwards.
     position: the response position of the first draft token (the pending token's + 1).
-    k: draft tokens wanted."""
+    k: draft tokens wanted. stop: the request's stop tokens: a chain ends at one (nothing after
+    it is ever emitted)."""
 
     slot: int
     start: int
@@ -46,6 +47,7 @@ class Chain:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    stop: Sequence[int] = ()
 
 
 @dataclass
@@ -72,7 +74,7 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
         for i, t, g in zip(live, toks, gaps):
             drafts[i].tokens.append(t)
             drafts[i].margins.append(g)
-        keep = [n for n, i in enumerate(live) if chains[i].k > s + 1]
+        keep = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop]
         if not keep:
             break
         live = [live[n] for n in keep]

@@ -28,12 +28,15 @@ from .head import DraftHead, HeadConfig
 from .proposer import DrafterProposer
 from .simulate import simulated_acceptance
 from .trainer import TrainConfig, TrainState, new_state, train
+from .warm_start import steps_for_passes
 
 
 @dataclass(frozen=True)
 class OnlineConfig:
     """kind: a fresh head's kind, when the engine has none. lr, ttt_steps, reward_beta,
-    batch_tokens, num_threads: the trainer's (drafter/trainer.py), at a constant rate."""
+    batch_tokens, num_threads: the trainer's (drafter/trainer.py), at a constant rate.
+    max_passes: a call stops after reading its data about this many times (more would only fit
+    the head to these few responses), or when its time is up."""
 
     kind: str = "attention"
     lr: float = 1e-3
@@ -42,6 +45,7 @@ class OnlineConfig:
     batch_tokens: int = 1024
     num_threads: Optional[int] = None
     seed: int = 0
+    max_passes: float = 2.0
 
     def train_config(self) -> TrainConfig:
         cfg = TrainConfig(lr=self.lr, ttt_steps=self.ttt_steps, reward_beta=self.reward_beta,
@@ -57,7 +61,7 @@ class OnlineState:
     train: Optional[TrainState] = None
 
 
-def measure(proposer: DrafterProposer, max_samples: int = 64, max_k: int = 8) -> dict:
+def measure(proposer: DrafterProposer, max_samples: int = 32, max_k: int = 8) -> dict:
     """Simulated acceptance of the engine's head on the newest rollout in its buffer (entries of
     the current policy version, at most max_samples of them, the latest first): call it before
     the weights move on. {} when there is no head or no such entry."""
@@ -100,7 +104,8 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
         refreshed[0] += buf.refresh(proposer.model, proposer.policy_version, batch)
 
     budget = max(0.0, budget_s - (time.perf_counter() - start))
-    report = train(online.train, proposer.model, entries, tcfg, budget, before_step=refresh)
+    max_steps = steps_for_passes(sum(e.num_tokens for e in entries), cfg.max_passes, tcfg)
+    report = train(online.train, proposer.model, entries, tcfg, budget, max_steps, before_step=refresh)
     if report["steps"]:
         try:
             proposer.set_head(head, proposer.head_version + 1)

@@ -81,7 +81,7 @@ class DrafterProposer(Proposer):
         if model is None:
             raise ValueError("the drafter proposer needs the engine's model (its head reads the policy's "
                              "embeddings and lm_head)")
-        d = spec.drafter or DrafterSpec()
+        d = spec.drafter
         slots = engine_config.max_batch_size if engine_config is not None else 64
         max_len = engine_config.max_model_len if engine_config is not None else 2048
         p = cls(model, d, slots, max_len, min(d.max_positions or spec.max_draft_tokens, spec.max_draft_tokens))
@@ -181,7 +181,7 @@ class DrafterProposer(Proposer):
         drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-        positions = max(c.k for c in chains)
+        positions = max(len(d.tokens) for d in drafts)
         seconds = time.perf_counter() - start
         self.position_seconds = (EMA * self.position_seconds + (1 - EMA) * seconds / positions
                                  if self.position_seconds > 0 else seconds / positions)
@@ -190,7 +190,7 @@ class DrafterProposer(Proposer):
         s["positions"] += positions
         s["chains"] += len(chains)
         s["steps"] += 1
-        s["tokens"] += sum(c.k for c in chains)
+        s["tokens"] += sum(len(d.tokens) for d in drafts)
 
     def _chain(self, req: Request, st: _State, most: int) -> Optional[Chain]:
         q = req.num_tokens - 1  # the pending token's position: features up to q - 1 are needed
@@ -206,7 +206,7 @@ class DrafterProposer(Proposer):
         ids = req.prompt_ids[start + 1:] + req.output_ids if start + 1 < p else req.output_ids[start + 1 - p:]
         return Chain(slot=req.slot, start=start, tokens=ids, feats=self.store[req.slot, start:q],
                      seed=req.seed, position=len(req.output_ids), k=k, temperature=req.params.temperature,
-                     top_k=req.params.top_k, top_p=req.params.top_p)
+                     top_k=req.params.top_k, top_p=req.params.top_p, stop=req.params.stop_token_ids)
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:
         st = req.proposer_state.get(self.name)

@@ -197,7 +197,7 @@ class DrafterSection:
     enabled: bool = True
     kind: Literal["attention", "mlp"] = "attention"
     path: Optional[str] = None
-    warm_start_s: float = 60.0
+    warm_start_s: float = 300.0
     train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
 
 

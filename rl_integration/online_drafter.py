@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rollout import threads
-from rollout.config import DrafterSpec
 
 from .config import DrafterSection, RunConfig
 
@@ -48,7 +47,7 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
         path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress)
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
     t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
-    drafter_spec = dataclasses.replace(spec.drafter or DrafterSpec(), path=path, kind=d.kind,
+    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind,
                                        idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))

@@ -125,7 +125,7 @@ class SpecConfig:
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
         samples of the policy; every completion it touched says so in stats["lenient"].
-    drafter: the "drafter" proposer's settings (DrafterSpec; None: its defaults).
+    drafter: the "drafter" proposer's settings (DrafterSpec).
     """
 
     proposers: tuple[str, ...] = ("ngram",)
@@ -134,7 +134,7 @@ class SpecConfig:
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
     min_draft_prob: Optional[float] = None
     lenience: Optional[float] = None
-    drafter: Optional[DrafterSpec] = None
+    drafter: DrafterSpec = DrafterSpec()
 
     def validate(self) -> None:
         from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
@@ -157,10 +157,9 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:
             raise ValueError(f"SpecConfig.ngram_sizes must be positive integers, got {self.ngram_sizes}")
-        if self.drafter is not None:
-            if not isinstance(self.drafter, DrafterSpec):
-                raise ValueError(f"SpecConfig.drafter must be a DrafterSpec or None, got {self.drafter!r}")
-            self.drafter.validate()
+        if not isinstance(self.drafter, DrafterSpec):
+            raise ValueError(f"SpecConfig.drafter must be a DrafterSpec, got {self.drafter!r}")
+        self.drafter.validate()
 
 
 @dataclass(frozen=True)

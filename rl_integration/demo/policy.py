@@ -235,7 +235,7 @@ def remove_stale_temporaries(root: str) -> None:
 # ------------------------------------------------------------------------------ the drafter's warm start
 
 DRAFTER_FORMAT = 1  # bump when the head's warm-start recipe changes
-DRAFTER_PROMPTS, DRAFTER_SAMPLES, DRAFTER_STEPS = 64, 8, 600
+DRAFTER_PROMPTS, DRAFTER_SAMPLES, DRAFTER_STEPS, DRAFTER_PASSES = 64, 8, 800, 20.0
 
 
 def drafter_folder(policy_folder: str, kind: str = "attention") -> str:
@@ -248,8 +248,9 @@ def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: s
     """The folder of the policy's warm-started draft head (drafter.export format), trained on
     first use: the policy samples DRAFTER_PROMPTS problems x DRAFTER_SAMPLES at T = 1 (problems
     of the task's distribution, drawn apart from the RL prompts) and the head trains on them for
-    DRAFTER_STEPS steps or `seconds`, whichever ends first (drafter.warm_start). Epoch 0 needs a
-    drafter most: nothing to copy from yet."""
+    DRAFTER_STEPS steps (at most DRAFTER_PASSES over their tokens: a small task's policy needs
+    fewer) or `seconds`, whichever ends first (drafter.warm_start). Epoch 0 needs a drafter
+    most: nothing to copy from yet."""
     from drafter.head import HeadConfig
     from drafter.trainer import TrainConfig
     from drafter.warm_start import load_or_warm_start
@@ -264,7 +265,7 @@ def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: s
         return sample_rollouts(policy, policy_folder, task_cfg)
 
     load_or_warm_start(folder, policy, rollouts, HeadConfig(kind=kind), TrainConfig(decay="cosine"),
-                       time_budget_s=seconds, max_steps=DRAFTER_STEPS)
+                       time_budget_s=seconds, max_steps=DRAFTER_STEPS, max_passes=DRAFTER_PASSES)
     return folder
 
 
