@@ -1,7 +1,11 @@
-"""Offline drafter benchmark on the demo's policy: warm start, simulated acceptance, head cost.
+"""Drafter benchmarks on the demo's policy.
 
+    python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
+                                       epoch 0 and epoch 1), bench_results/drafter_engine.json
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
                             [--kinds attention,mlp] [--out bench_results/drafter_offline.json]
+
+The offline benchmark:
 
 1. Samples a training rollout (prompts x samples at T = 1, epoch-0 seeds) with spectail's Engine
    from the demo's warm-started policy (trained on first use, then cached under ~/.cache/spectail).
@@ -137,7 +141,7 @@ def offline(args) -> dict:
               "train_tokens": sum(len(r.token_ids) for r in train_rolls),
               "response_len": {"median": lengths[len(lengths) // 2], "max": lengths[-1]}, "heads": {}}
     for kind in args.kinds:
-        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind),
+        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, window=args.window),
                                      TrainConfig(decay="cosine", num_threads=args.threads),
                                      time_budget_s=args.train_seconds, max_steps=args.train_steps)
         head.eval()
@@ -160,21 +164,34 @@ def offline(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--offline", action="store_true", help="the offline benchmark (the only mode so far)")
+    ap.add_argument("--offline", action="store_true", help="the offline benchmark (warm start, simulation)")
+    ap.add_argument("--reps", type=int, default=None, help="interleaved runs per engine (engine mode; default 2) "
+                    "or timed repetitions of the head's step (offline; default 30)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--train-seconds", type=float, default=120.0)
     ap.add_argument("--train-steps", type=int, default=None, help="stop training after this many steps")
     ap.add_argument("--kinds", default="attention,mlp")
+    ap.add_argument("--window", type=int, default=None, help="the attention head's window (default: none)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--out", default="bench_results/drafter_offline.json")
+    ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
+                    help="engine mode: the head's training between epochs (rollout.drafter.train.between_epochs_s)")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.kinds = [k for k in args.kinds.split(",") if k]
-    if not args.offline:
-        ap.error("only --offline exists yet (the engine benchmarks come with the drafter proposer)")
-    result = offline(args)
+    if args.offline:
+        args.reps = args.reps or 30
+        args.out = args.out or "bench_results/drafter_offline.json"
+        result = offline(args)
+    else:
+        from .bench_engine import engine_bench, ratios
+
+        args.reps, args.reps_cost, args.train_seconds = args.reps or 2, 30, args.between
+        args.out = args.out or "bench_results/drafter_engine.json"
+        result = engine_bench(args)
+        for line in ratios(result):
+            print(line, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}; load average {os.getloadavg()}", file=sys.stderr)

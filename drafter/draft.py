@@ -15,7 +15,7 @@ overwrites from there, and attention never reads past the row being written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -57,15 +57,17 @@ class ChainDraft:
 
 
 def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], chains: Sequence[Chain],
-                 margins: bool = False) -> list[ChainDraft]:
-    """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards."""
+                 margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None) -> list[ChainDraft]:
+    """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards.
+    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False."""
     if not chains:
         return []
     _check(chains, cache)
     device = head.fc.weight.device
     drafts = [ChainDraft([], []) for _ in chains]
     feats = torch.cat([c.feats for c in chains]).to(device)
-    rows = Rows.build([c.slot for c in chains], [c.start for c in chains], [c.tokens for c in chains], feats, device)
+    rows = Rows.build([c.slot for c in chains], [c.start for c in chains], [c.tokens for c in chains], feats, device,
+                      cache)
     out, logits = head.forward_rows(policy, cache, rows)
     sampler = CoupledSampler(chains, device)
     live = list(range(len(chains)))
@@ -74,13 +76,14 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
         for i, t, g in zip(live, toks, gaps):
             drafts[i].tokens.append(t)
             drafts[i].margins.append(g)
-        keep = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop]
-        if not keep:
+        going = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop
+                 and (keep is None or keep(i, drafts[i]))]
+        if not going:
             break
-        live = [live[n] for n in keep]
-        feats = out if len(keep) == len(out) else out[torch.tensor(keep, device=device)]
+        live = [live[n] for n in going]
+        feats = out if len(going) == len(out) else out[torch.tensor(going, device=device)]
         rows = Rows.build([chains[i].slot for i in live], [chains[i].start + len(chains[i].tokens) + s for i in live],
-                          [[drafts[i].tokens[-1]] for i in live], feats, device)
+                          [[drafts[i].tokens[-1]] for i in live], feats, device, cache)
         out, logits = head.forward_rows(policy, cache, rows)
     return drafts
 
@@ -92,7 +95,9 @@ def _check(chains: Sequence[Chain], cache: Optional[HeadCache]) -> None:
     for c in chains:
         if len(c.tokens) < 1 or c.feats.shape[0] != len(c.tokens) or c.k < 1:
             raise ValueError(f"chain of slot {c.slot}: needs >= 1 token, one feature row per token and k >= 1")
+        ring = cache is not None and cache.window is not None and cache.rows_kept < cache.max_len
         if cache is not None and (c.start < 0 or c.start + len(c.tokens) + c.k - 1 > cache.max_len
-                                  or not 0 <= c.slot < cache.num_slots):
+                                  or not 0 <= c.slot < cache.num_slots
+                                  or ring and c.k > cache.rows_kept - cache.window):
             raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + len(c.tokens) + c.k - 2} do not fit "
                              f"the head's cache ({cache.num_slots} slots of {cache.max_len} rows)")

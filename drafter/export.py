@@ -47,6 +47,7 @@ def eagle_config(head: DraftHead) -> dict:
         "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
         "max_position_embeddings": 1 << 20, "attention_bias": bool(c.attention_bias), "mlp_bias": False,
         "tie_word_embeddings": False, "add_para_norm": True,
+        **({"sliding_window": c.window} if c.window is not None else {}),
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
     }
 

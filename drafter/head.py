@@ -51,6 +51,10 @@ class HeadConfig:
         cheaper, but it sees only the current row).
     num_heads, num_kv_heads, head_dim, intermediate_size, attention_bias: the decoder layer.
     rope_theta: the head's own RoPE base (its positions are the policy's sequence positions).
+    window: the attention sees the last `window` rows (its own included); None: every row, as
+        EAGLE's heads do. A window bounds what a draft position costs whatever the context (the
+        policy's hidden state carries the rest); an exported windowed head keeps the key
+        `sliding_window` in its config, which vLLM's EAGLE Llama does not read.
     """
 
     kind: str = "attention"
@@ -61,6 +65,7 @@ class HeadConfig:
     attention_bias: Optional[bool] = None
     rope_theta: float = 10000.0
     rms_norm_eps: Optional[float] = None
+    window: Optional[int] = None
 
     def resolved(self, policy_cfg: ModelConfig) -> HeadConfig:
         """Every None replaced by the policy's value; validated."""
@@ -85,6 +90,8 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
         if not self.rope_theta > 0:
             raise ValueError(f"HeadConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"HeadConfig.window must be None (all rows) or an integer >= 1, got {self.window!r}")
 
 
 class HeadAttention(nn.Module):
@@ -211,15 +218,17 @@ class DraftHead(nn.Module):
 
     # ---- the engine's way: new rows against the head's KV cache -------------------------
 
-    def new_cache(self, num_slots: int, max_len: int) -> Optional[HeadCache]:
-        """The head's one-layer cache (None for the "mlp" kind, which keeps no state)."""
+    def new_cache(self, num_slots: int, max_len: int, max_draft: int = 64) -> Optional[HeadCache]:
+        """The head's one-layer cache (None for the "mlp" kind, which keeps no state), for
+        positions below max_len and chains of at most max_draft tokens."""
         if self.kind != "attention":
             return None
         p = self.fc.weight
         cos, sin = self.rope(torch.arange(max_len, device=p.device), p.dtype)
-        shape = (num_slots, self.cfg.num_kv_heads, max_len, self.cfg.head_dim)
+        kept = max_len if self.cfg.window is None else min(self.cfg.window + max_draft, max_len)
+        shape = (num_slots, self.cfg.num_kv_heads, kept, self.cfg.head_dim)
         return HeadCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
-                         torch.zeros(shape, dtype=p.dtype, device=p.device), cos[:, 0], sin[:, 0])
+                         torch.zeros(shape, dtype=p.dtype, device=p.device), cos[:, 0], sin[:, 0], self.cfg.window)
 
     @torch.inference_mode()
     def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache],
@@ -240,9 +249,9 @@ class DraftHead(nn.Module):
         heads, kv = cfg.num_heads, cfg.num_kv_heads
         qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias).view(n, heads + 2 * kv, cfg.head_dim)
         qk = rotate(qkv[:, :heads + kv], cache.cos[rows.positions][:, None], cache.sin[rows.positions][:, None])
-        cache.write(rows.slots, rows.positions, qk[:, heads:], qkv[:, heads + kv:])
-        last = x if x.shape[0] == rows.last.shape[0] else x[rows.last]
-        q = qk[:, :heads] if last is x else qk[rows.last, :heads]
+        cache.write(rows, qk[:, heads:], qkv[:, heads + kv:])
+        last = x if rows.all_last else x[rows.last]
+        q = qk[:, :heads] if rows.all_last else qk[rows.last, :heads]
         out = layer.feed_forward(last + attn.o_proj(cache.attend(q, rows)), packed.gate_up)
         return out, self.logits(policy, out)
 
@@ -308,12 +317,16 @@ class DraftHead(nn.Module):
         scale = 1.0 / math.sqrt(cfg.head_dim)
         rows = torch.arange(length, device=x.device)
         scores = torch.einsum("blhd,bmhd->bhlm", q, keys[0]).float() * scale
-        scores = scores.masked_fill(rows[None, :] > rows[:, None] - s, float("-inf"))
+        hidden = rows[None, :] > rows[:, None] - s
+        if cfg.window is not None:  # row j sees positions (j - window, j]
+            hidden |= rows[None, :] <= rows[:, None] - cfg.window
+        scores = scores.masked_fill(hidden, float("-inf"))
         diag = []
         for m in range(1, s + 1):
             shifted = _shift_right(keys[m], s - m)
             d = (q * shifted).sum(-1).float() * scale  # [B, L, H]
-            diag.append(d.masked_fill((rows < s - m)[None, :, None], float("-inf")).permute(0, 2, 1)[..., None])
+            gone = (rows < s - m) | (cfg.window is not None and s - m >= cfg.window)
+            diag.append(d.masked_fill(gone[None, :, None], float("-inf")).permute(0, 2, 1)[..., None])
         weights = torch.softmax(torch.cat([scores] + diag, dim=-1), dim=-1).to(x.dtype)
         out = torch.einsum("bhlm,bmhd->blhd", weights[..., :length], values[0])
         for m in range(1, s + 1):

@@ -7,7 +7,8 @@ step's drafts are chosen, `prepare` drafts for every decoding request at once (d
 one batched head forward per draft position, whatever the batch), with each request's own seed,
 response position and sampling params, so the drafts are coupled samples of the head's
 distribution; `propose` then hands out the request's prepared draft. The controller decides how
-many positions are worth running from what one costs (`position_seconds`, measured here).
+many positions are worth running from what one costs (`position_cost`, measured here: a short
+profile when a head is set, then every step).
 
 Per request (`req.proposer_state["drafter"]`): how many positions have features, how many head
 rows were written from them (rows from there on were written from the head's own drafts and are
@@ -35,16 +36,16 @@ from typing import Optional, Sequence
 import torch
 
 from rollout.config import DrafterSpec
+from rollout.controller import confidence_bin, level
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
+from rollout.step_cost import StepCost
 
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
 from .features import SavedRollout
 from .head import DraftHead
-
-EMA = 0.9  # weight of the past in the measured cost of a draft position
 
 
 @dataclass
@@ -72,8 +73,8 @@ class DrafterProposer(Proposer):
         self.store: Optional[torch.Tensor] = None  # [slots, max_len, d] features
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None
         self.policy_version = 0
-        self.position_seconds = 0.0
-        self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0}
+        self.cost = StepCost()  # seconds of one draft position = fixed + per request x requests
+        self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
         self.off_reason: Optional[str] = None
 
     @classmethod
@@ -113,10 +114,34 @@ class DrafterProposer(Proposer):
         device = self.model.lm_head.weight.device
         if head.fc.weight.device != device:
             head = head.to(device)
-        if self.cache is None or self.head is None or self.head.cfg != head.cfg:
-            self.cache = head.new_cache(self.num_slots, self.max_len)
+        fresh = self.cache is None or self.head is None or self.head.cfg != head.cfg
+        if fresh:
+            self.cache = head.new_cache(self.num_slots, self.max_len, self.max_positions)
         self.head, self.head_version, self.off_reason = head.eval(), int(version), None
         self.gen += 1
+        if fresh:
+            self.cost = StepCost()
+            self._profile()
+
+    def _profile(self) -> None:
+        """Time one draft position for one request and for a full batch, so the controller has a
+        cost before the first real step. Rows are written at position 0 of the slots: every
+        request rewrites its slot from row 0 after a new head (the generation changed)."""
+        d = self.model.cfg.hidden_size
+        dtype, device = self.model.lm_head.weight.dtype, self.model.lm_head.weight.device
+        for n in sorted({1, self.num_slots}):
+            chains = [Chain(slot=i, start=0, tokens=[0], feats=torch.zeros(1, d, dtype=dtype, device=device),
+                            seed=i, position=0, k=1) for i in range(n)]
+            seconds = []
+            for _ in range(2):
+                start = time.perf_counter()
+                draft_chains(self.head, self.model, self.cache, chains, margins=True)
+                seconds.append(time.perf_counter() - start)
+            self.cost.add_profile(n, min(seconds))
+        self.gen += 1
+
+    def position_cost(self, n: int) -> float:
+        return self.cost.predict(n) if self.head is not None else 0.0
 
     def load(self, source, version: int) -> bool:
         """A head from an export folder (path) or a published state (drafter.export.head_state).
@@ -164,27 +189,36 @@ class DrafterProposer(Proposer):
             rows = hidden if src == list(range(hidden.shape[0])) else hidden[torch.tensor(src, device=hidden.device)]
             store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
-    def prepare(self, requests: Sequence[Request], most: int) -> None:
-        """Draft for every decoding request at once; `propose` hands the drafts out."""
+    def prepare(self, requests: Sequence[Request], offer, plan) -> None:
+        """Draft for every decoding request at once; `propose` hands the drafts out. A chain
+        stops where the controller would cut it anyway: once the chance that its next token is
+        reached and accepted (by the controller's rates for its evidence and each token's
+        confidence) falls under the plan's threshold."""
         if self.head is None or not requests:
             return
         start = time.perf_counter()
         chains, states = [], []
         for req in requests:
             st = req.proposer_state.get(self.name)
-            chain = self._chain(req, st, most) if st is not None else None
+            chain = self._chain(req, st, offer.most) if st is not None else None
             if chain is not None:
                 chains.append(chain)
                 states.append(st)
         if not chains:
             return
-        drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True)
+        rows = [offer.table[level(st.run)] for st in states]
+        reach = [1.0] * len(chains)
+
+        def keep(i: int, d: ChainDraft) -> bool:
+            reach[i] *= rows[i][confidence_bin(1.0 - math.exp(-d.margins[-1]))]
+            return reach[i] >= plan.threshold
+
+        drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
         positions = max(len(d.tokens) for d in drafts)
         seconds = time.perf_counter() - start
-        self.position_seconds = (EMA * self.position_seconds + (1 - EMA) * seconds / positions
-                                 if self.position_seconds > 0 else seconds / positions)
+        self.cost.observe(sum(len(d.tokens) for d in drafts) / positions, seconds / positions)
         s = self.stats
         s["seconds"] += seconds
         s["positions"] += positions
@@ -222,7 +256,10 @@ class DrafterProposer(Proposer):
             return
         st.draft = None
         if draft is not None:
-            st.run = st.run + num_accepted if num_accepted == len(draft.tokens) else 0
+            ended = req.finish_reason is not None or req.paused
+            rejected = num_accepted < len(draft.tokens) and not ended
+            self.stats["compared"] += num_accepted + rejected
+            st.run = 0 if rejected else st.run + num_accepted
 
     def finish(self, req: Request) -> None:
         st = req.proposer_state.get(self.name)

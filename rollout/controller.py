@@ -119,9 +119,10 @@ class AdaptiveController:
 
     # ---- the price -----------------------------------------------------------------------
 
-    def observe_step(self, fed: int, emitted: int, seconds: float) -> None:
-        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too)."""
-        self.cost.observe(fed, seconds)
+    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0) -> None:
+        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
+        of which `batched` went to batched proposers (a draft head), priced by their own cost."""
+        self.cost.observe(fed, seconds - batched)
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -156,7 +157,7 @@ class AdaptiveController:
         for p, table in tables:
             top = max(map(max, table))
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
-            if p.position_seconds > 0 and self.priced:
+            if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running)
             offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers)
@@ -164,15 +165,17 @@ class AdaptiveController:
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
                          running: int) -> int:
         """Draft positions worth running for a proposer whose every position costs
-        `position_seconds` whoever drafts at it (a draft head's batched forward): position i pays
-        when its tokens, one per running request, are worth their slots plus that cost, i.e. when
-        top**i >= threshold + position_seconds / (running x seconds per emitted token). Once a
-        position is run its cost is spent, so `choose` cuts the drafts at the plain threshold.
-        With none worth it, the exploration budget may pay for one position."""
-        surcharge = proposer.position_seconds / (max(running, 1) * max(self.seconds_per_emitted(running), 1e-9))
+        `position_cost(n)` for n requests at once (a draft head's batched forward): position i
+        pays when its tokens, one per running request, are worth their slots plus that cost, i.e.
+        when top**i >= threshold + position_cost(running) / (running x seconds per emitted token).
+        Once a position is run its cost is spent, so `choose` cuts the drafts at the plain
+        threshold. With none worth it, the exploration budget may pay for one position."""
+        n = max(running, 1)
+        cost = proposer.position_cost(n)
+        surcharge = cost / (n * max(self.seconds_per_emitted(running), 1e-9))
         most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
-        if most == 0 and self.credit >= proposer.position_seconds:
-            self.credit -= proposer.position_seconds
+        if most == 0 and self.credit >= cost:
+            self.credit -= cost
             most = 1
         return most
 

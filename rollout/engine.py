@@ -197,9 +197,9 @@ class Engine:
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 running.append(req)
             start = time.perf_counter()
-            drafting, n_fed, n_emitted = self._step(running)
+            drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
-                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
@@ -211,19 +211,21 @@ class Engine:
                     on_finish(req)
         return RunStats(steps, spec_off, fed)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int, int]:
+    def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
-        fed, tokens emitted)."""
-        plan = None
+        fed, tokens emitted, seconds spent by batched proposers before the plan)."""
+        plan, prepared = None, 0.0
         if self.controller is not None:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
             if plan is not None:
+                start = time.perf_counter()
                 self._prepare(running, plan)
+                prepared = time.perf_counter() - start
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         emitted = self._verify(rows, logits, observers, hidden)
-        return plan is not None, int(batch.token_ids.shape[0]), emitted
+        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding
@@ -233,7 +235,7 @@ class Engine:
             if offer.most > 0 and offer.proposer.batched:
                 if decoding is None:
                     decoding = [r for r in running if r.num_tokens - r.num_cached == 1]
-                offer.proposer.prepare(decoding, offer.most)
+                offer.proposer.prepare(decoding, offer, plan)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 

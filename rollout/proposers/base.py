@@ -57,11 +57,9 @@ class Proposer:
         request (`req.lookahead`) only when some proposer reads them.
     wants_hidden: the engine asks the forward for the final hidden state of every fed token and
         hands them over (`observe_hidden`); False costs nothing. May change between steps.
-    batched: the proposer drafts for all requests at once (`prepare`), before any is asked.
-    position_seconds: what one batched draft position costs it, for all requests together
-        (measured by the proposer; 0 for proposers whose drafts cost nothing but their slots):
-        the controller charges it to the position's tokens when it decides how many positions
-        are worth drafting.
+    batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
+        what a batched draft position costs (`position_cost`) is charged to its tokens when the
+        controller decides how many positions are worth drafting.
     """
 
     name = "base"
@@ -69,11 +67,16 @@ class Proposer:
     wants_lookahead = False
     wants_hidden = False
     batched = False
-    position_seconds = 0.0
 
-    def prepare(self, requests: Sequence[Request], most: int) -> None:
-        """Once per step, before any `propose`: the requests that are decoding (one pending
-        token), and the most draft tokens the budget could grant any of them this step."""
+    def prepare(self, requests: Sequence[Request], offer, plan) -> None:
+        """Once per step, before any `propose` (batched proposers only): the requests that are
+        decoding (one pending token); offer.most: the most draft tokens the budget could grant
+        any of them this step; offer.table, plan.threshold: how it will judge them
+        (rollout/controller.py)."""
+
+    def position_cost(self, n: int) -> float:
+        """Seconds one batched draft position costs for n requests (measured by the proposer)."""
+        return 0.0
 
     def observe_hidden(self, spans: Sequence[HiddenSpan], hidden) -> None:
         """Once per step, after its verify: `hidden` [N, d] holds the final hidden state (after
