@@ -226,6 +226,7 @@ def grpo_update(hf, tok, policy, engines: dict, work: dict, outs, answers: list)
 
 
 def engine_bench(args) -> dict:
+    from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
     from rl_integration.demo.task import extract_answer
     from rollout.model import CausalLM
@@ -237,7 +238,9 @@ def engine_bench(args) -> dict:
     hf, tok, folder, make_problems, TaskConfig = demo_policy()
     task = TaskConfig(num_problems=args.prompts, seed=0)
     policy = CausalLM.from_pretrained(folder)
-    head = load(load_or_warm_start_drafter(folder, TaskConfig()), policy, dtype=torch.float32)
+    d = RunConfig().rollout.drafter  # the demo's drafter: its warm start, cached beside the policy
+    head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window),
+                policy, dtype=torch.float32)
     problems = make_problems(task)
     prompts = [tok(p.prompt)["input_ids"] for p in problems]
     eos = tok.eos_token_id
@@ -253,8 +256,9 @@ def engine_bench(args) -> dict:
     result["epoch0"]["simulation_check"] = check_simulation(engines["C_drafter"], w0, policy, head)
     result["update"] = grpo_update(hf, tok, policy, engines, w0, outs0["A_plain"], [p.answer for p in problems])
     dp = DrafterProposer.of(engines["D_default_drafter"][0])
-    train = train_on_buffer(dp, OnlineState(), OnlineConfig(num_threads=threads.trainer_threads(None)),
-                            args.train_seconds)
+    t = d.train
+    online = OnlineConfig(lr=t.lr, ttt_steps=t.ttt_steps, num_threads=threads.trainer_threads(None))
+    train = train_on_buffer(dp, OnlineState(), online, args.train_seconds)
     result["between_epochs_training"] = train
     DrafterProposer.of(engines["C_drafter"][0]).set_head(dp.head, dp.head_version)
     w1 = epoch_work(prompts, args.samples, 1, eos, previous=outs0["A_plain"])

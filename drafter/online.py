@@ -33,12 +33,13 @@ from .warm_start import steps_for_passes
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    """kind: a fresh head's kind, when the engine has none. lr, ttt_steps, reward_beta,
+    """kind, window: a fresh head's, when the engine has none. lr, ttt_steps, reward_beta,
     batch_tokens, num_threads: the trainer's (drafter/trainer.py), at a constant rate.
     max_passes: a call stops after reading its data about this many times (more would only fit
     the head to these few responses), or when its time is up."""
 
     kind: str = "attention"
+    window: Optional[int] = None
     lr: float = 1e-3
     ttt_steps: int = 3
     reward_beta: float = 0.0
@@ -118,4 +119,5 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
 
 
 def _fresh_head(proposer: DrafterProposer, cfg: OnlineConfig) -> DraftHead:
-    return DraftHead.for_policy(proposer.model, HeadConfig(kind=cfg.kind), dtype=torch.float32, seed=cfg.seed)
+    return DraftHead.for_policy(proposer.model, HeadConfig(kind=cfg.kind, window=cfg.window), dtype=torch.float32,
+                                seed=cfg.seed)

@@ -189,13 +189,14 @@ class DrafterTrainSection:
 class DrafterSection:
     """The online drafter: a draft head over the policy's hidden states that drafts with each
     sample's own noise, trained on the policy's own rollouts. enabled adds "drafter" to
-    rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp" (a
-    fresh head's). path: an exported head to start from (null: the embedded policy's cached warm
-    start, trained on first use for warm_start_s seconds; a checkpoint policy starts from a
-    fresh head)."""
+    rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
+    window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
+    start from (null: the embedded policy's cached warm start, trained on first use for at most
+    warm_start_s seconds; a checkpoint policy starts from a fresh head)."""
 
     enabled: bool = True
     kind: Literal["attention", "mlp"] = "attention"
+    window: Optional[int] = 64
     path: Optional[str] = None
     warm_start_s: float = 300.0
     train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
@@ -359,6 +360,7 @@ def _validate_rollout(r: RolloutSection) -> None:
 def _validate_drafter(d: DrafterSection) -> None:
     t = d.train
     _need(d.warm_start_s >= 0, "rollout.drafter.warm_start_s", "must be >= 0", d.warm_start_s)
+    _need(d.window is None or d.window >= 1, "rollout.drafter.window", "must be >= 1 or null (all rows)", d.window)
     _need(t.between_epochs_s >= 0, "rollout.drafter.train.between_epochs_s", "must be >= 0 (0: no training "
           "between epochs)", t.between_epochs_s)
     _need(t.idle_slice_s > 0, "rollout.drafter.train.idle_slice_s", "must be > 0", t.idle_slice_s)

@@ -44,10 +44,11 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
     if path is None and cfg.policy.source == "embedded" and policy_folder is not None:
         from .demo.policy import load_or_warm_start_drafter
 
-        path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress)
+        path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
+                                          window=d.window)
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
     t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
-    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind,
+    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind, window=d.window,
                                        idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
@@ -101,6 +102,6 @@ def between_epochs(drafter: Optional[OnlineDrafter], client) -> dict:
     t = drafter.cfg.train
     if proposer is None or t.between_epochs_s <= 0:
         return {}
-    cfg = OnlineConfig(kind=drafter.cfg.kind, lr=t.lr, ttt_steps=t.ttt_steps, reward_beta=t.reward_beta,
-                       num_threads=threads.trainer_threads(None))
+    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, lr=t.lr, ttt_steps=t.ttt_steps,
+                       reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, t.between_epochs_s, drafter.advantages)

@@ -77,7 +77,8 @@ class DrafterSpec:
         proposer's training buffer (drafter/buffer.py).
     buffer_tokens: that buffer's budget, prompt + response tokens.
     max_positions: draft positions per step at most (None: max_draft_tokens).
-    kind: a fresh head's kind ("attention" | "mlp") when one is trained without a path.
+    kind, window: a fresh head's kind ("attention" | "mlp") and attention window (None: all
+        rows) when one is trained without a path.
     idle_slice_s: on Ray, a worker with no chunk while a rollout runs trains the head in slices
         of this many seconds (None: it does not); lr, ttt_steps: that training's (drafter/online.py).
     """
@@ -87,6 +88,7 @@ class DrafterSpec:
     buffer_tokens: int = 200_000
     max_positions: Optional[int] = None
     kind: str = "attention"
+    window: Optional[int] = None
     idle_slice_s: Optional[float] = None
     lr: float = 1e-3
     ttt_steps: int = 3
@@ -98,6 +100,8 @@ class DrafterSpec:
             raise ValueError(f"DrafterSpec.buffer_tokens must be an integer >= 1, got {self.buffer_tokens!r}")
         if self.max_positions is not None and not (isinstance(self.max_positions, int) and self.max_positions >= 1):
             raise ValueError(f"DrafterSpec.max_positions must be None or an integer >= 1, got {self.max_positions!r}")
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"DrafterSpec.window must be None or an integer >= 1, got {self.window!r}")
         if self.kind not in ("attention", "mlp"):
             raise ValueError(f"DrafterSpec.kind must be 'attention' or 'mlp', got {self.kind!r}")
         if self.idle_slice_s is not None and not self.idle_slice_s > 0:
