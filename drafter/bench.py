@@ -2,6 +2,8 @@
 
     python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
                                        epoch 0 and epoch 1), bench_results/drafter_engine.json
+    python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
+                                       (imported only for this: scheduler sits above drafter)
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
                             [--kinds attention,mlp] [--out bench_results/drafter_offline.json]
 
@@ -74,13 +76,14 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     coupled sample), both at `batch` requests with `ctx` tokens of context, interleaved; seconds
     (min, median). A verify step with 4 drafts per request is timed too, for reference."""
     device = policy.lm_head.weight.device
-    cache, head_cache = policy.new_cache(batch, ctx + 8), head.new_cache(batch, ctx + 8)
+    cache, head_cache = policy.new_cache(batch, ctx + 8), head.new_cache(batch, ctx + 8, max_draft=8)
     rows = [(i, ctx, [5 + i % 50]) for i in range(batch)]
     verify_rows = [(i, ctx, [5 + i % 50] * 5) for i in range(batch)]
     seeds = torch.arange(batch, dtype=torch.int64)
     temp, top_k, top_p = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
     feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
     chains = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 1) for i in range(batch)]
+    chains8 = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 8) for i in range(batch)]
 
     def sync():
         if device.type == "cuda":
@@ -99,11 +102,16 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
         sync()
 
     def head_step():
-        draft_chains(head, policy, head_cache, chains)
+        draft_chains(head, policy, head_cache, chains, margins=True)
         sync()
 
-    times = {"engine_step": [], "head_step": [], "engine_verify_step": []}
-    steps = (("engine_step", engine_step), ("head_step", head_step), ("engine_verify_step", verify_step))
+    def head_chain8():  # eight positions per call: the cost of a position within a chain
+        draft_chains(head, policy, head_cache, chains8, margins=True)
+        sync()
+
+    times = {"engine_step": [], "head_step": [], "engine_verify_step": [], "head_chain8": []}
+    steps = (("engine_step", engine_step), ("head_step", head_step), ("engine_verify_step", verify_step),
+             ("head_chain8", head_chain8))
     with threads.using(1):
         for _ in range(3):
             for _, fn in steps:
@@ -116,6 +124,8 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     out = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
     out["ratio_median"] = out["head_step"]["median_s"] / out["engine_step"]["median_s"]
     out["ratio_min"] = out["head_step"]["min_s"] / out["engine_step"]["min_s"]
+    out["position_in_chain_ratio_median"] = out["head_chain8"]["median_s"] / 8 / out["engine_step"]["median_s"]
+    out["position_in_chain_ratio_min"] = out["head_chain8"]["min_s"] / 8 / out["engine_step"]["min_s"]
     out.update(batch=batch, context=ctx, reps=reps)
     return out
 
@@ -165,6 +175,7 @@ def offline(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--offline", action="store_true", help="the offline benchmark (warm start, simulation)")
+    ap.add_argument("--ray", action="store_true", help="the Ray spot trainer's benchmark")
     ap.add_argument("--reps", type=int, default=None, help="interleaved runs per engine (engine mode; default 2) "
                     "or timed repetitions of the head's step (offline; default 30)")
     ap.add_argument("--prompts", type=int, default=64)
@@ -178,7 +189,14 @@ def main(argv=None) -> int:
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
                     help="engine mode: the head's training between epochs (rollout.drafter.train.between_epochs_s)")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args, rest = ap.parse_known_args(argv)
+    if args.ray:
+        from scheduler.bench_drafter import main as ray_main
+
+        return ray_main(rest + (["--reps", str(args.reps)] if args.reps else [])
+                        + (["--out", args.out] if args.out else []))
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     args.kinds = [k for k in args.kinds.split(",") if k]
     if args.offline:
         args.reps = args.reps or 30

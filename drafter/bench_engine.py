@@ -293,6 +293,8 @@ def ratios(result: dict) -> list[str]:
     lines.append(f"simulated acceptance on epoch 1's rollout: {sim['per_token_acceptance']:.3f}; drafter training "
                  f"between epochs {result['between_epochs_training']['drafter_train_seconds']:.1f}s "
                  f"({result['between_epochs_training']['drafter_train_steps']} steps); head position / engine "
-                 f"decode step at batch 64: {result['head_cost']['ratio_median']:.3f} (median), "
-                 f"{result['head_cost']['ratio_min']:.3f} (min)")
+                 f"decode step at batch 64: first {result['head_cost']['ratio_median']:.3f} (median), "
+                 f"{result['head_cost']['ratio_min']:.3f} (min); within an 8-token chain "
+                 f"{result['head_cost']['position_in_chain_ratio_median']:.3f} (median), "
+                 f"{result['head_cost']['position_in_chain_ratio_min']:.3f} (min)")
     return lines

@@ -368,6 +368,20 @@ class RayRolloutBackend:
         self.scheduler_config.chunk_tokens = value
 
     @property
+    def idle_training_s(self) -> Optional[float]:
+        """The drafter's training slice on idle workers (None: no training); changeable between
+        rollouts (spec.drafter.idle_slice_s sets it at start)."""
+        return self._drafter.slice_s if self._drafter is not None else None
+
+    @idle_training_s.setter
+    def idle_training_s(self, value: Optional[float]) -> None:
+        if value is not None and not value > 0:
+            raise ValueError(f"idle_training_s must be None or > 0, got {value!r}")
+        if self._drafter is None:
+            self._drafter = DrafterSlices(None)
+        self._drafter.slice_s = value
+
+    @property
     def workers(self) -> dict:
         """Live actor handles by worker index (read-only view; for tests and tools)."""
         return dict(self._pool.actors) if self._pool else {}

@@ -13,7 +13,7 @@ from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import DrafterSpec
 from rollout.controller import AdaptiveController
 from rollout.proposers.base import Proposer
-from tests.drafter.conftest import VOCAB
+from tests.drafter.conftest import VOCAB, sharp_policy
 
 
 def run_engine(policy, head=None, n=16, seed=0, **spec_kw):
@@ -28,7 +28,8 @@ def run_engine(policy, head=None, n=16, seed=0, **spec_kw):
     return eng, dp, outs
 
 
-def test_training_on_the_buffer_raises_acceptance_and_makes_a_version(policy):
+def test_training_on_the_buffer_raises_acceptance_and_makes_a_version():
+    policy = sharp_policy()  # its own: the weights change below
     head = DraftHead.for_policy(policy, HeadConfig(window=16), dtype=torch.float32, seed=2)
     eng, dp, _ = run_engine(policy, head)
     before = measure(dp)
