@@ -151,7 +151,9 @@ def offline(args) -> dict:
               "train_tokens": sum(len(r.token_ids) for r in train_rolls),
               "response_len": {"median": lengths[len(lengths) // 2], "max": lengths[-1]}, "heads": {}}
     for kind in args.kinds:
-        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, window=args.window),
+        shape = dict(window=args.window, intermediate_size=args.intermediate, num_heads=args.heads,
+                     num_kv_heads=args.kv_heads)
+        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, **shape),
                                      TrainConfig(decay="cosine", num_threads=args.threads),
                                      time_budget_s=args.train_seconds, max_steps=args.train_steps)
         head.eval()
@@ -184,6 +186,9 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=None, help="stop training after this many steps")
     ap.add_argument("--kinds", default="attention,mlp")
     ap.add_argument("--window", type=int, default=None, help="the attention head's window (default: none)")
+    ap.add_argument("--intermediate", type=int, default=None, help="the head's feed-forward size")
+    ap.add_argument("--heads", type=int, default=None, help="the head's attention heads (default: the policy's)")
+    ap.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,

@@ -28,7 +28,7 @@ class HeadCache:
     k: torch.Tensor  # [slots, kv_heads, max_len (or window), head_dim]
     v: torch.Tensor
     cos: torch.Tensor  # [max_len, head_dim]: the head's RoPE at every position, made once
-    sin: torch.Tensor
+    sin_signed: torch.Tensor  # its sin, the first half negated (drafter.head.rotate_rolled)
     window: Optional[int] = None  # keys a query sees: positions (p - window, p]; None: all <= p
 
     @property
