@@ -45,7 +45,7 @@ class CoupledSampler:
     def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool) -> tuple[list[int], list[float]]:
         """Tokens (and margins, NaN unless asked) of chains `live` at their step-th draft
         position; logits [len(live), V] float32, in the order of `live`."""
-        index = None if len(live) == len(self.ks) else torch.tensor(live, device=self.device)
+        index = None if len(live) == len(self.ks) else torch.tensor(live).to(self.device)
 
         def pick(t):
             return t if index is None else t[index]
@@ -79,6 +79,6 @@ class CoupledSampler:
             self._noise = sampling.gumbel_noise(torch.repeat_interleave(self.seeds, ks), positions, vocab)
         if self._noise is not None:
             rows = [self._offsets[i] + step for i in live]
-            return self._noise[torch.tensor(rows, device=self.device)]
+            return self._noise[torch.tensor(rows).to(self.device)]
         index = torch.tensor(live, device=self.device)
         return sampling.gumbel_noise(self.seeds[index], self.first[index] + step, vocab)

@@ -55,10 +55,14 @@ class HeadCache:
         c, num_heads, dim = q.shape
         kv_heads = self.k.shape[1]
         lo, hi, width = rows.lo, rows.hi, rows.kv_len
-        grid = q.new_zeros(hi - lo, kv_heads, num_heads // kv_heads, dim)
-        grid[rows.grid_index] = q.view(c, kv_heads, num_heads // kv_heads, dim)
-        out = _attention(grid, self.k[lo:hi, :, :width], self.v[lo:hi, :, :width], rows.masked)
-        return out[rows.grid_index].reshape(c, num_heads * dim)
+        q = q.view(c, kv_heads, num_heads // kv_heads, dim)
+        dense = rows.dense
+        if not dense:
+            grid = q.new_zeros(hi - lo, *q.shape[1:])
+            grid[rows.grid_index] = q
+            q = grid
+        out = _attention(q, self.k[lo:hi, :, :width], self.v[lo:hi, :, :width], rows.masked)
+        return (out if dense else out[rows.grid_index]).reshape(c, num_heads * dim)
 
 
 def _attention(q, keys, values, masked) -> torch.Tensor:
@@ -87,6 +91,8 @@ class Rows:
     hi: int
     kv_len: int
 
+    dense: bool = False  # request i holds slot lo + i: the grid is the queries themselves
+
     @property
     def all_last(self) -> bool:
         return self.last.shape[0] == self.tokens.shape[0]
@@ -108,25 +114,26 @@ class Rows:
             write.extend(base + h * kept + (p % kept if ring else p)
                          for p in range(start, start + len(ids)) for h in range(heads))
 
-        def t(x):
-            return torch.tensor(x, dtype=torch.int64, device=device)
-
         ends = [s + len(ids) - 1 for s, ids in zip(starts, tokens)]
         lo, hi = min(slots), max(slots) + 1
-        rows = Rows(t(flat_tokens), feats, t(flat_slots), t(flat_pos), t(last), t(write), None, None, lo, hi, 0)
+        qpos = [0] * (hi - lo)  # a grid row of no request sees row 0 only
+        for slot, end in zip(slots, ends):
+            qpos[slot - lo] = end
+        parts = (flat_tokens, flat_slots, flat_pos, last, write, qpos, [s - lo for s in slots])
+        # one host-to-device copy for all of them (split into views)
+        t = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(device).split(
+            [len(part) for part in parts])
+        rows = Rows(t[0], feats, t[1], t[2], t[3], t[4], None, t[6], lo, hi, 0,
+                    dense=list(slots) == list(range(lo, hi)))
         if cache is None:
             return rows
         # A query at position p sees positions <= p (full), or (p - window, p] (ring: row i holds
-        # position p - ((p - i) mod R)). A grid row of no request sees row 0 only.
+        # position p - ((p - i) mod R)).
         rows.kv_len = min(kept, max(ends) + 1)
-        qpos = [0] * (hi - lo)
-        for slot, end in zip(slots, ends):
-            qpos[slot - lo] = end
-        keys, q = torch.arange(rows.kv_len, device=device), t(qpos)[:, None]
+        keys, q = torch.arange(rows.kv_len, device=device), t[5][:, None]
         if ring:
             back = torch.remainder(q - keys[None, :], kept)  # how far behind p the row's position is
             rows.masked = (back >= cache.window) | (back > q)
         else:
             rows.masked = keys[None, :] > q
-        rows.grid_index = t([s - lo for s in slots])
         return rows

@@ -198,7 +198,7 @@ class DrafterProposer(Proposer):
             return
         start = time.perf_counter()
         chains, states = [], []
-        for req in requests:
+        for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
             if chain is not None:
