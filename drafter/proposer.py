@@ -216,26 +216,30 @@ class DrafterProposer(Proposer):
         drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-        positions = max(len(d.tokens) for d in drafts)
-        seconds = time.perf_counter() - start
-        self.cost.observe(sum(len(d.tokens) for d in drafts) / positions, seconds / positions)
+        self._count(drafts, time.perf_counter() - start)
+
+    def _count(self, drafts: list[ChainDraft], seconds: float) -> None:
+        """The step's figures, and a point of the position cost: seconds per position against
+        requests drafting per position."""
+        positions, tokens = max(len(d.tokens) for d in drafts), sum(len(d.tokens) for d in drafts)
+        self.cost.observe(tokens / positions, seconds / positions)
         s = self.stats
         s["seconds"] += seconds
         s["positions"] += positions
-        s["chains"] += len(chains)
+        s["chains"] += len(drafts)
         s["steps"] += 1
-        s["tokens"] += sum(len(d.tokens) for d in drafts)
+        s["tokens"] += tokens
 
     def _chain(self, req: Request, st: _State, most: int) -> Optional[Chain]:
         q = req.num_tokens - 1  # the pending token's position: features up to q - 1 are needed
         k = min(most, self.max_positions, req.remaining - 1, req.chunk_left - 1, self.max_len - 1 - q)
         if k < 1 or st.known < q or req.slot < 0:
             return None
-        if st.gen != self.gen:
-            st.written, st.gen = 0, self.gen
-        start = min(st.written, q - 1) if q >= 1 else 0
         if q < 1:
             return None  # a one-token prompt with no output yet: no row to start from
+        if st.gen != self.gen:
+            st.written, st.gen = 0, self.gen
+        start = min(st.written, q - 1)
         p = len(req.prompt_ids)
         ids = req.prompt_ids[start + 1:] + req.output_ids if start + 1 < p else req.output_ids[start + 1 - p:]
         return Chain(slot=req.slot, start=start, tokens=ids, feats=self.store[req.slot, start:q],
@@ -255,9 +259,8 @@ class DrafterProposer(Proposer):
         if st is None:
             return
         st.draft = None
-        if draft is not None:
-            ended = req.finish_reason is not None or req.paused
-            rejected = num_accepted < len(draft.tokens) and not ended
+        if draft is not None:  # a token past the request's end is neither accepted nor rejected (the engine's rule)
+            rejected = num_accepted < min(len(draft.tokens), len(emitted))
             self.stats["compared"] += num_accepted + rejected
             st.run = 0 if rejected else st.run + num_accepted
 
