@@ -4,8 +4,9 @@ The same token rollout.sampling.sample would pick from these logits (z + G and z
 same IEEE value, and argmax takes the first index of a tie in both), so a head whose distribution
 matches the policy's is accepted nearly always, and the offline simulation (drafter/simulate.py,
 which calls rollout.sampling.sample) predicts the engine's drafts exactly. What differs is only
-the work: the noise of every (request, draft position) of a call is made in one batch up front
-(it depends on no logits), the common case of temperature 1 without top-k / top-p skips the
+the work: the noise is made for a few draft positions of every live request at once (it depends
+on no logits: one batch instead of one per position, and chains that end early do not pay for
+positions they never reach), the common case of temperature 1 without top-k / top-p skips the
 processing, and the margin (best minus second-best perturbed score: how far the head's logits
 would have to move to change the token) comes from the same scores. No logprobs are made: a draft
 needs none.
@@ -18,8 +19,9 @@ import torch
 
 from rollout import sampling
 
-# Noise of all of a call's draft positions is made at once when it holds at most this many
-# elements (requests x positions x vocabulary); beyond it, position by position.
+# Noise is made for this many draft positions of the live requests at a time, while that holds
+# at most NOISE_ELEMENTS elements (requests x positions x vocabulary).
+NOISE_BLOCK = 4
 NOISE_ELEMENTS = 1 << 22
 
 
@@ -39,8 +41,7 @@ class CoupledSampler:
         self.greedy = [float(c.temperature) == 0 for c in chains]
         self.ks = [int(c.k) for c in chains]
         self.device = device
-        self._noise = None  # [sum of k, V] when made up front
-        self._offsets: list[int] = []
+        self._block: tuple = (-1, 0, {}, None)  # (first step, steps, chain -> its first row, noise [rows, V])
 
     def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool) -> tuple[list[int], list[float]]:
         """Tokens (and margins, NaN unless asked) of chains `live` at their step-th draft
@@ -68,17 +69,14 @@ class CoupledSampler:
 
     def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
         """G(seed, first + step, .) of the live chains: [len(live), V] float32."""
-        if self._noise is None and sum(self.ks) * vocab <= NOISE_ELEMENTS:
-            self._offsets = [0]
-            for k in self.ks[:-1]:
-                self._offsets.append(self._offsets[-1] + k)
-            ks = torch.tensor(self.ks, device=self.device)
-            offsets = torch.tensor(self._offsets, device=self.device)
-            steps = torch.arange(sum(self.ks), device=self.device) - torch.repeat_interleave(offsets, ks)
-            positions = torch.repeat_interleave(self.first, ks) + steps
-            self._noise = sampling.gumbel_noise(torch.repeat_interleave(self.seeds, ks), positions, vocab)
-        if self._noise is not None:
-            rows = [self._offsets[i] + step for i in live]
-            return self._noise[torch.tensor(rows).to(self.device)]
-        index = torch.tensor(live, device=self.device)
-        return sampling.gumbel_noise(self.seeds[index], self.first[index] + step, vocab)
+        start, block, rows, noise = self._block
+        if noise is None or not start <= step < start + block or any(i not in rows for i in live):
+            block = max(1, min(NOISE_BLOCK, NOISE_ELEMENTS // max(1, len(live) * vocab)))
+            index = torch.tensor(live).to(self.device)
+            seeds = self.seeds[index].repeat_interleave(block)
+            positions = (self.first[index] + step).repeat_interleave(block) + torch.arange(
+                block, device=self.device).repeat(len(live))
+            start, rows = step, {i: n * block for n, i in enumerate(live)}
+            noise = sampling.gumbel_noise(seeds, positions, vocab)
+            self._block = (start, block, rows, noise)
+        return noise[torch.tensor([rows[i] + step - start for i in live]).to(self.device)]
