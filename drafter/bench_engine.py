@@ -5,9 +5,9 @@
 
 A plain engine, B today's default proposers (history, suffix, lookahead), C the drafter alone,
 D the default proposers and the drafter, each run `reps` times interleaved (A B C D A B C D ...)
-at epoch 0 (the demo policy and its cached warm-started head), then after one GRPO update of the
-policy on epoch 0's samples and the head trained between epochs on D's buffer (features refreshed
-under the new weights, within --train-seconds), at epoch 1 (history drafts from epoch 0). Per
+at step 0 (the demo policy and its cached warm-started head), then after one GRPO update of the
+policy on step 0's samples and the head trained between steps on D's buffer (features refreshed
+under the new weights, within --train-seconds), at step 1 (history drafts from step 0). Per
 engine: rollout seconds (min, median), engine steps, tokens per forward, per proposer proposed /
 accepted; for the drafter its per-token acceptance (accepted / compared), its share of the
 rollout's time and its position cost; for D the tokens per forward of the steps where history
@@ -147,12 +147,12 @@ def one_run(name: str, engine: tuple, work: dict, well_formed=None) -> tuple[dic
     return res, outs
 
 
-def epoch_work(prompts, samples: int, epoch: int, eos: int, previous: Optional[list] = None) -> dict:
+def step_work(prompts, samples: int, step: int, eos: int, previous: Optional[list] = None) -> dict:
     ids, seeds, groups = [], [], []
     for g, p in enumerate(prompts):
         for s in range(samples):
             ids.append(p)
-            seeds.append(sample_seed(0, prompt_key(p), s, epoch))  # RolloutClient's seeds at trainer.seed 0
+            seeds.append(sample_seed(0, prompt_key(p), s, step))  # RolloutClient's seeds at trainer.seed 0
             groups.append(g)
     params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[eos])
     return {"prompts": ids, "params": params, "seeds": seeds, "groups": groups,
@@ -160,7 +160,7 @@ def epoch_work(prompts, samples: int, epoch: int, eos: int, previous: Optional[l
             "draft_lps": None if previous is None else [o.logprobs for o in previous]}
 
 
-def run_epoch(engines: dict, work: dict, reps: int, well_formed_fn) -> tuple[dict, dict]:
+def run_step(engines: dict, work: dict, reps: int, well_formed_fn) -> tuple[dict, dict]:
     results = {name: [] for name in engines}
     outs_by = {}
     for _ in range(reps):
@@ -205,7 +205,7 @@ def check_simulation(engine: tuple, work: dict, policy, head) -> dict:
 
 
 def grpo_update(hf, tok, policy, engines: dict, work: dict, outs, answers: list) -> dict:
-    """One GRPO step (the demo's trainer settings) on epoch 0's samples; the engines get the weights."""
+    """One GRPO step (the demo's trainer settings) on step 0's samples; the engines get the weights."""
     from rl_integration.config import TrainerSection
     from rl_integration.demo.task import reward_fn
     from rl_integration.grpo import GRPOTrainer
@@ -217,7 +217,7 @@ def grpo_update(hf, tok, policy, engines: dict, work: dict, outs, answers: list)
     batch = RolloutBatch(prompt_ids=work["prompts"], completion_ids=[o.token_ids for o in outs],
                          logprobs=[o.logprobs for o in outs], seeds=work["seeds"], group_index=work["groups"],
                          sample_index=[i % n for i in range(len(outs))], finish_reasons=[o.finish_reason for o in outs],
-                         sample_stats=[o.stats for o in outs], step_stats={}, epoch=0, n=n)
+                         sample_stats=[o.stats for o in outs], step_stats={}, step=0, n=n)
     stats = GRPOTrainer(hf, TrainerSection(), 1.0, 0, 1.0, tok.pad_token_id).step(batch, rewards)
     sd = {k: v.detach() for k, v in hf.state_dict().items()}
     for eng, _ in engines.values():
@@ -251,24 +251,24 @@ def engine_bench(args) -> dict:
 
     engines = make_engines(policy, head)
     result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "reps": args.reps}
-    w0 = epoch_work(prompts, args.samples, 0, eos)
-    result["epoch0"], outs0 = run_epoch(engines, w0, args.reps, well_formed)
-    result["epoch0"]["simulation_check"] = check_simulation(engines["C_drafter"], w0, policy, head)
+    w0 = step_work(prompts, args.samples, 0, eos)
+    result["step0"], outs0 = run_step(engines, w0, args.reps, well_formed)
+    result["step0"]["simulation_check"] = check_simulation(engines["C_drafter"], w0, policy, head)
     result["update"] = grpo_update(hf, tok, policy, engines, w0, outs0["A_plain"], [p.answer for p in problems])
     dp = DrafterProposer.of(engines["D_default_drafter"][0])
     t = d.train
     online = OnlineConfig(lr=t.lr, ttt_steps=t.ttt_steps, num_threads=threads.trainer_threads(None))
     train = train_on_buffer(dp, OnlineState(), online, args.train_seconds)
-    result["between_epochs_training"] = train
+    result["between_steps_training"] = train
     DrafterProposer.of(engines["C_drafter"][0]).set_head(dp.head, dp.head_version)
-    w1 = epoch_work(prompts, args.samples, 1, eos, previous=outs0["A_plain"])
-    result["epoch1"], outs1 = run_epoch(engines, w1, args.reps, well_formed)
+    w1 = step_work(prompts, args.samples, 1, eos, previous=outs0["A_plain"])
+    result["step1"], outs1 = run_step(engines, w1, args.reps, well_formed)
     p = w1["params"]
     saved1 = [SavedRollout(pr, o.token_ids, s, p.temperature, p.top_k, p.top_p)
               for pr, o, s in zip(w1["prompts"], outs1["A_plain"], w1["seeds"])]
-    result["epoch1"]["simulated_acceptance_next_epoch"] = simulated_acceptance(dp.head, policy, saved1, 8)
+    result["step1"]["simulated_acceptance_next_step"] = simulated_acceptance(dp.head, policy, saved1, 8)
     w1_plain = dict(w1, drafts=None, draft_lps=None)
-    result["epoch1"]["simulation_check"] = check_simulation(engines["C_drafter"], w1_plain, policy, dp.head)
+    result["step1"]["simulation_check"] = check_simulation(engines["C_drafter"], w1_plain, policy, dp.head)
     result["head_cost"] = time_steps(policy, dp.head, 64, args.ctx, args.reps_cost)
     result.update(total_seconds=time.perf_counter() - t0, loadavg=os.getloadavg(),
                   note="shared 2-core machine; the four engines measured interleaved in one process")
@@ -277,7 +277,7 @@ def engine_bench(args) -> dict:
 
 def ratios(result: dict) -> list[str]:
     lines = []
-    for ep in ("epoch0", "epoch1"):
+    for ep in ("step0", "step1"):
         r = result[ep]
         b, d = r["B_default"], r["D_default_drafter"]
         lines.append(f"{ep}: identical={r['tokens_identical']}  " + "  ".join(
@@ -289,10 +289,10 @@ def ratios(result: dict) -> list[str]:
                      f"{d['drafter']['per_token_acceptance']:.3f}, share {d['drafter']['share_of_rollout']:.2f}; "
                      f"in C: per-token {r['C_drafter']['drafter']['per_token_acceptance']:.3f}; no-copy tok/fwd "
                      f"{d.get('no_copy_tokens_per_forward')}; sim check {r['simulation_check']}")
-    sim = result["epoch1"]["simulated_acceptance_next_epoch"]
-    lines.append(f"simulated acceptance on epoch 1's rollout: {sim['per_token_acceptance']:.3f}; drafter training "
-                 f"between epochs {result['between_epochs_training']['drafter_train_seconds']:.1f}s "
-                 f"({result['between_epochs_training']['drafter_train_steps']} steps); head position / engine "
+    sim = result["step1"]["simulated_acceptance_next_step"]
+    lines.append(f"simulated acceptance on step 1's rollout: {sim['per_token_acceptance']:.3f}; drafter training "
+                 f"between steps {result['between_steps_training']['drafter_train_seconds']:.1f}s "
+                 f"({result['between_steps_training']['drafter_train_steps']} steps); head position / engine "
                  f"decode step at batch 64: first {result['head_cost']['ratio_median']:.3f} (median), "
                  f"{result['head_cost']['ratio_min']:.3f} (min); within an 8-token chain "
                  f"{result['head_cost']['position_in_chain_ratio_median']:.3f} (median), "

@@ -6,8 +6,8 @@ under the current weights; entries made under older weights are recomputed lazil
 a training step reads them (`FeatureBuffer.refresh` on the step's batch), so a budget that ends
 early never pays for features it does not use. Where the time comes from is the caller's choice:
 
-- the local backend trains between epochs, after the optimizer steps pushed the new weights
-  to the engine, within `between_epochs_s` (rl_integration/online_drafter.py);
+- the local backend trains between steps, after the optimizer steps pushed the new weights
+  to the engine, within `between_steps_s` (rl_integration/online_drafter.py);
 - on Ray a worker with no chunk trains in slices of `idle_slice_s` while the rollout runs, on
   what it ran itself (scheduler/worker.py); versions travel as `drafter.export.head_state`.
 

@@ -2,8 +2,8 @@
 
 Epoch 0 of an RL run needs a drafter most (nothing to copy from yet, and the copy proposers land
 only likely tokens under fresh noise), so the demo's warm start samples rollouts from the
-warm-started policy and trains a head on them before the first epoch, the way the online trainer
-will between epochs: the same buffer, the same loss.
+warm-started policy and trains a head on them before the first step, the way the online trainer
+will between steps: the same buffer, the same loss.
 """
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""The online drafter in the epoch loop: where its head comes from, and when it trains.
+"""The online drafter in the step loop: where its head comes from, and when it trains.
 
     drafter = online_drafter.start(cfg, folder, progress)   # before the RolloutClient is built
     ... rollout, rewards
     stats = online_drafter.after_rollout(drafter, client, batch, rewards)   # before the optimizer steps
     ... optimizer steps, client.update_weights(model)
-    stats.update(online_drafter.between_epochs(drafter, client))            # local backend: train
+    stats.update(online_drafter.between_steps(drafter, client))            # local backend: train
 
 `start` puts "drafter" among the engine's proposers with its first head: rollout.drafter.path,
 else (embedded policy) the warm start cached beside the policy, else none (the first training
 makes one). `after_rollout` reports what the drafter did in the rollout and its exact simulated
-acceptance on it (made while the engine still holds the rollout's weights). `between_epochs`
+acceptance on it (made while the engine still holds the rollout's weights). `between_steps`
 trains the local engine's head on the buffered features, refreshed under the new weights, within
-rollout.drafter.train.between_epochs_s; on Ray the workers train in their idle time during the
+rollout.drafter.train.between_steps_s; on Ray the workers train in their idle time during the
 rollout instead (scheduler/), and this reports nothing more.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .config import DrafterSection, RunConfig
 @dataclass
 class OnlineDrafter:
     cfg: DrafterSection
-    online: object  # drafter.online.OnlineState: the head's optimizer across epochs
+    online: object  # drafter.online.OnlineState: the head's optimizer across steps
     seen: dict = field(default_factory=dict)  # the proposer's cumulative counters at the last report
     advantages: dict = field(default_factory=dict)  # seed -> advantage of the last rollout (reward weighting)
 
@@ -91,8 +91,8 @@ def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> d
     return out
 
 
-def between_epochs(drafter: Optional[OnlineDrafter], client) -> dict:
-    """Local backend: train the engine's head for up to between_epochs_s on its buffer, whose
+def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
+    """Local backend: train the engine's head for up to between_steps_s on its buffer, whose
     features are refreshed under the weights just pushed. Ray: nothing (idle slices did it)."""
     if drafter is None:
         return {}
@@ -100,8 +100,8 @@ def between_epochs(drafter: Optional[OnlineDrafter], client) -> dict:
 
     proposer = _proposer(client)
     t = drafter.cfg.train
-    if proposer is None or t.between_epochs_s <= 0:
+    if proposer is None or t.between_steps_s <= 0:
         return {}
     cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, lr=t.lr, ttt_steps=t.ttt_steps,
                        reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
-    return train_on_buffer(proposer, drafter.online, cfg, t.between_epochs_s, drafter.advantages)
+    return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)

@@ -9,6 +9,7 @@ server) must run every batch until its longest request is done, which is the lon
     python -m rollout.bench [--prompts 64] [--batch 32] [--out bench_results/rollout.json]
     python -m rollout.bench --busy [...]   threads on a shared machine (rollout/bench_threads.py)
     python -m rollout.bench --spec [...]   the draft budget against plain and fixed lengths (rollout/bench_spec.py)
+    python -m rollout.bench --peer vllm [...]   against vLLM on the same CPU (rollout/bench_vllm.py)
 """
 from __future__ import annotations
 
@@ -67,8 +68,19 @@ def run_engine(model, prompts, lengths, batch: int, spec, max_model_len: int):
     return seconds, outs
 
 
+def _peer(argv: list) -> dict:
+    """--peer vllm: the same workload against vLLM, side by side (rollout/bench_vllm.py)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--peer", choices=["vllm"], required=True)
+    args, rest = ap.parse_known_args(argv)
+    from . import bench_vllm
+    return bench_vllm.main(rest)
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--peer" in argv or any(a.startswith("--peer=") for a in argv):
+        return _peer(argv)
     if "--busy" in argv:
         from . import bench_threads
         return bench_threads.main([a for a in argv if a != "--busy"])

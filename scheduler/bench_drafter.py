@@ -4,7 +4,7 @@
     (the same as python -m scheduler.bench_drafter)
 
 One backend (2 workers of 1 CPU: the demo policy, its cached warm-started head, the demo's
-engine settings and proposers plus the drafter); each repetition rolls out the demo's epoch
+engine settings and proposers plus the drafter); each repetition rolls out the demo's step
 (64 prompts x 8 samples, that repetition's seeds) twice, interleaved: with no training, then with
 a training slice of --slice seconds given to an idle worker whenever one has no chunk (one
 writer, versions published with the chunks). Reported per run: rollout seconds, tail seconds,
