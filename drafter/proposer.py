@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import torch
 
 from rollout.config import DrafterSpec
-from rollout.controller import confidence_bin, level
+from rollout.controller import AdaptiveController, confidence_bin, expected_run, level, rates_from
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
@@ -201,7 +201,7 @@ class DrafterProposer(Proposer):
         for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
-            if chain is not None:
+            if chain is not None and copy_value(req, plan, chain.k) < expected_run(offer.top, chain.k):
                 chains.append(chain)
                 states.append(st)
         if not chains:
@@ -295,3 +295,20 @@ class DrafterProposer(Proposer):
 
     def state_sizes(self) -> dict[str, int]:
         return {}
+
+
+def copy_value(req: Request, plan, cap: int) -> float:
+    """The best expected accepted run among the step's unbatched proposers' drafts for req (what
+    the controller's `choose` computes): where it reaches the most a drafter draft of `cap`
+    tokens could be worth, `choose` never takes the drafter's, so the head need not draft it."""
+    best = 0.0
+    for o in plan.offers:
+        n = min(o.most, cap)
+        if o.proposer.batched or n == 0 or expected_run(o.top, n) <= best:
+            continue
+        draft = o.proposer.propose(req, n)
+        if draft is None or not draft.tokens:
+            continue
+        rates = rates_from(o.table, draft.evidence, draft.confidence, min(n, len(draft.tokens)))
+        best = max(best, AdaptiveController.cut(rates, plan.threshold, plan.lookahead)[1])
+    return best

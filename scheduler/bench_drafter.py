@@ -63,6 +63,8 @@ def run(args) -> dict:
                 runs.append({"rep": rep, "mode": mode, "wall_seconds": time.perf_counter() - start,
                              **{k: m.get(k, 0) for k in KEYS}})
                 print(json.dumps(runs[-1]), flush=True)
+                if backend._drafter is not None:  # a slice still running must not spill into the next mode
+                    backend._drafter.collect(timeout_s=60.0)
             assert [o.token_ids for o in outs["off"]] == [o.token_ids for o in outs["on"]], "tokens differ"
     finally:
         backend.shutdown()

@@ -3,9 +3,11 @@
 While a rollout runs, a worker with no chunk in flight is given a training slice instead of
 nothing: `RolloutWorker.train_drafter(seconds)` trains its engine's draft head for about
 `idle_slice_s` on the responses it ran in this rollout (its own buffer: no features travel).
-One worker is the writer; the others only read. A chunk sent to the writer while it trains
-waits for the slice to end (actor calls run in order), so training stretches a chunk's start by
-at most one slice, and the slices use time that would otherwise be idle.
+One worker at a time is the writer; the others only read (when the writer is running a chunk
+and another worker is idle, that one takes over from the last published version). A chunk sent
+to the writer while it trains waits for the slice to end (actor calls run in order), so training
+stretches a chunk's start by at most one slice, and the slices use time that would otherwise be
+idle.
 
 Every slice that made progress is published: the driver puts the head's state in the object
 store once (so it owns it: the version outlives a dying writer) and sends (version, [ref]) with
@@ -41,15 +43,16 @@ class DrafterSlices:
         return self.published
 
     def give_slices(self, pool, busy: set) -> None:
-        """The writer gets a slice whenever it has neither a chunk nor a slice in flight; with no
-        writer the first idle worker becomes it."""
-        if self.broken or self.slice_s is None:
+        """The writer gets a slice whenever it has neither a chunk nor a slice in flight. With no
+        writer, or one running a chunk (the long tail's request may keep it busy to the end), the
+        first idle worker becomes it, starting from the last published version: one writer at a
+        time, never two slices at once."""
+        if self.broken or self.slice_s is None or self.inflight:
             return
-        training = set(self.inflight.values())
         for w in pool.ready():
-            if w in busy or w in training:
+            if w in busy:
                 continue
-            if self.writer is None or self.writer not in pool.ready():
+            if self.writer is None or self.writer not in pool.ready() or self.writer in busy:
                 self.writer = w
             if w == self.writer:
                 self.inflight[pool.train_drafter(w, self.slice_s, self.published)] = w
