@@ -29,7 +29,7 @@ from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
 from .model import CausalLM
 from .proposers import make_proposers
-from .proposers.base import Draft
+from .proposers.base import Draft, HiddenSpan
 from .request import Lookahead, Request, make_requests
 
 
@@ -41,6 +41,7 @@ class Row:
     fed: int
     draft: Optional[Draft]
     first_logit: Optional[int]  # its first row of the step's logits; None: a prompt chunk short of the end
+    offset: int = 0  # its first token in the step's batch
     old: Optional[list[float]] = None  # lenient mode: the draft tokens' old logprobs (rollout/lenient.py)
     new: Optional[list[float]] = None  # ... and their logprobs under the current policy
 
@@ -65,7 +66,8 @@ class Engine:
         self.device = torch.device(config.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
-        self.proposers = make_proposers(config.spec, model)
+        self.proposers = make_proposers(config.spec, model, config)
+        self.weights_version = 0
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
@@ -94,7 +96,11 @@ class Engine:
             weights = weights.state_dict()
         if isinstance(weights, dict):
             weights = weights.items()
-        return self.model.load_weights(list(weights))
+        n = self.model.load_weights(list(weights))
+        self.weights_version += 1
+        for p in self.proposers:
+            p.weights_updated(self.weights_version)
+        return n
 
     # ---- the public entry point --------------------------------------------------------------
 
@@ -176,10 +182,10 @@ class Engine:
         """A run that raised: every request leaves, so proposers keep nothing of it (the caller
         sees the original error, not one of these)."""
         for req in requests:
-            req.slot = -1
             for p in self.proposers:
                 with contextlib.suppress(Exception):
                     p.finish(req)
+            req.slot = -1
 
     def _loop(self, waiting: deque, on_finish) -> RunStats:
         free = list(range(self.config.max_batch_size))
@@ -191,36 +197,53 @@ class Engine:
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 running.append(req)
             start = time.perf_counter()
-            drafting, n_fed, n_emitted = self._step(running)
+            drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
-                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
+                for p in self.proposers:  # finished or paused: it leaves this engine (its slot still held)
+                    p.finish(req)
                 heapq.heappush(free, req.slot)
                 req.slot = -1
-                for p in self.proposers:  # finished or paused: it leaves this engine
-                    p.finish(req)
                 if req.finish_reason and on_finish is not None:
                     on_finish(req)
         return RunStats(steps, spec_off, fed)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int, int]:
+    def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
-        fed, tokens emitted)."""
-        plan = None
+        fed, tokens emitted, seconds spent by batched proposers before the plan)."""
+        plan, prepared = None, 0.0
         if self.controller is not None:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
-        rows, batch = self._plan(running, plan)
-        logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
+            if plan is not None:
+                start = time.perf_counter()
+                self._prepare(running, plan)
+                prepared = time.perf_counter() - start
+        observers = [p for p in self.proposers if p.wants_hidden]
+        rows, batch = self._plan(running, plan, bool(observers))
+        logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         drafting = plan is not None and plan.drafts
-        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits, drafting)
+        emitted = self._verify(rows, logits, drafting, observers, hidden)
+        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
+
+    def _prepare(self, running: list[Request], plan) -> None:
+        """Proposers that draft for many requests at once (a draft head) get this step's decoding
+        requests before any is asked for a draft."""
+        decoding = None
+        for offer in plan.offers:
+            if offer.most > 0 and offer.proposer.batched:
+                if decoding is None:
+                    decoding = [r for r in running if r.num_tokens - r.num_cached == 1]
+                offer.proposer.prepare(decoding, offer, plan)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
-    def _plan(self, running: list[Request], plan) -> tuple[list[Row], ForwardBatch]:
+    def _plan(self, running: list[Request], plan, hidden: bool = False) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first (one token and a draft
-        each), then prompt chunks fill the rest."""
+        each), then prompt chunks fill the rest. hidden: the forward also returns the final hidden
+        state of every fed token (for proposers that observe them)."""
         cfg, budget = self.config, self.config.max_num_batched_tokens
         rows, feed, logit_index, n_tokens = [], [], [], 0
         for req in sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1):
@@ -234,7 +257,7 @@ class Engine:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
                 draft = self.controller.choose(req, room, plan) if room > 0 else None
-            row = Row(req, len(fed), draft, len(logit_index) if whole else None)
+            row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
             if whole:  # logits at the last fed token and at every draft token
@@ -242,24 +265,33 @@ class Engine:
             rows.append(row)
             n_tokens += len(tokens)
             budget -= len(tokens)
-        return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket)
+        return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
+                                        hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool) -> int:
+    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool, observers: Sequence = (),
+                hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
-        Returns the number of tokens emitted."""
+        Returns the number of tokens emitted. Observers of hidden states get, once per step, the
+        rows whose context was correct: every row now in the cache (prompt chunks, the pending
+        token, accepted drafts; never a row past a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
-        emitted = 0
+        emitted, spans = 0, []
         for row in rows:
             req = row.req
+            before = req.num_cached
             was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += row.fed
-            if row.first_logit is None:
-                continue  # a prompt chunk that did not reach the end of the prompt
-            if not was_prefill:
-                req.forward_passes += 1
-            n = len(row.draft_tokens) + 1
-            emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                    logprobs[row.first_logit:row.first_logit + n], drafting)
+            if row.first_logit is not None:  # (else a prompt chunk that did not reach the end of the prompt)
+                if not was_prefill:
+                    req.forward_passes += 1
+                n = len(row.draft_tokens) + 1
+                emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                        logprobs[row.first_logit:row.first_logit + n], drafting)
+            count = min(req.num_cached, req.num_tokens) - before
+            if observers and count > 0:
+                spans.append(HiddenSpan(req, before, row.offset, count))
+        for p in observers:
+            p.observe_hidden(spans, hidden)
         return emitted
 
     def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
@@ -272,9 +304,13 @@ class Engine:
         if lenient.follows_old_response(req, row.old, draft, accepted):
             ys, lps = ys[:accepted], lps[:accepted]
             req.num_cached -= 1  # re-feed the last draft token: the next draft is judged from it
-        if row.draft is not None:
-            self.controller.record(req, row.draft, accepted)
         emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+        # Draft tokens past a stop token, max_tokens or the chunk's end were compared with samples
+        # nobody emits: they count as neither accepted nor rejected.
+        judged = min(len(row.draft_tokens), len(emitted))
+        accepted = min(accepted, judged)
+        if row.draft is not None:
+            self.controller.record(req, row.draft, accepted, judged)
         req.lookahead = None
         if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
                 and not req.finish_reason):

@@ -31,6 +31,7 @@ import torch
 from rollout import Completion, EngineConfig, SamplingParams, threads
 from rollout.request import make_requests
 
+from .drafter_slices import DrafterSlices
 from .rollout_scheduler import RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
 
@@ -195,8 +196,13 @@ class WorkerPool:
     def max_batch(self, i: int) -> int:
         return self.info[i]["max_batch_size"]
 
-    def submit(self, i: int, work: list[dict]):
-        return self.actors[i].run_chunk.remote(work)
+    def submit(self, i: int, work: list[dict], drafter: Optional[tuple] = None):
+        """drafter: (version, [ObjectRef]) of the newest draft head, loaded before the chunk."""
+        return self.actors[i].run_chunk.remote(work, drafter)
+
+    def train_drafter(self, i: int, seconds: float, drafter: Optional[tuple] = None):
+        """A training slice of the draft head on worker i (scheduler/drafter_slices.py)."""
+        return self.actors[i].train_drafter.remote(seconds, drafter)
 
     def starting(self) -> dict:
         """Replacements still starting ({ping ref: index}); those past start_timeout_s are dropped."""
@@ -337,6 +343,9 @@ class RayRolloutBackend:
             raise
         self.vocab_size = next(iter(self._pool.info.values()))["vocab_size"]
         self._engine_config = engine_config
+        spec = engine_config.spec
+        self._drafter = (DrafterSlices(spec.drafter.idle_slice_s) if spec is not None and "drafter" in spec.proposers
+                         and spec.drafter.idle_slice_s is not None else None)
 
     # -- scheduling knobs, changeable between rollouts --
 
@@ -357,6 +366,20 @@ class RayRolloutBackend:
     def chunk_tokens(self, value: int) -> None:
         SchedulerConfig(chunk_tokens=value).validate()
         self.scheduler_config.chunk_tokens = value
+
+    @property
+    def idle_training_s(self) -> Optional[float]:
+        """The drafter's training slice on idle workers (None: no training); changeable between
+        rollouts (spec.drafter.idle_slice_s sets it at start)."""
+        return self._drafter.slice_s if self._drafter is not None else None
+
+    @idle_training_s.setter
+    def idle_training_s(self, value: Optional[float]) -> None:
+        if value is not None and not value > 0:
+            raise ValueError(f"idle_training_s must be None or > 0, got {value!r}")
+        if self._drafter is None:
+            self._drafter = DrafterSlices(None)
+        self._drafter.slice_s = value
 
     @property
     def workers(self) -> dict:
@@ -385,7 +408,8 @@ class RayRolloutBackend:
         self._pool.await_starting(0)  # replacements that came up since the last rollout join now
         self._pool.restarts_left = self._pool.max_restarts
         self._rollouts += 1
-        sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk)
+        sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk,
+                                 drafter=self._drafter)
         self._metrics = sched.run(requests, rollout_id=self._rollouts)
         return [r.completion() for r in requests]
 
@@ -399,6 +423,19 @@ class RayRolloutBackend:
     def metrics(self) -> dict:
         """The scheduler's figures of the last generate (see rollout_scheduler's docstring)."""
         return dict(self._metrics)
+
+    def drafter_metrics(self) -> dict:
+        """The draft head's figures of the last generate: its seconds inside chunks and, when
+        idle workers train it, drafter_train_steps / _seconds / _slices / _version."""
+        return {k: v for k, v in self._metrics.items() if k.startswith("drafter")}
+
+    def publish_drafter(self, state: dict, version: int) -> None:
+        """Send a draft head (drafter.export.head_state) to every worker with its next chunk, as
+        an idle-time training slice does; a worker where it does not load drafts without it."""
+        self._check_open()
+        if self._drafter is None:
+            self._drafter = DrafterSlices(None)  # publishes, never trains
+        self._drafter.published = (int(version), [_ray().put(state)])
 
     def wait_ready(self, timeout_s: float = 300.0) -> int:
         """Wait (at most timeout_s) for replacement workers still starting; returns how many

@@ -40,7 +40,9 @@ of the samples had finished to the time all had), worker_busy_fraction (time wor
 inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
 forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps,
 spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
-re-prefills included; chunks lost with a worker are not counted).
+re-prefills included; chunks lost with a worker are not counted), drafter_seconds (the draft head's
+time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
+drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_published, drafter_version.
 """
 from __future__ import annotations
 
@@ -90,10 +92,11 @@ class RolloutScheduler:
     """
 
     def __init__(self, pool, config: SchedulerConfig, on_idle: Optional[Callable[[int], None]] = None,
-                 on_chunk: Optional[Callable[[int, list], None]] = None):
+                 on_chunk: Optional[Callable[[int, list], None]] = None, drafter=None):
         config.validate()
         self.pool, self.config = pool, config
         self.on_idle, self.on_chunk = on_idle, on_chunk
+        self.drafter = drafter  # scheduler.drafter_slices.DrafterSlices: training on idle workers
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -116,13 +119,17 @@ class RolloutScheduler:
         self.busy_s: dict = {}  # worker -> seconds inside chunks
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0}
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0}
+        if self.drafter is not None:
+            self.drafter.new_rollout()
         idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
 
         while unfinished:
             self._dispatch(idle_told)
+            if self.drafter is not None:
+                self.drafter.give_slices(self.pool, self._busy_workers())
             if self.on_idle is not None:
                 for w in self.pool.ready():
                     if w not in self._busy_workers() and w not in idle_told:
@@ -132,9 +139,13 @@ class RolloutScheduler:
             if not waits:
                 raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
                                    f"last worker error: {self.pool.last_error}")
-            ready, _ = ray.wait(waits, num_returns=1, timeout=cfg.poll_s)
+            slices = list(self.drafter.inflight) if self.drafter is not None else []
+            ready, _ = ray.wait(waits + slices, num_returns=1, timeout=cfg.poll_s)
             now = time.perf_counter()
             for ref in ready:
+                if self.drafter is not None and self.drafter.owns(ref):
+                    self.drafter.receive(ref)
+                    continue
                 if ref not in self.inflight:
                     self.pool.started(ref)  # a replacement is up (or failed to start)
                     continue
@@ -170,6 +181,7 @@ class RolloutScheduler:
             self.counts["engine_steps"] += first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
             self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
+            self.counts["drafter_seconds"] += first.get("drafter_seconds", 0.0)
         back, done = set(ids), 0
         for res in results:
             i = res["id"]
@@ -210,7 +222,7 @@ class RolloutScheduler:
             budget = self._budget(ids)
             work = [self._item(i, budget) for i in ids]
             try:
-                ref = self.pool.submit(w, work)
+                ref = self.pool.submit(w, work, self.drafter.message() if self.drafter is not None else None)
             except Exception as e:  # noqa: BLE001 -- a dead handle fails at submit on some versions
                 if not _is_worker_loss(e):
                     raise
@@ -313,6 +325,7 @@ class RolloutScheduler:
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
             "forward_passes": sum(r.forward_passes for r in reqs),
             **self.counts,
+            **(self.drafter.metrics() if self.drafter is not None else {}),
         }
 
 

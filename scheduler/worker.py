@@ -19,7 +19,12 @@ finish_reason ("stop" | "length", or None when paused at the end of the chunk); 
 counters, cumulative); finished_at_s (seconds from the start of the call to this request's last
 token, None if paused); for the whole call (same in every result): wall_s, engine_steps (target
 forwards), spec_off_steps (those without drafts) and fed_tokens (tokens fed to them, prefill
-included) -- the work the call took, independent of how busy the machine was.
+included) -- the work the call took, independent of how busy the machine was -- and
+drafter_seconds (the draft head's share of it).
+
+The draft head (drafter/proposer.py, when the engine's spec names "drafter"): a chunk may carry
+the newest published version, (version, [ObjectRef of its state]), loaded before the chunk runs;
+`train_drafter` is a training slice on what this worker ran (scheduler/drafter_slices.py).
 """
 from __future__ import annotations
 
@@ -44,20 +49,34 @@ class RolloutWorker:
         self._rollout_groups: dict[Any, set] = {}  # rollout id -> group keys indexed here
         self.busy_s = 0.0
         self.chunks = 0
+        self._drafter_online = None  # drafter.online.OnlineState when this worker trains the head
+        self._drafter_refused: Optional[int] = None  # a published version that did not load here
 
     def ping(self) -> dict:
         cfg = self.engine.config
         return {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(),
                 "vocab_size": self.engine.vocab_size, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": cfg.max_model_len, "device": cfg.device,
-                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks}
+                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks,
+                **self._drafter_info()}
+
+    def _drafter_info(self) -> dict:
+        dp = self._drafter()
+        if dp is None:
+            return {}
+        return {"drafter_version": dp.head_version, "drafter_off": dp.head is None,
+                "drafter_refused": self._drafter_refused,
+                "drafter_buffer_tokens": dp.buffer.total_tokens if dp.buffer is not None else 0}
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
         return self.engine.update_weights(weights)
 
-    def run_chunk(self, work: list[dict]) -> list[dict]:
+    def run_chunk(self, work: list[dict], drafter: Optional[tuple] = None) -> list[dict]:
         t0 = time.perf_counter()
+        self._load_drafter(drafter)
+        dp = self._drafter()
+        head_s = dp.stats["seconds"] if dp is not None else 0.0
         self._forget_other_rollouts({w.get("rollout") for w in work})
         by_budget: dict[Optional[int], list[dict]] = {}
         for w in work:
@@ -69,14 +88,54 @@ class RolloutWorker:
             done = RunStats(done.steps + run.steps, done.spec_off_steps + run.spec_off_steps,
                             done.fed_tokens + run.fed_tokens)
         wall = time.perf_counter() - t0
+        drafter_s = dp.stats["seconds"] - head_s if dp is not None else 0.0
         for r in results:
             r.update(wall_s=wall, engine_steps=done.steps, fed_tokens=done.fed_tokens,
-                     spec_off_steps=done.spec_off_steps)
+                     spec_off_steps=done.spec_off_steps, drafter_seconds=drafter_s)
         self.busy_s += wall
         self.chunks += 1
         return results
 
+    def train_drafter(self, seconds: float, drafter: Optional[tuple] = None) -> dict:
+        """A training slice of about `seconds` on the responses of the current rollout this worker
+        ran. Returns steps, seconds, the head's version and, if it trained, its state to publish."""
+        from drafter.export import head_state
+        from drafter.online import OnlineConfig, OnlineState, train_on_buffer
+
+        self._load_drafter(drafter)
+        dp = self._drafter()
+        if dp is None or dp.buffer is None:
+            return {"steps": 0, "seconds": 0.0, "version": 0, "state": None}
+        spec = self.engine.config.spec.drafter
+        cfg = OnlineConfig(kind=spec.kind, window=spec.window, lr=spec.lr, ttt_steps=spec.ttt_steps,
+                           num_threads=self.engine.num_threads)
+        self._drafter_online = self._drafter_online or OnlineState()
+        if self._drafter_refused is not None:  # versions go on after the one refused here
+            dp.head_version = max(dp.head_version, self._drafter_refused)
+        report = train_on_buffer(dp, self._drafter_online, cfg, seconds, current_only=True)
+        trained = report.get("drafter_train_steps", 0) > 0 and dp.head is not None
+        return {"steps": report.get("drafter_train_steps", 0), "seconds": report.get("drafter_train_seconds", 0.0),
+                "version": dp.head_version, "state": head_state(dp.head) if trained else None}
+
     # ---- internals ---------------------------------------------------------------------------
+
+    def _drafter(self):
+        from drafter.proposer import DrafterProposer
+
+        return DrafterProposer.of(self.engine)
+
+    def _load_drafter(self, drafter: Optional[tuple]) -> None:
+        """Load a newer published head version (one that fails is not tried again)."""
+        if drafter is None:
+            return
+        version, refs = drafter
+        dp = self._drafter()
+        if dp is None or version == self._drafter_refused or (dp.head is not None and version <= dp.head_version):
+            return
+        import ray
+
+        if not dp.load(ray.get(refs[0], timeout=60), version):
+            self._drafter_refused = version
 
     def _run(self, items: list[dict], budget: Optional[int], t0: float) -> tuple[list[dict], RunStats]:
         eng = self.engine
