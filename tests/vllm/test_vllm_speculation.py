@@ -9,6 +9,7 @@ pytest.importorskip("arctic_inference", reason="arctic-inference (vLLM's suffix 
 
 from rollout import Engine, EngineConfig, SamplingParams  # noqa: E402
 from rollout.vllm_backend import VllmBackend  # noqa: E402
+from rollout.vllm_config import VllmConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 from tests.vllm.test_vllm_backend import CONFIG, PROMPTS, SHAPE  # noqa: E402
 
@@ -19,7 +20,7 @@ def test_suffix_cache_drafts_an_earlier_response_and_changes_no_greedy_token(tmp
     params = SamplingParams(temperature=0.0, max_tokens=24)
     engine = Engine.from_pretrained(model, EngineConfig(max_batch_size=8, max_model_len=128))
     expected = [o.token_ids for o in engine.generate(PROMPTS, params, seeds=[0, 1, 2, 3])]
-    backend = VllmBackend(tmp_path, CONFIG, speculation="suffix", num_speculative_tokens=4, compile=False)
+    backend = VllmBackend(tmp_path, CONFIG, VllmConfig(speculation="suffix", num_speculative_tokens=4, compile=False))
     try:
         first = backend.generate(PROMPTS, params, seeds=[0, 1, 2, 3])
         second = backend.generate(PROMPTS, params, seeds=[4, 5, 6, 7])  # "next epoch": same prompts
