@@ -269,7 +269,12 @@ def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False, p
         vllm = dataclasses.replace(cfg.vllm, speculation=None) if plain else cfg.vllm
     if cfg.backend == "local":
         if vllm is not None:
-            from rollout.vllm_backend import VllmBackend
+            from rollout.vllm_backend import VllmBackend, import_vllm
+            try:
+                import_vllm()
+            except ImportError as e:
+                raise ValueError(f"rollout.name is 'vllm' with rollout.backend 'local': {e} (or rollout.backend=ray: "
+                                 "its workers run .venv-vllm's python)") from None
             return VllmBackend(model, eng_cfg, vllm)
         from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)
