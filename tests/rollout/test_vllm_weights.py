@@ -151,3 +151,10 @@ def test_missing_vllm_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` sees where it is not installed
     with pytest.raises(ImportError, match="make venv-vllm"):
         vllm_backend.import_vllm()
+
+
+def test_sampled_speculation_is_refused_only_where_vllm_cpu_is_broken():
+    problem = vllm_backend.sampled_speculation_problem
+    assert "#55005" in problem(True, "0.32.0") and "speculation=null" in problem(True, "0.31.0")
+    assert problem(True, "0.32.1") is None and problem(True, "0.33.0.dev4+gabc") is None  # a later release
+    assert problem(False, "0.32.0") is None  # on a GPU vLLM runs its Triton kernels
