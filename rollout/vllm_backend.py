@@ -211,6 +211,11 @@ class VllmBackend:
                              f"{current_platform.device_type!r}")
 
     def _start(self, vllm, spec, cpu_offset: int):
+        """The engine. Chunked prefill is off (a prompt is prefilled in one step: max_num_batched_tokens
+        is at least max_model_len): vLLM 0.32 rewinds a seeded request's generator when a step
+        prefills only part of its prompt (vllm/v1/worker/gpu_model_runner.py, _bookkeeping_sync,
+        `gen.set_offset`), which a CPU generator refuses ("CPU Generator does not use offset"),
+        killing the engine; continued chunks of a divided rollout are such long prompts."""
         cfg, opts = self.config, self.vllm_config
         on_cpu = cfg.device.split(":")[0] == "cpu"
         env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
@@ -220,7 +225,7 @@ class VllmBackend:
                        max_num_batched_tokens=max(cfg.max_num_batched_tokens, cfg.max_model_len),
                        seed=opts.seed, logprobs_mode="processed_logprobs", worker_extension_cls=_WORKER_EXTENSION,
                        disable_log_stats=False, speculative_config=spec, enable_prefix_caching=True,
-                       per_request_spec_decode_metrics="summary" if spec else "none")
+                       enable_chunked_prefill=False, per_request_spec_decode_metrics="summary" if spec else "none")
         if not opts.compile:
             options.update(enforce_eager=True, compilation_config={"mode": 0})
         if not on_cpu:

@@ -21,6 +21,7 @@ of the call that vLLM found in its prefix cache (what affinity saved).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -65,9 +66,32 @@ class VllmRolloutWorker:
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
-        return self.backend.update_weights(weights)
+        return self._guarded(self.backend.update_weights, weights)
 
     def run_chunk(self, work: list[dict]) -> list[dict]:
+        return self._guarded(self._run_chunk, work)
+
+    def _guarded(self, fn, *args):
+        """fn(*args), with errors the driver can read without vLLM installed: bad input stays a
+        ValueError, anything else becomes a RuntimeError naming it. A dead vLLM engine makes this
+        worker a lost one: it shuts down and exits, so its requests are requeued elsewhere (and Ray
+        starts a replacement) exactly as when the process dies."""
+        try:
+            return fn(*args)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 -- re-raised as a type every Python can deserialise
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            if isinstance(e, EngineDeadError):
+                import ray
+
+                with contextlib.suppress(Exception):
+                    self.backend.shutdown()
+                ray.actor.exit_actor()  # callers see RayActorError: a lost worker
+            raise RuntimeError(f"vLLM worker {self.index}: {type(e).__name__}: {e}") from None
+
+    def _run_chunk(self, work: list[dict]) -> list[dict]:
         t0 = time.perf_counter()
         by_budget: dict[Optional[int], list[dict]] = {}
         for w in work:

@@ -131,6 +131,18 @@ def test_bad_generate_input_is_refused(backend):
     assert len(backend.generate([[1, 2]], SamplingParams(max_tokens=2), seeds=[0])[0].token_ids) == 2
 
 
+def test_seeded_prompts_longer_than_one_steps_token_budget(backend, models):
+    """8 prompts of 100 tokens (800 > max_num_batched_tokens 256): vLLM must not prefill a seeded
+    request in parts (its CPU generator cannot be rewound, which killed the engine)."""
+    backend.update_weights(models[0])
+    prompts = [[(7 * i + j) % VOCAB for j in range(100)] for i in range(8)]
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    outs = backend.generate(prompts, params, seeds=list(range(8)))
+    assert all(len(o.token_ids) == 8 for o in outs)
+    again = backend.generate(prompts, params, seeds=list(range(8)))
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
 def test_max_model_len_ends_a_request_with_length_as_in_spectail(backend, models):
     backend.update_weights(models[0])
     prompt = list(range(1, 121))
