@@ -3,12 +3,13 @@
     spectail demo [key=value ...] [--no-compare] [--out DIR]
         the embedded GRPO demo: a tiny policy (warm-started once, cached) learns to add
         numbers; the config is RunConfig's defaults, spelled out in examples/demo.yaml, and
-        --compare is on (the plain engine runs beside spectail every epoch)
+        --compare is on (the plain engine runs beside spectail every step)
     spectail train --config FILE [key=value ...] [--compare] [--out DIR]
-        any run; key=value are dotted overrides (trainer.epochs=3 rollout.engine.spec=null)
+        any run; key=value are dotted overrides (trainer.steps=3 rollout.engine.spec=null)
 
-Each epoch prints one table row; output.dir gets metrics.jsonl, metrics.png and config.yaml.
---compare also runs the plain engine on the same weights, prompts and seeds every epoch, and
+Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
+metrics.png and config.yaml.
+--compare also runs the plain engine on the same weights, prompts and seeds every step, and
 reports the speedup and whether the tokens were identical. Exit status: 0 on success, 2 for a
 bad config or input, 1 when the run failed or a comparison found different tokens.
 """
@@ -31,10 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
         if name == "demo":  # the demo's point is the side-by-side: on unless --no-compare
             p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
-                           help="also run the plain engine each epoch: speedup and token identity (default: on)")
+                           help="also run the plain engine each step: speedup and token identity (default: on)")
         else:
             p.add_argument("--compare", action="store_true",
-                           help="also run the plain engine each epoch: speedup and token identity")
+                           help="also run the plain engine each step: speedup and token identity")
         p.add_argument("--out", help="output folder (output.dir)")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -69,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start = time.perf_counter()
         if args.command == "demo":
             print(f"spectail demo: {cfg.trainer.algorithm.upper()} on the embedded addition task, "
-                  f"{cfg.trainer.epochs} epochs x {cfg.trainer.prompts_per_epoch} prompts x {cfg.rollout.n} samples",
+                  f"{cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x {cfg.rollout.n} samples",
                   flush=True)
         records = train(cfg, echo=_echo)
     except (ValueError, RewardError) as e:
@@ -86,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         identical = all(r.get("tokens_identical") for r in records)
         if speedups:
             print(f"rollout speedup over the plain engine: {sum(speedups) / len(speedups):.2f}x mean, "
-                  + ("tokens identical in every epoch" if identical else
+                  + ("tokens identical in every step" if identical else
                      "tokens differ where that is expected (the lenient mode: biased by design; vLLM: "
                      "lossless in distribution only, docs/guarantees.md)"))
     return 0

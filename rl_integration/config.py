@@ -1,6 +1,6 @@
 """The whole run's configuration: nested dataclasses, loaded from YAML, with dotted overrides.
 
-    cfg = load_config("examples/demo.yaml", ["trainer.epochs=3", "rollout.engine.spec.max_draft_tokens=16"])
+    cfg = load_config("examples/demo.yaml", ["trainer.steps=3", "rollout.engine.spec.max_draft_tokens=16"])
 
 The dataclass defaults ARE the embedded demo (`spectail demo` runs `RunConfig()`), and
 examples/demo.yaml spells the same values out (a test keeps the two equal), so the demo needs
@@ -8,18 +8,24 @@ no file shipped as package data. Loading (rl_integration/config_loader.py) check
 type; `validate()` then checks ranges and choices, each error naming its dotted key. The
 engine's settings are its own EngineConfig, embedded as `rollout.engine` and checked by its own
 validate(); `rollout.engine.spec=null` turns speculation off.
+
+Words, as in TRL and verl: a *step* is one rollout plus the optimizer updates made from it; an
+*epoch* is one pass over the data set. Keys that counted steps under the name "epoch" were
+renamed; the old names raise a ValueError saying the new one (`RENAMED` on a section).
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence, Union
+from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
 from rollout.vllm_config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
+
+STEP_WORDS = "a step is one rollout plus its updates; an epoch is one pass over the data set"
 
 # ------------------------------------------------------------------------------ the embedded demo
 
@@ -123,49 +129,79 @@ class PolicyConfig:
 
 @dataclass
 class ParquetSource:
-    """A data set on disk: one row per prompt, the ground truth in `answer_key`."""
+    """A data set on disk, one row per prompt (rl_integration/dataset.py): the prompt (text, or
+    chat messages as verl writes them) in `prompt_key`, the ground truth in `answer_key` (dotted
+    for a field of a struct column: verl's "reward_model.ground_truth"); `data_source_key` and
+    `extra_info_key` are read when the file has them (for a verl-style scorer)."""
 
     path: str = ""
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    data_source_key: str = "data_source"
+    extra_info_key: str = "extra_info"
+
+
+@dataclass
+class CustomRewardFunction:
+    """verl's reward convention (its config's reward.custom_reward_function): `path`, a Python file
+    or "pkg://package.module"; `name`, called as name(data_source=, solution_str=, ground_truth=,
+    extra_info=) -> a number or a dict with "score" (rl_integration/rewards.py)."""
+
+    path: Optional[str] = None
+    name: str = "compute_score"
 
 
 @dataclass
 class TaskSection:
     """source: "embedded" (generated addition problems, `embedded` = TaskConfig) or
-    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.task.reward_fn) or
-    "package.module:function", called as fn(response_text, answer) -> float."""
+    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.demo.task.reward_fn) or
+    "package.module:function", called as fn(response_text, answer) -> float; or, when
+    custom_reward_function.path is set, that scorer instead (verl's convention)."""
 
     source: Literal["embedded", "parquet"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
     parquet: ParquetSource = field(default_factory=ParquetSource)
     reward: str = "embedded"
+    custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)
 
 
 @dataclass
 class PolicySection:
     """source: "embedded" (the tiny policy, SFT warm start cached under cache_dir) or
-    "checkpoint" (a local Hugging Face folder with model and tokenizer)."""
+    "checkpoint" (a local Hugging Face folder with model and tokenizer). chat_template: a Jinja
+    chat template for chat-message prompts in place of the tokenizer's (verl's
+    custom_chat_template); None: the tokenizer's own."""
 
     source: Literal["embedded", "checkpoint"] = "embedded"
     embedded: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: str = ""
     cache_dir: Optional[str] = None  # None: $SPECTAIL_CACHE, else ~/.cache/spectail
+    chat_template: Optional[str] = None
 
 
 @dataclass
 class HistorySection:
-    """History reuse: last epoch's response to (prompt, sample index) drafts this epoch's.
-    Used when enabled and "history" is among engine.spec.proposers."""
+    """History reuse: the newest earlier response to (prompt, sample index), whatever step wrote
+    it, drafts this step's (scheduler/history_store.py). Used when enabled and "history" is among
+    engine.spec.proposers.
+
+    max_bytes: the store's size bound; when full it keeps the records it has (docs/configuration.md).
+    max_age_steps: a response drafts only steps at most this many after its own (None: no limit).
+    """
 
     enabled: bool = True
     dir: Optional[str] = None  # None: <output.dir>/history
-    keep_epochs: int = 2
+    max_bytes: int = 8 * 2**30
+    max_age_steps: Optional[int] = None
+
+    RENAMED: ClassVar[dict] = {"keep_epochs": "max_age_steps"}
+    RENAMED_WHY: ClassVar[str] = ("the store keeps the newest response of each (prompt, sample) whatever step "
+                                  "wrote it, bounded by max_bytes; max_age_steps, null by default, limits its age")
 
 
 def demo_engine() -> EngineConfig:
     """The engine of the demo's rollouts. Drafts from history, siblings and lookahead: in the
-    demo, n-gram (prompt lookup) drafts cost more forward work than they save at epoch 0 and add
+    demo, n-gram (prompt lookup) drafts cost more forward work than they save at step 0 and add
     nothing once history exists; add "ngram" for copy-heavy tasks."""
     return EngineConfig(max_batch_size=64, max_model_len=1024, max_num_batched_tokens=2048,
                         spec=SpecConfig(proposers=("history", "suffix", "lookahead"), max_draft_tokens=24))
@@ -185,7 +221,7 @@ class RolloutSection:
     top_k: int = 0
     max_tokens: int = 512
     n: int = 8  # samples per prompt (a GRPO group)
-    noise: Literal["per_sample", "per_epoch"] = "per_epoch"  # per_sample: faster, biased (README)
+    noise: Literal["per_sample", "per_step"] = "per_step"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     history: HistorySection = field(default_factory=HistorySection)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
@@ -193,6 +229,9 @@ class RolloutSection:
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
     vllm: VllmConfig = field(default_factory=VllmConfig)  # name: vllm only (rollout/vllm_config.py)
+
+    RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
 
 
 @dataclass
@@ -208,8 +247,8 @@ class PPOSection:
 @dataclass
 class TrainerSection:
     algorithm: Literal["grpo", "ppo"] = "grpo"
-    epochs: int = 5
-    prompts_per_epoch: int = 64
+    steps: int = 5  # rollouts, each followed by its optimizer updates
+    prompts_per_step: int = 64  # step s rolls out the s-th window of the data set (seeded order, wrapping)
     lr: float = 1e-4
     weight_decay: float = 0.0
     clip_eps: float = 0.2
@@ -227,11 +266,14 @@ class TrainerSection:
     num_threads: Optional[int] = None  # torch threads for the optimizer steps (null: every usable core)
     ppo: PPOSection = field(default_factory=PPOSection)
 
+    RENAMED: ClassVar[dict] = {"epochs": "steps", "prompts_per_epoch": "prompts_per_step"}
+    RENAMED_WHY: ClassVar[str] = STEP_WORDS
+
 
 @dataclass
 class OutputSection:
     dir: str = "runs/demo"
-    compare: bool = False  # also run the plain engine each epoch: speedup and identity check
+    compare: bool = False  # also run the plain engine each step: speedup and identity check
     plot: bool = True
     progress: bool = True  # tqdm bars
 
@@ -299,6 +341,12 @@ def _validate_sources(cfg: RunConfig) -> None:
         _wrap(t.embedded.validate, "task.embedded")
     _need(t.reward == "embedded" or ":" in t.reward, "task.reward",
           "must be 'embedded' or 'package.module:function'", t.reward)
+    custom = t.custom_reward_function
+    _need(custom.path is None or bool(custom.path.strip()), "task.custom_reward_function.path",
+          "must name a Python file or pkg://module, or be null", custom.path)
+    _need(not custom.path or t.reward == "embedded", "task.reward", "must stay 'embedded' when "
+          "task.custom_reward_function.path is set (that scorer replaces it): set one of the two", t.reward)
+    _need(bool(custom.name), "task.custom_reward_function.name", "must name the function", custom.name)
     if p.source == "checkpoint":
         _need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder when policy.source is "
               "'checkpoint'", p.checkpoint)
@@ -316,7 +364,9 @@ def _validate_rollout(r: RolloutSection) -> None:
     _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
     _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
           r.chunk_tokens)
-    _need(r.history.keep_epochs >= 1, "rollout.history.keep_epochs", "must be >= 1", r.history.keep_epochs)
+    _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
+    _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
+          "must be >= 1 or null (no limit)", r.history.max_age_steps)
     _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
     _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")
@@ -332,8 +382,8 @@ def _validate_rollout(r: RolloutSection) -> None:
 
 
 def _validate_trainer(tr: TrainerSection) -> None:
-    _need(tr.epochs >= 1, "trainer.epochs", "must be >= 1", tr.epochs)
-    _need(tr.prompts_per_epoch >= 1, "trainer.prompts_per_epoch", "must be >= 1", tr.prompts_per_epoch)
+    _need(tr.steps >= 1, "trainer.steps", "must be >= 1", tr.steps)
+    _need(tr.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1", tr.prompts_per_step)
     _need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
     _need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
     _need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",

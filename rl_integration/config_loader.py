@@ -10,6 +10,10 @@ the known keys, with a "did you mean"). Override values are parsed as YAML (`3` 
 is None, `[a, b]` a list). A given section is merged onto the section's default value, so setting
 one key keeps the others' defaults; setting a key under a section that is null brings the section
 back with its default values.
+
+A section may name keys it renamed (`RENAMED: ClassVar[dict] = {"old": "new"}`) and values it
+renamed (`RENAMED_VALUES: ClassVar[dict] = {"key": {"old": "new"}}`), and why (`RENAMED_WHY`): an
+old name raises a ValueError that says the new one, instead of "unknown key".
 """
 from __future__ import annotations
 
@@ -78,6 +82,7 @@ def from_dict(cls, data: Any, prefix: str = "", base=None):
                          f"got {type(data).__name__} {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    _refuse_renamed(cls, data, prefix)
     for key in data:
         if key not in fields:
             dotted = f"{prefix}.{key}" if prefix else str(key)
@@ -90,6 +95,21 @@ def from_dict(cls, data: Any, prefix: str = "", base=None):
         dotted = f"{prefix}.{name}" if prefix else name
         kwargs[name] = _convert(hints[name], value, dotted, getattr(base, name))
     return dataclasses.replace(base, **kwargs)
+
+
+def _refuse_renamed(cls, data: dict, prefix: str) -> None:
+    """A ValueError naming the new key (or value) for each old one `cls` declares renamed."""
+    def dotted(k):
+        return f"{prefix}.{k}" if prefix else str(k)
+    why = getattr(cls, "RENAMED_WHY", "")
+    why = f" ({why})" if why else ""
+    for old, new in getattr(cls, "RENAMED", {}).items():
+        if old in data:
+            raise ValueError(f"config key {dotted(old)!r} was renamed {dotted(new)!r}{why}")
+    for key, values in getattr(cls, "RENAMED_VALUES", {}).items():
+        value = data.get(key)
+        if isinstance(value, str) and value in values:
+            raise ValueError(f"config key {dotted(key)!r}: the value {value!r} was renamed {values[value]!r}{why}")
 
 
 def _convert(tp, value, key: str, current=None):

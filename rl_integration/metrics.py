@@ -1,8 +1,9 @@
-"""Rollout metrics with DESIGN.md's names: one record per rollout step, aggregated per epoch,
-written as JSON lines; plus the per-epoch table the command line prints.
+"""Rollout metrics with DESIGN.md's names: one record per `RolloutClient.generate` call,
+aggregated per step (one rollout plus its updates), written as JSON lines with the step and the
+epoch (pass over the data set); plus the per-step table the command line prints.
 
-Definitions (a "step" is one `RolloutClient.generate` call):
-    rollout_seconds       wall time of the step (epoch: summed)
+Definitions (per generate call; a step's record sums or recomputes them over its calls):
+    rollout_seconds       wall time of the call (step: summed)
     generated_tokens      response tokens, stop tokens included
     tokens_per_second     generated_tokens / rollout_seconds
     forward_passes        target forwards summed over requests, prefill excluded (engine stats)
@@ -10,12 +11,13 @@ Definitions (a "step" is one `RolloutClient.generate` call):
                           target forward per request, counting the prefill forward that emits a
                           request's first token, so plain decoding is exactly 1.0
     proposed, accepted    per proposer name: draft tokens offered / accepted
-    reused_tokens         accepted["history"]: tokens taken from last epoch's responses
+    reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
+    history_found         requests that found a history record to draft from (set by RolloutClient)
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
-    tail_seconds          time from 90% of the step's samples finished to 100%
+    tail_seconds          time from 90% of the call's samples finished to 100%
     worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
     drafter_train_steps, drafter_version   0 until the online drafter exists
-    reward_mean           mean reward of the step's samples (None until rewards are recorded)
+    reward_mean           mean reward of the call's samples (None until rewards are recorded)
     lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
 
 Files are never half-written: `atomic_write_text` writes a temporary file beside the target,
@@ -30,11 +32,11 @@ from typing import Iterable, Optional, Sequence
 from scheduler.atomic_file import atomic_write_text
 
 SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
-            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens")
+            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found")
 
 
 def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = None) -> dict:
-    """One rollout step's record from the backend's Completions, the wall time and the backend's
+    """One generate call's record from the backend's Completions, the wall time and the backend's
     own figures (RolloutBackend.metrics())."""
     tokens = sum(len(c.token_ids) for c in completions)
     forwards = sum(int(c.stats.get("forward_passes", 0)) for c in completions)
@@ -71,7 +73,7 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
 
 
 def aggregate(steps: Sequence[dict]) -> dict:
-    """Per-epoch aggregate of step records: sums, and ratios recomputed from the sums."""
+    """Per-step aggregate of generate-call records: sums, and ratios recomputed from the sums."""
     out: dict = {k: 0 for k in SUM_KEYS}
     out["rollout_seconds"] = 0.0
     out["tail_seconds"] = 0.0
@@ -105,9 +107,9 @@ def aggregate(steps: Sequence[dict]) -> dict:
 
 
 class MetricsLog:
-    """metrics.jsonl in a folder, one JSON record per epoch. Each `append` rewrites the whole
+    """metrics.jsonl in a folder, one JSON record per step. Each `append` rewrites the whole
     file atomically (the file holds a few hundred lines at most), so it is always complete.
-    The file is first written at the end of the first epoch: a run that fails before then
+    The file is first written at the end of the first step: a run that fails before then
     leaves an existing metrics.jsonl untouched."""
 
     def __init__(self, folder: str | os.PathLike, name: str = "metrics.jsonl"):
@@ -127,7 +129,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 # ------------------------------------------------------------------------------ the table
 
 COLUMNS = (  # (header, width, record key, format)
-    ("epoch", 5, "epoch", "{:d}"),
+    ("step", 5, "step", "{:d}"),
     ("reward", 6, "reward_mean", "{:.3f}"),
     ("roll_s", 7, "rollout_seconds", "{:.1f}"),
     ("tok/s", 7, "tokens_per_second", "{:.0f}"),

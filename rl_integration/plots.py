@@ -1,4 +1,4 @@
-"""One PNG per run, per epoch: reward, rollout throughput (and the plain engine's when --compare
+"""One PNG per run, one point per step: reward, rollout throughput (and the plain engine's when --compare
 ran), and tokens per target forward. Agg backend, so it works without a display; saved through a temporary
 file and a rename, so the PNG on disk is always a whole one."""
 from __future__ import annotations
@@ -15,21 +15,21 @@ def plot_metrics(records: list[dict], path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    epochs = [r["epoch"] for r in records]
+    steps = [r["step"] for r in records]
     fig, (ax_r, ax_t, ax_f) = plt.subplots(1, 3, figsize=(14, 3.6))
-    ax_r.plot(epochs, [r.get("reward_mean") for r in records], marker="o")
-    ax_r.set(xlabel="epoch", ylabel="mean reward", title="reward")
+    ax_r.plot(steps, [r.get("reward_mean") for r in records], marker="o")
+    ax_r.set(xlabel="step", ylabel="mean reward", title="reward")
     ax_r.grid(alpha=0.3)
-    ax_t.plot(epochs, [r.get("tokens_per_second") for r in records], marker="o", label="spectail")
+    ax_t.plot(steps, [r.get("tokens_per_second") for r in records], marker="o", label="spectail")
     if any(r.get("plain_tokens_per_second") is not None for r in records):
-        ax_t.plot(epochs, [r.get("plain_tokens_per_second") for r in records], marker="s", label="plain engine")
-    ax_t.set(xlabel="epoch", ylabel="tokens / s", title="rollout throughput")
+        ax_t.plot(steps, [r.get("plain_tokens_per_second") for r in records], marker="s", label="plain engine")
+    ax_t.set(xlabel="step", ylabel="tokens / s", title="rollout throughput")
     ax_t.grid(alpha=0.3)
     ax_t.legend()
     # tokens per target forward: what speculation saves, independent of the machine's load
-    ax_f.plot(epochs, [r.get("accepted_per_verify") for r in records], marker="o", label="spectail")
+    ax_f.plot(steps, [r.get("accepted_per_verify") for r in records], marker="o", label="spectail")
     ax_f.axhline(1.0, color="gray", linestyle="--", label="plain decoding")
-    ax_f.set(xlabel="epoch", ylabel="tokens / target forward", title="tokens per forward (per request)")
+    ax_f.set(xlabel="step", ylabel="tokens / target forward", title="tokens per forward (per request)")
     ax_f.grid(alpha=0.3)
     ax_f.legend()
     for ax in (ax_r, ax_t, ax_f):

@@ -1,31 +1,33 @@
 """RolloutClient: what a trainer calls to get rollouts. One facade over an in-process engine
 ("local") or Ray workers ("ray"), adding what a trainer needs around the engine: n samples per
-prompt with a group index, the sampling seed of every sample, history reuse across epochs, and
-per-step / per-epoch metrics.
+prompt with a group index, the sampling seed of every sample, history reuse across steps, and
+per-call / per-step metrics. A step is one rollout plus the optimizer updates made from it (an
+epoch, one pass over a data set, is the trainer's business).
 
     client = RolloutClient(cfg.rollout, model_or_folder, seed=0, stop_token_ids=[eos])
     batch = client.generate(prompts, n=8)          # RolloutBatch, one row per sample
     client.record_rewards(batch, rewards)          # reward_mean, and rewards into the history
-    client.update_weights(model)                   # after the optimizer steps of an epoch
-    metrics = client.end_epoch()                   # epoch aggregate; history written; epoch += 1
+    client.update_weights(model)                   # after the step's optimizer updates
+    metrics = client.end_step()                    # the step's aggregate; history written; step += 1
 
-Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, epoch]), where key(p) is
-`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_epoch" (the
-default) the epoch enters the hash: every epoch draws fresh noise, as a trainer without
-spectail would, and last epoch's response still agrees with the new one wherever the policy is
-confident. With noise="per_sample" the seed is fixed across epochs: sample s of p is drawn with
-the same Gumbel noise every epoch, so where the policy barely moved it reproduces last epoch's
-tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
+Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, step]), where key(p) is
+`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_step" (the
+default) the step enters the hash: every step draws fresh noise, as a trainer without
+spectail would, and the previous response still agrees with the new one wherever the policy is
+confident. With noise="per_sample" the seed is fixed across steps: sample s of p is drawn with
+the same Gumbel noise every time, so where the policy barely moved it reproduces the previous
+response's tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
 draws, so given the weights the noise is no longer fresh: the samples lean towards what was
 rewarded before, the training reward over-states the policy, and the noise study
 (rl_integration/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
 per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
-newest stored response to the same (prompt, sample index) from an earlier epoch
-(scheduler.history_store.HistoryStore); `end_epoch` writes this epoch's responses (tokens,
-logprobs, seed, epoch, reward when recorded). Drafts only cost or save forwards: the engine
-verifies every token, so history never changes what is sampled.
+newest stored response to the same (prompt, sample index) from an earlier step, however long
+ago (scheduler.history_store.HistoryStore, bounded by rollout.history.max_bytes and, if set,
+max_age_steps); `history_found` in the metrics counts the requests that had one. `end_step`
+writes this step's responses (tokens, logprobs, seed, step, reward when recorded). Drafts only
+cost or save forwards: the engine verifies every token, so history never changes what is sampled.
 
 Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
 proposer lets siblings draft for each other; the engine forgets the groups after the call.
@@ -63,8 +65,8 @@ class RolloutBatch:
     sample_index: list[int]  # which sample of its prompt (0 .. n - 1; n .. 2n - 1 for its 2nd group in a call, ...)
     finish_reasons: list[str]
     sample_stats: list[dict]  # engine stats per sample (forward_passes, proposed, accepted)
-    step_stats: dict  # this step's metrics record (rl_integration.metrics.step_metrics)
-    epoch: int
+    step_stats: dict  # this call's metrics record (rl_integration.metrics.step_metrics)
+    step: int
     n: int
     keys: list[str] = field(default_factory=list)  # per sample: its prompt's identity
     rewards: Optional[list[float]] = None
@@ -112,25 +114,25 @@ class RolloutClient:
                        and "history" in spec.proposers)
         if use_history and not (history_dir or config.history.dir):
             raise ValueError("rollout.history is enabled: give history_dir= or set rollout.history.dir")
-        self.history = (HistoryStore(history_dir or config.history.dir, keep_epochs=config.history.keep_epochs)
-                        if use_history else None)
+        self.history = (HistoryStore(history_dir or config.history.dir, max_bytes=config.history.max_bytes,
+                                     max_age_steps=config.history.max_age_steps) if use_history else None)
         if backend is None:
             if model is None:
                 raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
             backend = build_backend(config, model, self.engine_config, progress, plain=plain)
         self.backend = backend
-        self.epoch = 0
-        self._update_seconds: dict[int, list[float]] = {}  # epoch -> seconds of each weight update
-        self._steps: dict[int, list[dict]] = {}
-        self._pending: dict[int, dict] = {}  # epoch -> (prompt key, sample index) -> HistoryRecord
+        self.step = 0
+        self._calls: dict[int, list[dict]] = {}  # step -> the metrics record of each generate call
+        self._update_seconds: dict[int, list[float]] = {}  # step -> seconds of each weight update
+        self._pending: dict[int, dict] = {}  # step -> (prompt key, sample index) -> HistoryRecord
         self._next_group = 0
 
     # ---- rollouts -----------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], n: Optional[int] = None, *,
-                 epoch: Optional[int] = None, keys: Optional[Sequence[str]] = None) -> RolloutBatch:
-        """n samples of each prompt (token id lists). epoch: which epoch this step belongs to
-        (default: the current one; a later one ends the current epoch first). keys: one identity
+                 step: Optional[int] = None, keys: Optional[Sequence[str]] = None) -> RolloutBatch:
+        """n samples of each prompt (token id lists). step: which step this rollout belongs to
+        (default: the current one; a later one ends the current step first). keys: one identity
         per prompt for the seeds (default: a hash of its token ids)."""
         n = self.cfg.n if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -142,24 +144,27 @@ class RolloutClient:
             keys = [prompt_key(p) for p in prompts]
         elif len(keys) != len(prompts):
             raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
-        if epoch is not None:
-            if epoch < self.epoch:
-                raise ValueError(f"epoch {epoch} is before the client's current epoch {self.epoch}")
-            while self.epoch < epoch:
-                self.end_epoch()
-        epoch = self.epoch
-        seed_epoch = epoch if self.cfg.noise == "per_epoch" else None
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise ValueError(f"step must be an integer, got {step!r}")
+            if step < self.step:
+                raise ValueError(f"step {step} is before the client's current step {self.step}")
+            while self.step < step:
+                self.end_step()
+        step = self.step
+        seed_step = step if self.cfg.noise == "per_step" else None
 
         rows = [(g, s) for g, first in enumerate(_first_samples(keys, n)) for s in range(first, first + n)]
         prompt_ids = [prompts[g] for g, _ in rows]
-        seeds = [sample_seed(self.seed, keys[g], s, seed_epoch) for g, s in rows]
+        seeds = [sample_seed(self.seed, keys[g], s, seed_step) for g, s in rows]
         groups = [self._next_group + g for g, _ in rows]
         self._next_group += len(prompts)
         drafts = draft_lps = None
+        found = []
         if self.history is not None:
             # The old logprobs travel with the drafts: they say how sure the old policy was of
             # each token, which the engine's budget reads (and the lenient mode compares with).
-            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_epoch=epoch)
+            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_step=step)
             drafts = [None if h is None else h.token_ids for h in found]
             draft_lps = [None if h is None else h.logprobs for h in found]
 
@@ -170,17 +175,18 @@ class RolloutClient:
         if len(completions) != len(rows):
             raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
         record = M.step_metrics(completions, seconds, self.backend.metrics())
-        record["epoch"] = epoch
-        self._steps.setdefault(epoch, []).append(record)
+        record["step"] = step
+        record["history_found"] = sum(h is not None for h in found)
+        self._calls.setdefault(step, []).append(record)
 
         batch = RolloutBatch(
             prompt_ids=prompt_ids, completion_ids=[list(c.token_ids) for c in completions],
             logprobs=[list(c.logprobs) for c in completions], seeds=seeds,
             group_index=[g for g, _ in rows], sample_index=[s for _, s in rows],
             finish_reasons=[c.finish_reason for c in completions], sample_stats=[dict(c.stats) for c in completions],
-            step_stats=record, epoch=epoch, n=n, keys=[keys[g] for g, _ in rows])
+            step_stats=record, step=step, n=n, keys=[keys[g] for g, _ in rows])
         if self.history is not None:
-            pending = self._pending.setdefault(epoch, {})
+            pending = self._pending.setdefault(step, {})
             for i in range(len(batch)):
                 pending[(prompt_key(prompt_ids[i]), batch.sample_index[i])] = HistoryRecord(
                     prompt_ids=prompt_ids[i], sample_index=batch.sample_index[i],
@@ -188,8 +194,8 @@ class RolloutClient:
         return batch
 
     def record_rewards(self, batch: RolloutBatch, rewards: Sequence[float]) -> None:
-        """Attach one finite reward per sample: to the batch, the step's reward_mean and the
-        history records written at the end of the epoch."""
+        """Attach one finite reward per sample: to the batch, the call's reward_mean and the
+        history records written at the end of the step."""
         rewards = list(rewards)
         if len(rewards) != len(batch):
             raise ValueError(f"record_rewards got {len(rewards)} rewards for {len(batch)} samples")
@@ -198,33 +204,34 @@ class RolloutClient:
                 raise ValueError(f"reward of sample {i} must be a finite number, got {r!r}")
         batch.rewards = [float(r) for r in rewards]
         batch.step_stats["reward_mean"] = M.mean(batch.rewards)
-        pending = self._pending.get(batch.epoch, {})
+        pending = self._pending.get(batch.step, {})
         for i, r in enumerate(batch.rewards):
             rec = pending.get((prompt_key(batch.prompt_ids[i]), batch.sample_index[i]))
             if rec is not None and rec.token_ids is batch.completion_ids[i]:
                 rec.reward = r
 
-    # ---- epochs and metrics -------------------------------------------------------------------
+    # ---- steps and metrics --------------------------------------------------------------------
 
-    def epoch_metrics(self, epoch: Optional[int] = None) -> dict:
-        """The aggregate of an epoch's rollout steps (default: the current epoch)."""
-        epoch = self.epoch if epoch is None else epoch
-        out = M.aggregate(self._steps.get(epoch, []))
-        out["epoch"] = epoch
-        updates = self._update_seconds.get(epoch, [])
+    def step_metrics(self, step: Optional[int] = None) -> dict:
+        """The aggregate of a step's generate calls (default: the current step)."""
+        step = self.step if step is None else step
+        out = M.aggregate(self._calls.get(step, []))
+        out["step"] = step
+        updates = self._update_seconds.get(step, [])
         out["weight_update_seconds"] = sum(updates) / len(updates) if updates else None  # per update, mean
         return out
 
-    def step_records(self, epoch: Optional[int] = None) -> list[dict]:
-        return list(self._steps.get(self.epoch if epoch is None else epoch, []))
+    def call_records(self, step: Optional[int] = None) -> list[dict]:
+        """The metrics record of each generate call of a step (default: the current step)."""
+        return list(self._calls.get(self.step if step is None else step, []))
 
-    def end_epoch(self) -> dict:
-        """Write this epoch's responses to the history store; return its metrics; next epoch."""
-        out = self.epoch_metrics()
-        pending = self._pending.pop(self.epoch, None)
+    def end_step(self) -> dict:
+        """Write this step's responses to the history store; return its metrics; next step."""
+        out = self.step_metrics()
+        pending = self._pending.pop(self.step, None)
         if self.history is not None and pending:
-            self.history.write_epoch(self.epoch, list(pending.values()))
-        self.epoch += 1
+            self.history.write_step(self.step, list(pending.values()))
+        self.step += 1
         return out
 
     # ---- weights and lifetime -----------------------------------------------------------------
@@ -234,7 +241,7 @@ class RolloutClient:
         sd = model.state_dict() if isinstance(model, torch.nn.Module) else model
         start = time.perf_counter()
         self.backend.update_weights({k: v.detach() for k, v in sd.items()})
-        self._update_seconds.setdefault(self.epoch, []).append(time.perf_counter() - start)
+        self._update_seconds.setdefault(self.step, []).append(time.perf_counter() - start)
 
     def shutdown(self) -> None:
         self.backend.shutdown()

@@ -92,7 +92,7 @@ class SpectailRollout:
     def _generate(self, ids: list[list[int]], group: int, trainer) -> tuple[dict, dict]:
         prompts = group_prompts(ids, group)
         self._sync(trainer)
-        batch = self.client.generate(prompts, n=group, epoch=self.steps)
+        batch = self.client.generate(prompts, n=group, step=self.steps)
         self.steps += 1
         rows = {
             "prompt_ids": batch.prompt_ids, "completion_ids": batch.completion_ids, "logprobs": batch.logprobs,

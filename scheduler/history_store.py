@@ -1,269 +1,290 @@
-"""The rollout history store: past responses, one Parquet file per epoch, looked up by prompt
-identity and sample index to serve as next epoch's drafts (history reuse).
+"""The rollout history store: for each (prompt, sample index), the newest response any step
+wrote, to draft the next rollout of that sample (history reuse), on a data set of any size.
+
+    store = HistoryStore("runs/x/history")                      # max_bytes=8 GiB, no age limit
+    found = store.records_for(prompt_ids, sample_indices, before_step=12)   # HistoryRecord or None
+    store.write_step(12, records)
 
 A prompt is identified by `prompt_key(prompt_ids)`, a blake2b hash of its token ids as int32
 little-endian bytes — never the decoded text, which different token sequences can share. The
 prompt ids themselves are stored too and compared on every lookup, so a hash collision or a
 damaged row can only cost reuse, never hand out another prompt's response.
 
-Files are written atomically (a temporary file in the same folder, fsync, os.replace), then the
-store prunes: it keeps the newest `keep_epochs` epochs and, with `max_bytes`, deletes the oldest
-files until the rest fit. Reading is forgiving: a missing, truncated, garbled or foreign file
-logs a warning and is treated as empty (no reuse from it). Parquet page checksums are written
-and verified, so damaged data pages are detected rather than decoded into wrong tokens — and a
-wrong draft would still only cost speed: the engine verifies every drafted token.
+Layout. One Parquet file per step that wrote records, `step-NNNNNNNNN.parquet`, never modified
+(writing a step again replaces its file). An in-memory index (scheduler/history_index.py) says
+which files hold each (prompt, sample); it is built once, from the files' key columns, when the
+store is first used, and kept current by this store's writes, so a lookup costs O(requests)
+dictionary probes plus reading the files its records live in (recently read files stay in an
+LRU cache). One process writes a folder; a file changed under it is re-read and re-indexed.
+
+Bounds, checked after each write:
+- A file whose every record has a newer one is deleted: on a data set revisited every epoch the
+  store holds about one response per (prompt, sample), whatever the data set's size.
+- max_age_steps (default None): a record drafts only steps at most this many after the step
+  that wrote it; older files are deleted.
+- max_bytes (default 8 GiB): while the files take more, the newest files other than the one
+  just written are deleted (then that one too, if it alone is too big). Dropping the newest is
+  on purpose: on a data set visited in a fixed order, the oldest records are the next ones
+  needed, so this keeps a fixed share of the data set drafting (about max_bytes / one epoch's
+  history) where dropping the oldest would delete each record just before its prompt returns.
+
+Files are written atomically (a temporary file in the same folder, fsync, os.replace). Reading
+is forgiving: a missing, truncated, garbled or foreign file logs one warning and serves nothing
+(older records of the same keys serve instead). Parquet page checksums are written and
+verified, so damaged pages are detected rather than decoded into wrong tokens — and a wrong
+draft would still only cost speed: the engine verifies every drafted token.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout.seeds import prompt_key
 
 from .atomic_file import TMP_SUFFIX, atomic_path
+from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of
+from .history_index import HistoryIndex, Key
+
+__all__ = ["HistoryRecord", "HistoryStore", "SCHEMA", "KEY_COLUMNS"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = pa.schema(
-    [
-        ("prompt_key", pa.string()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("sample_index", pa.int64()),
-        ("token_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),
-        ("seed", pa.uint64()),
-        ("epoch", pa.int64()),
-        ("reward", pa.float64()),
-    ],
-    metadata={b"spectail.history": b"1"},
-)
-_FILE_RE = re.compile(r"^epoch-(\d+)\.parquet$")
+DEFAULT_MAX_BYTES = 8 * 2**30
+CACHE_BYTES = 256 * 2**20  # loaded files kept in memory between lookups
+_FILE_RE = re.compile(r"^step-(\d+)\.parquet$")
 _STALE_TMP_SECONDS = 3600.0
 
 
 @dataclass
-class HistoryRecord:
-    prompt_ids: list[int]
-    sample_index: int
-    token_ids: list[int]
-    logprobs: Optional[list[float]] = None
-    seed: int = 0
-    epoch: Optional[int] = None  # filled in by write_epoch
-    reward: Optional[float] = None
-
-
-@dataclass
-class _Loaded:
-    signature: tuple  # (mtime_ns, size) of the file when read
-    table: Optional[pa.Table]
-    rows: dict  # (prompt_key, sample_index) -> row
+class _File:
+    path: Path
+    signature: tuple  # (mtime_ns, size) when indexed
+    size: int
 
 
 class HistoryStore:
-    """Past rollouts under `root_dir`, one `epoch-NNNNNNNNN.parquet` per epoch.
+    """The newest response per (prompt, sample index) under `root_dir` (module docstring).
 
-    keep_epochs: newest epochs kept after each write (None: all).
-    max_bytes: after each write, oldest files are deleted until the total size is at most
-        this (None: no bound); this may delete the file just written if it alone is larger.
+    max_bytes: the files' total size after each write (None: no bound).
+    max_age_steps: a record drafts steps up to this many after its own (None: no limit).
     """
 
-    def __init__(self, root_dir: Union[str, os.PathLike], keep_epochs: Optional[int] = 2,
-                 max_bytes: Optional[int] = None):
-        if keep_epochs is not None and (int(keep_epochs) != keep_epochs or keep_epochs < 1):
-            raise ValueError(f"HistoryStore.keep_epochs must be an integer >= 1 or None, got {keep_epochs}")
-        if max_bytes is not None and (int(max_bytes) != max_bytes or max_bytes < 0):
-            raise ValueError(f"HistoryStore.max_bytes must be an integer >= 0 or None, got {max_bytes}")
+    def __init__(self, root_dir: Union[str, os.PathLike], max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
+                 max_age_steps: Optional[int] = None):
+        if max_bytes is not None and (isinstance(max_bytes, bool) or int(max_bytes) != max_bytes or max_bytes < 0):
+            raise ValueError(f"HistoryStore.max_bytes must be an integer >= 0 or None, got {max_bytes!r}")
+        if max_age_steps is not None and (isinstance(max_age_steps, bool) or int(max_age_steps) != max_age_steps
+                                          or max_age_steps < 1):
+            raise ValueError(f"HistoryStore.max_age_steps must be an integer >= 1 or None, got {max_age_steps!r}")
         self.root = Path(root_dir)
-        self.keep_epochs = keep_epochs
         self.max_bytes = max_bytes
-        self._cache: dict[str, _Loaded] = {}
+        self.max_age_steps = max_age_steps
+        self._files: Optional[dict[int, _File]] = None  # None until the folder is first read
+        self._index = HistoryIndex()
+        self._cache: collections.OrderedDict[int, tuple[tuple, pa.Table]] = collections.OrderedDict()
+        self._bad: dict[int, tuple] = {}  # step -> signature of a file that could not be read
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write_epoch(self, epoch: int, records: Iterable[Union[HistoryRecord, Mapping]]) -> Path:
-        """Write all of an epoch's records as one file (replacing an earlier file of that
-        epoch), atomically, then prune. Returns the file's path. Bad records raise ValueError
-        before anything is written; a later record with the same (prompt, sample index) wins."""
-        if int(epoch) != epoch or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch}")
-        epoch = int(epoch)
-        rows = [_coerce(r, epoch) for r in records]
-        cols = {name: [getattr(r, name) for r in rows] for name in SCHEMA.names if name != "prompt_key"}
-        cols["prompt_key"] = [prompt_key(r.prompt_ids) for r in rows]
+    def write_step(self, step: int, records: Iterable[Union[HistoryRecord, Mapping]]) -> Optional[Path]:
+        """Write a step's records as one file (replacing an earlier file of that step),
+        atomically, then apply the bounds. Returns the file's path (None for no records, which
+        removes that step's file). Bad records raise ValueError before anything is written; a
+        later record with the same (prompt, sample index) wins."""
+        if isinstance(step, bool) or int(step) != step or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        step = int(step)
+        coerced = (coerce(r, step) for r in records)
+        rows = list({(prompt_key(r.prompt_ids), r.sample_index): r for r in coerced}.items())  # the last one wins
+        cols = {name: [getattr(r, name) for _, r in rows] for name in SCHEMA.names if name != "prompt_key"}
+        cols["prompt_key"] = [k for (k, _), _ in rows]
         try:
             table = pa.Table.from_pydict(cols, schema=SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
             raise ValueError(f"history records do not fit the store's schema: {e}") from None
-
+        files = self._open()
+        if not rows:
+            self._delete(step)
+            return None
+        final = self.root / f"step-{step:09d}.parquet"
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self._path(epoch)
         with atomic_path(final) as tmp:
             pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         _fsync_dir(self.root)
-        self._cache.pop(str(final), None)
-        self._prune()
-        return final
+        signature = _signature(final) or (None, 0)
+        files[step] = _File(final, signature, signature[1])
+        self._bad.pop(step, None)
+        self._remember(step, signature, table)
+        dead = self._index.put(step, {key: i for i, (key, _) in enumerate(rows)})
+        self._apply_bounds(step, dead)
+        return final if step in files else None
 
-    def _prune(self) -> None:
-        files = self._files()
-        doomed = []
-        if self.keep_epochs is not None and len(files) > self.keep_epochs:
-            doomed, files = files[: -self.keep_epochs], files[-self.keep_epochs :]
+    def _apply_bounds(self, written: int, dead: set[int]) -> None:
+        files = self._files
+        doomed = set(dead)
+        if self.max_age_steps is not None:
+            oldest_usable = max(files) + 1 - self.max_age_steps
+            doomed.update(s for s in files if s < oldest_usable)
+        for step in doomed:
+            self._delete(step)
         if self.max_bytes is not None:
-            sized = [(e, p, _size(p)) for e, p in files]
-            total = sum(s for _, _, s in sized)
-            while sized and total > self.max_bytes:
-                e, p, s = sized.pop(0)
-                doomed.append((e, p))
-                total -= s
-        for _, path in doomed:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                logger.warning("history store: could not delete %s: %s", path, e)
-            self._cache.pop(str(path), None)
-        now = time.time()
-        for entry in _scandir(self.root):  # temporary files of writers that died mid-write
-            if entry.name.startswith(".epoch-") and entry.name.endswith(TMP_SUFFIX):
-                try:
-                    if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
-                        os.unlink(entry.path)
-                except OSError:
-                    pass
+            total = self.total_bytes()
+            newest_first = sorted((s for s in files if s != written), reverse=True) + [written]
+            for step in newest_first:
+                if total <= self.max_bytes:
+                    break
+                total -= files[step].size
+                self._delete(step)
+        _fsync_dir(self.root)
+
+    def _delete(self, step: int) -> None:
+        f = self._files.pop(step, None)
+        self._index.drop(step)
+        self._cache.pop(step, None)
+        self._bad.pop(step, None)
+        if f is None:
+            return
+        try:
+            f.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            logger.warning("history store: could not delete %s: %s", f.path, e)
+
+    def clear(self) -> None:
+        """Delete every file of the store (say an earlier run's, whose step numbers this run reuses)."""
+        for step in list(self._open()):
+            self._delete(step)
 
     # -- reading ---------------------------------------------------------------------------
 
-    def epochs(self) -> list[int]:
-        """Epochs that have a file, ascending (a file may still turn out unreadable)."""
-        return [e for e, _ in self._files()]
+    def steps(self) -> list[int]:
+        """Steps that have a file, ascending (a file may still turn out unreadable)."""
+        return sorted(self._open())
+
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self._open().values())
 
     def records_for(self, prompts: Sequence[Sequence[int]], sample_indices: Sequence[int],
-                    before_epoch: Optional[int] = None) -> list[Optional[HistoryRecord]]:
-        """The newest stored record per (prompt, sample index), from an epoch below `before_epoch`
-        if given, or None (none stored, or none readable); the files are listed once."""
+                    before_step: Optional[int] = None) -> list[Optional[HistoryRecord]]:
+        """The newest stored record per (prompt, sample index) from a step below `before_step`
+        (and within max_age_steps of it), or None (none stored, or none readable)."""
         if len(prompts) != len(sample_indices):
             raise ValueError(f"records_for got {len(prompts)} prompts but {len(sample_indices)} sample indices")
-        files = self._files()
-        return [self._lookup(files, p, i, before_epoch) for p, i in zip(prompts, sample_indices)]
+        files = self._open()
+        upto = before_step if before_step is not None else (max(files) + 1 if files else 0)
+        lowest = upto - self.max_age_steps if self.max_age_steps is not None else None
+        tables: dict[int, Optional[pa.Table]] = {}  # each file checked once per call
+        return [self._lookup(p, int(i), before_step, lowest, tables) for p, i in zip(prompts, sample_indices)]
 
-    def _lookup(self, files, prompt_ids, sample_index, before_epoch) -> Optional[HistoryRecord]:
-        key = prompt_key(prompt_ids)
+    def _lookup(self, prompt_ids, sample_index: int, before_step, lowest, tables) -> Optional[HistoryRecord]:
+        key: Key = (prompt_key(prompt_ids), sample_index)
         want = [int(t) for t in prompt_ids]
-        for epoch, path in reversed(files):
-            if before_epoch is not None and epoch >= before_epoch:
+        for step in reversed(list(self._index.candidates(key))):
+            if (before_step is not None and step >= before_step) or (lowest is not None and step < lowest):
                 continue
-            loaded = self._load(epoch, path)
-            row = loaded.rows.get((key, int(sample_index)))
-            if row is None:
+            if step not in tables:
+                tables[step] = self._table(step)
+            row = self._index.row(step, key)
+            if tables[step] is None or row is None:
                 continue
-            rec = _record_at(loaded.table, row)
-            if rec is None or rec.prompt_ids != want or rec.sample_index != sample_index or rec.epoch != epoch:
+            rec = record_at(tables[step], row)
+            if rec is None or rec.prompt_ids != want or rec.sample_index != sample_index or rec.step != step:
                 logger.warning("history store: %s row %d does not hold the record its key names; "
-                               "skipped (no reuse from it)", path, row)
+                               "skipped (no reuse from it)", self._files[step].path, row)
                 continue
             return rec
         return None
 
-    def _load(self, epoch: int, path: Path) -> _Loaded:
+    def _table(self, step: int) -> Optional[pa.Table]:
+        """Step's whole file, verified, or None; a file changed since it was indexed is re-indexed."""
+        f = self._files.get(step)
+        if f is None:
+            return None
+        signature = _signature(f.path)
+        if signature is None:
+            logger.warning("history store: %s is gone; no reuse from it", f.path)
+            self._delete(step)
+            return None
+        if signature != f.signature:  # replaced under us: index what it holds now
+            f.signature, f.size = signature, signature[1]
+            self._cache.pop(step, None)
+            self._bad.pop(step, None)
+            table = self._read(step, signature)
+            self._index.put(step, {} if table is None else rows_of(table))
+            return table
+        cached = self._cache.get(step)
+        if cached is not None and cached[0] == signature:
+            self._cache.move_to_end(step)
+            return cached[1]
+        return None if self._bad.get(step) == signature else self._read(step, signature)
+
+    def _read(self, step: int, signature: tuple) -> Optional[pa.Table]:
         try:
-            st = path.stat()
-        except OSError as e:
-            logger.warning("history store: cannot read %s (%s); no reuse from it", path, e)
-            return _Loaded((None, None), None, {})
-        signature = (st.st_mtime_ns, st.st_size)
-        cached = self._cache.get(str(path))
-        if cached is not None and cached.signature == signature:
-            return cached
-        try:
-            table = pq.read_table(path, page_checksum_verification=True)
-            meta = table.schema.metadata or {}
-            if meta.get(b"spectail.history") != SCHEMA.metadata[b"spectail.history"]:
-                raise ValueError("not a spectail history file (schema metadata missing or of another version)")
-            missing = [n for n in SCHEMA.names if n not in table.column_names]
-            if missing:
-                raise ValueError(f"missing columns {missing}")
-            table = table.select(SCHEMA.names).cast(SCHEMA)
-            if table.num_rows and not pc.all(pc.equal(table.column("epoch"), epoch)).as_py():
-                raise ValueError(f"its epoch column does not say {epoch}")
-            keys = table.column("prompt_key").to_pylist()
-            idxs = table.column("sample_index").to_pylist()
-            rows = {(k, i): r for r, (k, i) in enumerate(zip(keys, idxs))}
+            table = read_file(self._files[step].path, step, None)
         except Exception as e:  # pyarrow raises many types for damaged files
-            logger.warning("history store: cannot read %s (%s: %s); no reuse from it", path, type(e).__name__, e)
-            table, rows = None, {}
-        loaded = _Loaded(signature, table, rows)
-        self._cache[str(path)] = loaded
-        return loaded
+            logger.warning("history store: cannot read %s (%s: %s); no reuse from it",
+                           self._files[step].path, type(e).__name__, e)
+            self._bad[step] = signature
+            return None
+        self._remember(step, signature, table)
+        return table
 
-    # -- files -----------------------------------------------------------------------------
+    def _remember(self, step: int, signature: tuple, table: pa.Table) -> None:
+        self._cache[step] = (signature, table)
+        self._cache.move_to_end(step)
+        while len(self._cache) > 1 and sum(t.nbytes for _, t in self._cache.values()) > CACHE_BYTES:
+            self._cache.popitem(last=False)
 
-    def _path(self, epoch: int) -> Path:
-        return self.root / f"epoch-{epoch:09d}.parquet"
+    # -- opening ---------------------------------------------------------------------------
 
-    def _files(self) -> list[tuple[int, Path]]:
-        files = []
+    def _open(self) -> dict[int, _File]:
+        """The files, indexed from their key columns the first time (stale temporaries removed)."""
+        if self._files is not None:
+            return self._files
+        self._files = {}
+        now = time.time()
         for entry in _scandir(self.root):
             m = _FILE_RE.match(entry.name)
             if m:
-                files.append((int(m.group(1)), Path(entry.path)))
-        files.sort()
-        live = {str(p) for _, p in files}
-        for stale in [p for p in self._cache if p not in live]:
-            del self._cache[stale]
-        return files
+                self._index_file(int(m.group(1)), Path(entry.path))
+            elif entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX):
+                try:  # a writer that died mid-write
+                    if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+        return self._files
+
+    def _index_file(self, step: int, path: Path) -> None:
+        signature = _signature(path)
+        if signature is None:
+            return
+        self._files[step] = _File(path, signature, signature[1])
+        try:
+            rows = rows_of(read_file(path, step, KEY_COLUMNS))
+        except Exception as e:  # pyarrow raises many types for damaged files
+            logger.warning("history store: cannot read %s (%s: %s); no reuse from it", path, type(e).__name__, e)
+            self._bad[step] = signature
+            rows = {}
+        self._index.put(step, rows)
 
 
-def _coerce(r: Union[HistoryRecord, Mapping], epoch: int) -> HistoryRecord:
-    if isinstance(r, HistoryRecord):
-        r = asdict(r)
-    elif not isinstance(r, Mapping):
-        raise ValueError(f"history records must be HistoryRecord or dicts, got {type(r).__name__}")
-    unknown = set(r) - set(HistoryRecord.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"history record has unknown fields {sorted(unknown)}")
+def _signature(path: Path) -> Optional[tuple]:
     try:
-        rec = HistoryRecord(**r)
-    except TypeError as e:
-        raise ValueError(f"bad history record: {e}") from None
-    if rec.epoch is not None and rec.epoch != epoch:
-        raise ValueError(f"history record says epoch {rec.epoch} but is written to epoch {epoch}")
-    seed = int(rec.seed)
-    if not (0 <= seed < 2**64):
-        raise ValueError(f"history record seed must be in [0, 2**64), got {rec.seed}")
-    if int(rec.sample_index) != rec.sample_index or rec.sample_index < 0:
-        raise ValueError(f"history record sample_index must be an integer >= 0, got {rec.sample_index}")
-    tokens = [int(t) for t in rec.token_ids]
-    logprobs = None if rec.logprobs is None else [float(x) for x in rec.logprobs]
-    if logprobs is not None and len(logprobs) != len(tokens):
-        raise ValueError(f"history record has {len(tokens)} tokens but {len(logprobs)} logprobs")
-    return HistoryRecord(
-        prompt_ids=[int(t) for t in rec.prompt_ids], sample_index=int(rec.sample_index), token_ids=tokens,
-        logprobs=logprobs, seed=seed, epoch=epoch, reward=None if rec.reward is None else float(rec.reward),
-    )
-
-
-def _record_at(table: pa.Table, row: int) -> Optional[HistoryRecord]:
-    d = {name: table.column(name)[row].as_py() for name in SCHEMA.names}
-    if d["prompt_ids"] is None or d["token_ids"] is None or d["sample_index"] is None or d["epoch"] is None:
+        st = path.stat()
+    except OSError:
         return None
-    if d["logprobs"] is not None and (len(d["logprobs"]) != len(d["token_ids"]) or None in d["logprobs"]):
-        return None
-    if None in d["prompt_ids"] or any(t is None or t < 0 for t in d["token_ids"]):
-        return None  # (a foreign writer's nulls inside a list: no such record was ever written)
-    del d["prompt_key"]
-    d["seed"] = d["seed"] or 0
-    return HistoryRecord(**d)
+    return (st.st_mtime_ns, st.st_size)
 
 
 def _scandir(root: Path):
@@ -275,13 +296,6 @@ def _scandir(root: Path):
     except OSError as e:
         logger.warning("history store: cannot list %s (%s); no reuse", root, e)
         return []
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,7 +14,7 @@ TINY_RUN = [
     "policy.embedded.sft_tokens_per_batch=512", "policy.embedded.sft_pool=512", "policy.embedded.lr=0.01",
     "policy.embedded.warmup_steps=2", "policy.embedded.num_threads=0",
     "rollout.max_tokens=24", "rollout.engine.max_model_len=64", "rollout.n=8",
-    "trainer.prompts_per_epoch=8", "trainer.lr=1e-3", "trainer.update_epochs=2", "trainer.minibatch_size=32",
+    "trainer.prompts_per_step=8", "trainer.lr=1e-3", "trainer.update_epochs=2", "trainer.minibatch_size=32",
     "output.progress=false",
 ]
 

@@ -19,17 +19,17 @@ def test_demo_yaml_is_the_code_default():
     assert load_config(None) == RunConfig()
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "grpo_parquet.yaml", "ppo.yaml", "grpo_ray.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "grpo_parquet.yaml", "ppo.yaml", "grpo_ray.yaml", "grpo_verl.yaml"])
 def test_examples_load(name):
     cfg = load_config(os.path.join(EXAMPLES, name))
     assert isinstance(cfg, RunConfig)
 
 
 def test_overrides_nested_and_typed():
-    cfg = load_config(None, ["trainer.epochs=3", "rollout.engine.spec.max_draft_tokens=16", "trainer.lr=3e-4",
+    cfg = load_config(None, ["trainer.steps=3", "rollout.engine.spec.max_draft_tokens=16", "trainer.lr=3e-4",
                              "rollout.engine.spec.proposers=[ngram]", "output.dir=somewhere",
                              "trainer.clip_eps_high=0.28"])
-    assert cfg.trainer.epochs == 3 and cfg.rollout.engine.spec.max_draft_tokens == 16
+    assert cfg.trainer.steps == 3 and cfg.rollout.engine.spec.max_draft_tokens == 16
     assert cfg.trainer.lr == pytest.approx(3e-4) and isinstance(cfg.trainer.lr, float)
     assert cfg.rollout.engine.spec.proposers == ("ngram",) and cfg.output.dir == "somewhere"
     assert cfg.rollout.engine.spec.max_draft_tokens == 16 and cfg.rollout.engine.max_batch_size == 64  # merged
@@ -50,19 +50,26 @@ def test_overrides_nested_and_typed():
 
 def test_yaml_file_with_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("trainer:\n  epochs: 2\n  lr: 1.0e-3\nrollout:\n  engine: {spec: null}\n  n: 4\n")
+    path.write_text("trainer:\n  steps: 2\n  lr: 1.0e-3\nrollout:\n  engine: {spec: null}\n  n: 4\n")
     cfg = load_config(path, ["rollout.n=2"])
-    assert (cfg.trainer.epochs, cfg.trainer.lr, cfg.rollout.engine.spec, cfg.rollout.n) == (2, 1e-3, None, 2)
+    assert (cfg.trainer.steps, cfg.trainer.lr, cfg.rollout.engine.spec, cfg.rollout.n) == (2, 1e-3, None, 2)
 
 
 @pytest.mark.parametrize("override, words", [
-    ("trainer.epoch=3", ["unknown config key 'trainer.epoch'", "did you mean 'epochs'"]),
+    ("trainer.step=3", ["unknown config key 'trainer.step'", "did you mean 'steps'"]),
+    ("trainer.epochs=3", ["'trainer.epochs' was renamed 'trainer.steps'", "pass over the data set"]),
+    ("trainer.prompts_per_epoch=3", ["'trainer.prompts_per_epoch' was renamed 'trainer.prompts_per_step'"]),
+    ("rollout.noise=per_epoch", ["'rollout.noise'", "'per_epoch' was renamed 'per_step'"]),
+    ("rollout.history.keep_epochs=2", ["'rollout.history.keep_epochs' was renamed 'rollout.history.max_age_steps'",
+                                       "max_bytes"]),
+    ("rollout.history.max_age_steps=0", ["'rollout.history.max_age_steps'", ">= 1 or null"]),
+    ("rollout.history.max_bytes=-1", ["'rollout.history.max_bytes'", ">= 0"]),
     ("rollout.engine.spec.max_draft=3", ["unknown config key 'rollout.engine.spec.max_draft'"]),
     ("nonsense.key=1", ["unknown config key 'nonsense'"]),
-    ("trainer.epochs=three", ["'trainer.epochs'", "expected int", "'three'"]),
-    ("trainer.epochs=2.5", ["'trainer.epochs'", "expected int"]),
+    ("trainer.steps=three", ["'trainer.steps'", "expected int", "'three'"]),
+    ("trainer.steps=2.5", ["'trainer.steps'", "expected int"]),
     ("rollout.temperature=true", ["'rollout.temperature'", "expected float", "bool"]),
-    ("rollout.noise=sometimes", ["'rollout.noise'", "per_sample", "per_epoch"]),
+    ("rollout.noise=sometimes", ["'rollout.noise'", "per_sample", "per_step"]),
     ("rollout.engine.spec.proposers=ngram", ["'rollout.engine.spec.proposers'", "a list of str"]),
     ("rollout.engine.spec.proposers=[ngram, 3]", ["'rollout.engine.spec.proposers[1]'", "expected str"]),
     ("rollout.engine.max_batch_size=0", ["'rollout.engine'", "max_batch_size", ">= 1"]),
@@ -72,7 +79,7 @@ def test_yaml_file_with_overrides(tmp_path):
     ("rollout.engine.spec.proposers=[magic]", ["'rollout.engine'", "unknown ['magic']"]),
     ("rollout.engine.spec.lenience=0.5", ["'rollout.engine'", "lenience", ">= 1"]),
     ("task.embedded.min_terms=1", ["task.embedded", "min_terms"]),
-    ("trainer.epochs", ["section.key=value"]),
+    ("trainer.steps", ["section.key=value"]),
 ])
 def test_bad_keys_and_values_are_named(override, words):
     with pytest.raises(ValueError) as err:
@@ -107,6 +114,6 @@ def test_bad_files(tmp_path):
 
 
 def test_apply_override_rejects_non_sections():
-    raw = {"trainer": {"epochs": 3}}
-    with pytest.raises(ValueError, match="trainer.epochs is not a section"):
-        apply_override(raw, "trainer.epochs.x=1")
+    raw = {"trainer": {"steps": 3}}
+    with pytest.raises(ValueError, match="trainer.steps is not a section"):
+        apply_override(raw, "trainer.steps.x=1")

@@ -12,7 +12,7 @@ def test_ray_backend_gives_the_local_run(tiny_run, tmp_path, capsys):
     runs = {}
     for backend in ("local", "ray"):
         out = tmp_path / backend
-        rc = cli.main(["demo", *tiny_run, f"rollout.backend={backend}", "rollout.num_workers=2", "trainer.epochs=2",
+        rc = cli.main(["demo", *tiny_run, f"rollout.backend={backend}", "rollout.num_workers=2", "trainer.steps=2",
                        "--no-compare", "output.plot=false", "--out", str(out)])
         assert rc == 0, capsys.readouterr().err
         runs[backend] = read_jsonl(out / "metrics.jsonl")

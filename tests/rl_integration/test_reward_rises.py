@@ -1,5 +1,5 @@
-"""GRPO improves the embedded task's reward: a tiny warm-started policy, seeded, eight epochs.
-(With these settings the last two epochs beat the first for each of the seeds 0-5 tried; seed 0
+"""GRPO improves the embedded task's reward: a tiny warm-started policy, seeded, eight steps.
+(With these settings the last two steps beat the first for each of the seeds 0-5 tried; seed 0
 goes from 0.125 to about 0.3.)"""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rl_integration.trainer import train
 
 
 def test_grpo_reward_rises(tiny_run, tmp_path):
-    cfg = load_config(None, tiny_run + ["trainer.epochs=8", "rollout.n=16", "trainer.seed=0",
+    cfg = load_config(None, tiny_run + ["trainer.steps=8", "rollout.n=16", "trainer.seed=0",
                                         f"output.dir={tmp_path}", "output.plot=false"])
     records = train(cfg, echo=lambda line: None)
     rewards = [r["reward_mean"] for r in records]

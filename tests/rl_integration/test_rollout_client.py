@@ -18,11 +18,12 @@ from tests.conftest import tiny_hf_model
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9, 10], [1, 11, 12, 13]]
 METRIC_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "forward_passes",
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
-                "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
+                "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean",
+                "history_found")
 
-def lookup(store, prompt_ids, sample_index, before_epoch=None):
+def lookup(store, prompt_ids, sample_index, before_step=None):
     """The store's newest record for one (prompt, sample index)."""
-    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+    return store.records_for([prompt_ids], [sample_index], before_step)[0]
 
 
 
@@ -42,7 +43,7 @@ def section(spec="demo", max_batch_size=16, **kw):
 def test_groups_seeds_and_noise_modes(model, tmp_path):
     client = RolloutClient(section(), model, seed=7, stop_token_ids=[2], history_dir=tmp_path)
     b0 = client.generate(PROMPTS)
-    assert len(b0) == 9 and b0.n == 3 and b0.num_prompts == 3 and b0.epoch == 0
+    assert len(b0) == 9 and b0.n == 3 and b0.num_prompts == 3 and b0.step == 0
     assert b0.group_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert b0.sample_index == [0, 1, 2] * 3
     assert b0.prompt_ids == [p for p in PROMPTS for _ in range(3)]
@@ -51,15 +52,15 @@ def test_groups_seeds_and_noise_modes(model, tmp_path):
     for ids, lps, reason in zip(b0.completion_ids, b0.logprobs, b0.finish_reasons):
         assert len(ids) == len(lps) >= 1 and all(lp <= 0 for lp in lps)
         assert reason in ("stop", "length")
-    client.end_epoch()
+    client.end_step()
     b1 = client.generate(PROMPTS, n=2)
-    assert b1.epoch == 1 and b1.seeds == [s for i, s in enumerate(b0.seeds) if i % 3 < 2]  # per_sample
-    # per_epoch: the epoch enters the hash, so seeds change between epochs
-    pe = RolloutClient(section(noise="per_epoch", spec=None), model, seed=7, stop_token_ids=[2])
-    s0 = pe.generate(PROMPTS, epoch=0).seeds
-    s1 = pe.generate(PROMPTS, epoch=1).seeds
+    assert b1.step == 1 and b1.seeds == [s for i, s in enumerate(b0.seeds) if i % 3 < 2]  # per_sample
+    # per_step: the step enters the hash, so seeds change between steps
+    pe = RolloutClient(section(noise="per_step", spec=None), model, seed=7, stop_token_ids=[2])
+    s0 = pe.generate(PROMPTS, step=0).seeds
+    s1 = pe.generate(PROMPTS, step=1).seeds
     assert s0 != s1 and len(set(s0) & set(s1)) == 0
-    assert pe.generate(PROMPTS, epoch=1).seeds == s1
+    assert pe.generate(PROMPTS, step=1).seeds == s1
     # caller-given identities: equal keys give equal seeds, whatever the prompt; a key repeated in
     # one call is a second group of the same prompt, whose samples go on numbering (other noise)
     ka, kb = pe.generate(PROMPTS[:1], keys=["same"]), pe.generate(PROMPTS[1:2], keys=["same"])
@@ -75,31 +76,33 @@ def test_history_reuse_is_exact_and_reuses_tokens(model, tmp_path):
     client = RolloutClient(spec, local, seed=1, stop_token_ids=[2], history_dir=tmp_path / "hist")
     plain = RolloutClient(spec, local, seed=1, stop_token_ids=[2], plain=True)
     assert plain.history is None and plain.engine_config.spec is None
-    reused = []
-    for epoch in range(3):
-        b = client.generate(PROMPTS, epoch=epoch)
-        p = plain.generate(PROMPTS, epoch=epoch)
+    reused, found = [], []
+    for step in range(3):
+        b = client.generate(PROMPTS, step=step)
+        p = plain.generate(PROMPTS, step=step)
         assert b.seeds == p.seeds
         assert b.completion_ids == p.completion_ids  # speculation never changes a token
         for x, y in zip(b.logprobs, p.logprobs):
             assert max(abs(u - v) for u, v in zip(x, y)) < 1e-4
         client.record_rewards(b, [float(i % 2) for i in range(len(b))])
-        m = client.end_epoch()
-        plain.end_epoch()
+        m = client.end_step()
+        assert m["step"] == step
+        plain.end_step()
         reused.append(m["reused_tokens"])
-        if epoch == 1:  # the policy moves a little: history still drafts, tokens still exact
+        found.append(m["history_found"])
+        if step == 1:  # the policy moves a little: history still drafts, tokens still exact
             with torch.no_grad():
                 for prm in local.parameters():
                     prm.add_(torch.randn_like(prm) * 0.02)
             client.update_weights(local)
             plain.update_weights(local)
-    assert reused[0] == 0
+    assert reused[0] == 0 and found == [0, len(b), len(b)]
     generated = sum(len(c) for c in b.completion_ids)
     assert reused[1] >= 0.8 * (generated - len(b))  # same weights, same noise: nearly all reused
     store = HistoryStore(tmp_path / "hist")
-    assert store.epochs() == [1, 2]  # keep_epochs=2
+    assert store.steps() == [2]  # every record of steps 0 and 1 has a newer one
     rec = lookup(store, PROMPTS[2], 1)
-    assert rec.epoch == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
+    assert rec.step == 2 and rec.reward == float((2 * 3 + 1) % 2) and rec.seed == b.seeds[7]
     assert rec.token_ids == b.completion_ids[7]
 
 
@@ -112,7 +115,7 @@ def test_metrics_have_the_design_names(model, tmp_path):
         assert name in b.step_stats, name
     assert b.step_stats["reward_mean"] is None
     client.record_rewards(b, [1.0] * 3 + [0.0] * 6)
-    m = client.epoch_metrics()
+    m = client.step_metrics()
     for name in METRIC_NAMES:
         assert name in m, name
     assert m["reward_mean"] == pytest.approx(1 / 3)
@@ -156,9 +159,11 @@ def test_bad_input(model, tmp_path):
         client.record_rewards(b, [1.0, 0.0])
     with pytest.raises(ValueError, match="reward of sample 4 must be a finite number"):
         client.record_rewards(b, [0.0] * 4 + [math.nan] + [0.0] * 4)
-    client.end_epoch()
-    with pytest.raises(ValueError, match="before the client's current epoch"):
-        client.generate(PROMPTS, epoch=0)
+    client.end_step()
+    with pytest.raises(ValueError, match="before the client's current step"):
+        client.generate(PROMPTS, step=0)
+    with pytest.raises(ValueError, match="step must be an integer"):
+        client.generate(PROMPTS, step=1.5)
     with pytest.raises(ValueError, match="history_dir"):
         RolloutClient(section(), model, stop_token_ids=[2])
     # a whole RunConfig works too: the history goes under output.dir
@@ -167,4 +172,4 @@ def test_bad_input(model, tmp_path):
     run.output.dir = str(tmp_path / "out")
     c = RolloutClient(run, model)
     assert c.history.root == tmp_path / "out" / "history" and c.params.stop_token_ids == (model.config.eos_token_id,)
-    assert not os.path.exists(tmp_path / "out")  # nothing is written before an epoch ends
+    assert not os.path.exists(tmp_path / "out")  # nothing is written before a step ends

@@ -21,19 +21,19 @@ DESIGN_NAMES = ("rollout_seconds", "generated_tokens", "tokens_per_second", "for
                 "accepted_per_verify", "proposed", "accepted", "reused_tokens", "spec_off_fraction",
                 "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_version", "reward_mean")
 
-def lookup(store, prompt_ids, sample_index, before_epoch=None):
+def lookup(store, prompt_ids, sample_index, before_step=None):
     """The store's newest record for one (prompt, sample index)."""
-    return store.records_for([prompt_ids], [sample_index], before_epoch)[0]
+    return store.records_for([prompt_ids], [sample_index], before_step)[0]
 
 
 
 def test_demo_end_to_end_with_compare(tiny_run, tmp_path, capsys):
     out = tmp_path / "demo"
-    rc = cli.main(["demo", *tiny_run, "trainer.epochs=2", "--compare", "--out", str(out)])
+    rc = cli.main(["demo", *tiny_run, "trainer.steps=2", "--compare", "--out", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     records = read_jsonl(out / "metrics.jsonl")
-    assert [r["epoch"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [0, 1] and [r["epoch"] for r in records] == [0, 1]
     for r in records:
         for name in DESIGN_NAMES:
             assert name in r, name
@@ -43,12 +43,12 @@ def test_demo_end_to_end_with_compare(tiny_run, tmp_path, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert (out / "config.yaml").is_file()
     assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary files left
-    assert "epoch reward" in printed and "speedup" in printed and "tokens identical in every epoch" in printed
-    assert "WARNING" not in printed  # the default noise is fresh every epoch
+    assert "step reward" in printed and "speedup" in printed and "tokens identical in every step" in printed
+    assert "WARNING" not in printed  # the default noise is fresh every step
 
 
 def test_per_sample_noise_is_warned_about(tiny_run, tmp_path, capsys):
-    rc = cli.main(["demo", *tiny_run, "trainer.epochs=2", "rollout.noise=per_sample", "--no-compare",
+    rc = cli.main(["demo", *tiny_run, "trainer.steps=2", "rollout.noise=per_sample", "--no-compare",
                    "--out", str(tmp_path / "ps")])
     printed = capsys.readouterr().out
     assert rc == 0 and "WARNING: rollout.noise=per_sample" in printed
@@ -63,13 +63,13 @@ def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, ca
     reward_helpers.SEEN.clear()
     rc = cli.main(["train", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
                                                       "grpo_parquet.yaml"),
-                   *tiny_run, "task.source=parquet", f"task.parquet.path={data}", "trainer.prompts_per_epoch=4",
-                   "task.reward=tests.rl_integration.reward_helpers:recording", "rollout.n=2", "trainer.epochs=1",
+                   *tiny_run, "task.source=parquet", f"task.parquet.path={data}", "trainer.prompts_per_step=4",
+                   "task.reward=tests.rl_integration.reward_helpers:recording", "rollout.n=2", "trainer.steps=1",
                    "output.plot=false", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     # every sample was scored against its own row's answer, and the prompts reached the engine
     assert sorted(set(a for _, a in reward_helpers.SEEN)) == sorted(set(p.answer for p in problems))
-    assert len(reward_helpers.SEEN) == 8
+    assert len(reward_helpers.SEEN) == 1 + 8  # the probe before the first rollout, then every sample
     (record,) = read_jsonl(out / "metrics.jsonl")
     assert record["num_samples"] == 8
     from transformers import AutoTokenizer
@@ -85,7 +85,7 @@ def test_parquet_data_set_round_trips_through_the_trainer(tiny_run, tmp_path, ca
 def test_ppo_runs(tiny_run, tmp_path):
     out = tmp_path / "ppo"
     rc = cli.main(["train", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "ppo.yaml"),
-                   *tiny_run, "trainer.epochs=2", "rollout.n=2", "output.plot=false", "--out", str(out)])
+                   *tiny_run, "trainer.steps=2", "rollout.n=2", "output.plot=false", "--out", str(out)])
     assert rc == 0
     records = read_jsonl(out / "metrics.jsonl")
     assert len(records) == 2 and "value_clip_fraction" in records[0]
@@ -98,14 +98,16 @@ def _run(args, capsys):
 
 def test_bad_input_fails_by_name_and_leaves_no_files(tiny_run, tmp_path, capsys):
     out = tmp_path / "bad"
-    rc, err = _run(["demo", *tiny_run, "trainer.epoch=3", "--out", str(out)], capsys)
-    assert rc == 2 and "unknown config key 'trainer.epoch'" in err
-    rc, err = _run(["demo", *tiny_run, "trainer.epochs=many", "--out", str(out)], capsys)
-    assert rc == 2 and "'trainer.epochs'" in err and "expected int" in err
+    rc, err = _run(["demo", *tiny_run, "trainer.step=3", "--out", str(out)], capsys)
+    assert rc == 2 and "unknown config key 'trainer.step'" in err
+    rc, err = _run(["demo", *tiny_run, "trainer.epochs=3", "--out", str(out)], capsys)
+    assert rc == 2 and "'trainer.epochs' was renamed 'trainer.steps'" in err
+    rc, err = _run(["demo", *tiny_run, "trainer.steps=many", "--out", str(out)], capsys)
+    assert rc == 2 and "'trainer.steps'" in err and "expected int" in err
     rc, err = _run(["demo", *tiny_run, "rollout.n=0", "--out", str(out)], capsys)
     assert rc == 2 and "'rollout.n' must be >= 1" in err
     cfg_file = tmp_path / "bad.yaml"
-    cfg_file.write_text("trainer:\n  epochs: 1\n  optimizer: adam\n")
+    cfg_file.write_text("trainer:\n  steps: 1\n  optimizer: adam\n")
     rc, err = _run(["train", "--config", str(cfg_file), "--out", str(out)], capsys)
     assert rc == 2 and "unknown config key 'trainer.optimizer'" in err
     assert not out.exists()
@@ -116,7 +118,7 @@ def test_bad_input_fails_by_name_and_leaves_no_files(tiny_run, tmp_path, capsys)
     data = tmp_path / "cols.parquet"
     pq.write_table(pa.table({"question": ["1+2=?\n"], "label": ["3"]}), data)
     rc, err = _run(["demo", *tiny_run, "task.source=parquet", f"task.parquet.path={data}",
-                    "trainer.prompts_per_epoch=1", "--out", str(out)], capsys)
+                    "trainer.prompts_per_step=1", "--out", str(out)], capsys)
     assert rc == 2 and "missing column(s) ['prompt', 'answer']" in err and "'question'" in err
     rc, err = _run(["demo", *tiny_run, "task.source=parquet", f"task.parquet.path={tmp_path / 'nope.parquet'}",
                     "--out", str(out)], capsys)
@@ -126,14 +128,19 @@ def test_bad_input_fails_by_name_and_leaves_no_files(tiny_run, tmp_path, capsys)
     # a reward function that raises, or returns a non-number: named, with the sample; an earlier
     # run's metrics.jsonl in the same folder is left exactly as it was
     out.mkdir()
-    old = json.dumps({"epoch": 0, "reward_mean": 0.5}) + "\n"
+    old = json.dumps({"step": 0, "epoch": 0, "reward_mean": 0.5}) + "\n"
     (out / "metrics.jsonl").write_text(old)
     for name, words in (("raising", "raised KeyError"), ("not_a_number", "returned '1.0'")):
         rc, err = _run(["demo", *tiny_run, f"task.reward=tests.rl_integration.reward_helpers:{name}",
-                        "trainer.epochs=1", "rollout.n=2", "--out", str(out)], capsys)
-        assert rc == 1 and f"reward_helpers:{name}" in err and words in err and "sample 0 of epoch 0" in err
+                        "trainer.steps=1", "rollout.n=2", "--out", str(out)], capsys)
+        assert rc == 2 and f"reward_helpers:{name}" in err and words in err and "before the first rollout" in err
         assert (out / "metrics.jsonl").read_text() == old
         assert sorted(os.listdir(out)) == ["metrics.jsonl"]
+    reward_helpers.CALLS["first_call_only"] = 0  # right for the probe, a string in the run: fails in step 0
+    rc, err = _run(["demo", *tiny_run, "task.reward=tests.rl_integration.reward_helpers:first_call_only",
+                    "trainer.steps=1", "rollout.n=2", "--out", str(out)], capsys)
+    assert rc == 1 and "returned '1.0'" in err and "sample 0 of step 0" in err
+    assert (out / "metrics.jsonl").read_text() == old and sorted(os.listdir(out)) == ["metrics.jsonl"]
     rc, err = _run(["demo", *tiny_run, "task.reward=tests.rl_integration.reward_helpers:missing", "--out",
                     str(out)], capsys)
     assert rc == 2 and "cannot be imported" in err

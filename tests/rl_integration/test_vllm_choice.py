@@ -95,13 +95,13 @@ def test_a_workers_python_without_vllm_or_ray_is_refused_before_any_actor(tmp_pa
             vllm_worker.check_python(sys.executable)
 
 
-def test_each_epochs_record_has_the_seconds_of_its_weight_updates():
+def test_each_steps_record_has_the_seconds_of_its_weight_updates():
     cfg = load_config(None, ["rollout.engine.spec=null", "rollout.max_tokens=4"]).rollout
     model = tiny_hf_model()
     client = RolloutClient(cfg, model, history_dir=None)
     client.generate([[1, 2, 3]], n=2)
-    assert client.epoch_metrics()["weight_update_seconds"] is None  # none yet
+    assert client.step_metrics()["weight_update_seconds"] is None  # none yet
     client.update_weights(model)
     client.update_weights(model)
-    record = client.end_epoch()
-    assert record["weight_update_seconds"] > 0 and client.epoch_metrics()["weight_update_seconds"] is None
+    record = client.end_step()
+    assert record["weight_update_seconds"] > 0 and client.step_metrics()["weight_update_seconds"] is None

@@ -14,7 +14,7 @@ from tests.rl_integration.conftest import TINY_RUN
 VLLM_RUN = TINY_RUN + [
     "policy.embedded.num_heads=1", "policy.embedded.num_kv_heads=1",
     "rollout.name=vllm", "rollout.engine.spec=null", "rollout.vllm.compile=false",
-    "trainer.epochs=2", "output.plot=false",
+    "trainer.steps=2", "output.plot=false",
 ]
 
 
@@ -54,9 +54,9 @@ def train_and_keep(cfg, monkeypatch):
 
     monkeypatch.setattr(RolloutClient, "generate", keep)
     model = load_policy(cfg, progress=False)[0]
-    weights = [copy.deepcopy(model.state_dict())]  # epoch e's rollout ran on weights[e]
+    weights = [copy.deepcopy(model.state_dict())]  # step s's rollout ran on weights[s]
     records = train(cfg, echo=lambda line: None,
-                    on_epoch_end=lambda epoch, m: weights.append(copy.deepcopy(m.state_dict())) or {})
+                    on_step_end=lambda step, m: weights.append(copy.deepcopy(m.state_dict())) or {})
     return records, batches, weights, model
 
 

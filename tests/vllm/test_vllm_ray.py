@@ -1,6 +1,6 @@
 """vLLM engines on Ray workers, behind the rollout scheduler (divided rollout, context-aware
 order, group affinity, recovery), on a local Ray of 2 CPUs:
-- the demo's GRPO for 2 epochs on 2 vLLM workers, driven from the main environment (.venv, no
+- the demo's GRPO for 2 steps on 2 vLLM workers, driven from the main environment (.venv, no
   vLLM) the way a user runs it: the workers run .venv-vllm's python (runtime_env py_executable);
 - on one shared pair of workers built as `rollout.name=vllm, rollout.backend=ray` builds them:
   chunked greedy rollouts are spectail's greedy tokens, sampled ones carry the policy's own
@@ -45,12 +45,12 @@ def test_demo_grpo_on_two_ray_vllm_workers_from_the_main_environment(vllm_run, t
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     records = read_jsonl(out / "metrics.jsonl")
-    assert [r["epoch"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [0, 1]
     for r in records:
         assert r["reward_mean"] is not None and r["num_samples"] == 64 and r["generated_tokens"] > 0
         assert r["logprob_diff"] < 1e-3  # vLLM's logprobs against the trainer's, first minibatch, mean
         assert r["weight_update_seconds"] > 0 and r["engine_steps"] > 0 and r["worker_busy_fraction"] > 0
-    assert "epoch reward" in proc.stdout
+    assert "step reward" in proc.stdout
     if python == MAIN_PYTHON:
         assert "vllm" not in subprocess.run([str(python), "-m", "pip", "list"], capture_output=True,
                                             text=True, timeout=120).stdout.split()
