@@ -97,3 +97,12 @@ test-vllm:
 
 bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m rollout.bench --peer vllm
+
+# The demo's per-step table on the vLLM engine, suffix speculation on and off (docs/guarantees.md)
+.PHONY: bench-vllm-demo gpu-vllm-demo
+bench-vllm-demo: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m rl_integration.bench_vllm_demo --out bench_results/vllm_demo_cpu.json
+
+# The same on a GPU, in under 10 minutes once .venv-vllm exists (tools/gpu-vllm-demo.sh)
+gpu-vllm-demo:
+	bash tools/gpu-vllm-demo.sh
