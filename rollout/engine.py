@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ from . import lenient, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
+from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
 from .proposers.base import Draft
@@ -65,6 +66,7 @@ class Engine:
         self.device = torch.device(config.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
+        self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), config.kept_slots)
         self.proposers = make_proposers(config.spec, model)
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
@@ -89,7 +91,9 @@ class Engine:
 
     def update_weights(self, weights) -> int:
         """A state dict, (name, tensor) pairs or a torch module, with Hugging Face names.
-        Validated as a whole before anything is copied; returns the number of tensors loaded."""
+        Validated as a whole before anything is copied; returns the number of tensors loaded.
+        Kept KV (rollout/kept_slots.py) was computed with the old weights: it is dropped first."""
+        self.kept.clear()
         if isinstance(weights, torch.nn.Module):
             weights = weights.state_dict()
         if isinstance(weights, dict):
@@ -139,9 +143,15 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
-            on_finish: Optional[Callable[[Request], None]] = None) -> RunStats:
+            on_finish: Optional[Callable[[Request], None]] = None,
+            keep: Optional[Sequence[Optional[Hashable]]] = None) -> RunStats:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
-        call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
+        call (then it is returned unfinished, to be continued anywhere: divided rollout).
+        keep: a key per request (or None): a request that pauses keeps its KV in this engine under
+        its key, and one whose key and context prefix match a kept entry resumes from it without
+        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots)."""
+        if keep is not None:
+            check_keys(keep, len(requests))
         for r in requests:
             if r.finish_reason is None:
                 r.num_cached, r.slot = 0, -1
@@ -156,6 +166,7 @@ class Engine:
             self.controller.new_run()
             if self.controller.priced and not self.controller.cost.profiled:
                 self._profile()
+        kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
@@ -163,11 +174,13 @@ class Engine:
         gc.disable()
         try:
             with threads.using(self.num_threads):
-                self.last_run = self._loop(waiting, on_finish)
+                self.last_run = self._loop(waiting, on_finish, kept)
         except BaseException:
             self._abandon(requests)
             raise
         finally:
+            if kept is not None:
+                kept.close()
             if gc_was_on:
                 gc.enable()
         return self.last_run
@@ -181,7 +194,7 @@ class Engine:
                 with contextlib.suppress(Exception):
                     p.finish(req)
 
-    def _loop(self, waiting: deque, on_finish) -> RunStats:
+    def _loop(self, waiting: deque, on_finish, kept=None) -> RunStats:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
@@ -189,6 +202,8 @@ class Engine:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
+                if kept is not None:
+                    kept.admit(req, self.cache)
                 running.append(req)
             start = time.perf_counter()
             drafting, n_fed, n_emitted = self._step(running)
@@ -197,6 +212,8 @@ class Engine:
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
+                if kept is not None and req.paused:
+                    kept.pause(req, self.cache)
                 heapq.heappush(free, req.slot)
                 req.slot = -1
                 for p in self.proposers:  # finished or paused: it leaves this engine
