@@ -144,14 +144,19 @@ class Engine:
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
             on_finish: Optional[Callable[[Request], None]] = None,
-            keep: Optional[Sequence[Optional[Hashable]]] = None) -> RunStats:
+            keep: Optional[Sequence[Optional[Hashable]]] = None, max_steps: Optional[int] = None) -> RunStats:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
         call (then it is returned unfinished, to be continued anywhere: divided rollout).
         keep: a key per request (or None): a request that pauses keeps its KV in this engine under
         its key, and one whose key and context prefix match a kept entry resumes from it without
-        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots)."""
+        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots).
+        max_steps: after this many forwards every running request pauses and those never admitted
+        are returned as they came: a chunk that keeps every slot busy to its end (more requests
+        than slots refill the slots freed inside it)."""
         if keep is not None:
             check_keys(keep, len(requests))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
         for r in requests:
             if r.finish_reason is None:
                 r.num_cached, r.slot = 0, -1
@@ -174,7 +179,7 @@ class Engine:
         gc.disable()
         try:
             with threads.using(self.num_threads):
-                self.last_run = self._loop(waiting, on_finish, kept)
+                self.last_run = self._loop(waiting, on_finish, kept, max_steps)
         except BaseException:
             self._abandon(requests)
             raise
@@ -194,7 +199,7 @@ class Engine:
                 with contextlib.suppress(Exception):
                     p.finish(req)
 
-    def _loop(self, waiting: deque, on_finish, kept=None) -> RunStats:
+    def _loop(self, waiting: deque, on_finish, kept=None, max_steps: Optional[int] = None) -> RunStats:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
@@ -210,6 +215,10 @@ class Engine:
             if self.controller is not None:
                 self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
+            if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
+                for req in running:
+                    req.budget_end = len(req.output_ids)
+                waiting.clear()
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
                 if kept is not None and req.paused:

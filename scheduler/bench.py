@@ -71,6 +71,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4, help="max_batch_size of each worker's engine")
+    ap.add_argument("--kept-slots", type=int, default=None,
+                    help="KV slots each worker keeps for paused requests (default: --batch; 0: re-prefill every chunk)")
     ap.add_argument("--chunk", type=int, default=SchedulerConfig.chunk_tokens,
                     help="tokens per request per dispatch, at least")
     ap.add_argument("--growth", type=float, default=SchedulerConfig.chunk_growth,
@@ -85,7 +87,8 @@ def main(argv=None) -> dict:
 
     vocab = 1024
     model = bench_model(vocab)
-    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64)
+    kept = args.batch if args.kept_slots is None else args.kept_slots
+    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64, kept_slots=kept)
     t = time.perf_counter()
     backend = RayRolloutBackend(model, cfg, num_workers=args.workers, num_cpus_per_worker=1,
                                 chunk_tokens=args.chunk)
@@ -116,7 +119,7 @@ def main(argv=None) -> dict:
                     runs.append(m)
                     print(f"  {mode:16s} rollout {m['rollout_seconds']:6.2f}s  tail {m['tail_seconds']:6.2f}s  "
                           f"busy {m['worker_busy_fraction']:.2f}  chunks {m['chunks']:3d}  "
-                          f"steps {m['engine_steps']:5d}  "
+                          f"steps {m['engine_steps']:5d} (most on a worker {m['max_worker_steps']:4d})  "
                           f"fed {m['fed_tokens']:6d}")
             print("  token-identical across modes and runs: True")
     finally:
@@ -127,7 +130,7 @@ def main(argv=None) -> dict:
         rs = [r for r in runs if r["mode"] == mode]
         summary[mode] = {key: statistics.mean(r[key] for r in rs)
                          for key in ("rollout_seconds", "tail_seconds", "worker_busy_fraction", "chunks",
-                                     "engine_steps", "fed_tokens")}
+                                     "engine_steps", "max_worker_steps", "fed_tokens")}
     base = summary["static"]
     per_workload = {}  # median over workloads of the per-workload cut (robust to one odd workload)
     for mode in MODES:

@@ -60,6 +60,7 @@ class SchedulerConfig:
     mode: str = "divided+context"
     chunk_tokens: int = 32  # new tokens per request per dispatch (divided modes), at least
     chunk_growth: float = 1.0  # ... and at least this times the batch's longest context
+    extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
     aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
     poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
@@ -74,6 +75,8 @@ class SchedulerConfig:
             raise ValueError(f"aging must be >= 0, got {self.aging}")
         if not self.chunk_growth >= 0:
             raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
+        if not self.extra_requests >= 0:
+            raise ValueError(f"extra_requests must be >= 0, got {self.extra_requests}")
         if not self.probe_factor >= 1:
             raise ValueError(f"probe_factor must be >= 1, got {self.probe_factor}")
         if not (self.poll_s > 0 and self.chunk_timeout_s > 0):
@@ -109,11 +112,14 @@ class RolloutScheduler:
         for i in self.reqs:
             self.probe.setdefault(self.gkey[i], i)
         self.home: dict = {}  # group -> worker index
+        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
+        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
         self.group_len: dict = {}  # group -> longest finished member
         self.skipped = {i: 0 for i in self.reqs}
         self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
         self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
         self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.worker_steps: dict = {}  # worker -> engine steps it ran
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
                        "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0}
@@ -168,8 +174,10 @@ class RolloutScheduler:
             first = results[0]  # per-call figures are repeated in every result
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
             self.counts["engine_steps"] += first.get("engine_steps", 0)
+            self.worker_steps[w] = self.worker_steps.get(w, 0) + first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
             self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
+            self._note_kept(w, ids, first.get("kept", ()))
         back, done = set(ids), 0
         for res in results:
             i = res["id"]
@@ -191,6 +199,23 @@ class RolloutScheduler:
             self.on_chunk(w, results)
         return done
 
+    def _note_kept(self, w: int, ids: list[int], kept) -> None:
+        """Worker w keeps the KV of `kept` (its report after a chunk of `ids`): what it paused now is
+        held there; what it no longer keeps (evicted, finished) is held nowhere."""
+        kept = set(kept)
+        for i in self.kept_on.get(w, set()) - kept:
+            if self.holder.get(i) == w:
+                del self.holder[i]
+        for i in ids:
+            if i in kept:
+                self.holder[i] = w
+        self.kept_on[w] = kept
+
+    def _forget_kept(self, w: int) -> None:
+        for i in self.kept_on.pop(w, set()):
+            if self.holder.get(i) == w:
+                del self.holder[i]
+
     # ---- choosing work -----------------------------------------------------------------------
 
     def _busy_workers(self) -> set:
@@ -207,8 +232,8 @@ class RolloutScheduler:
             ids = self._pick(w, len(ready), len(idle))
             if not ids:
                 continue
-            budget = self._budget(ids)
-            work = [self._item(i, budget) for i in ids]
+            steps = self._budget(w, ids)
+            work = [self._item(i, steps) for i in ids]
             try:
                 ref = self.pool.submit(w, work)
             except Exception as e:  # noqa: BLE001 -- a dead handle fails at submit on some versions
@@ -228,12 +253,18 @@ class RolloutScheduler:
             ids, self.pending = self.pending[:share], self.pending[share:]
             return ids
         in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
-        cap = min(self.pool.max_batch(w), math.ceil((len(self.pending) + in_flight) / max(1, n_ready)))
+        slots = self.pool.max_batch(w)
+        share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
         order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
         live = set(self.pool.ready())
-        local = [i for i in order if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
+        own, free = self._affinity(w, order, live)
+        local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
         mine = set(local)
-        ids = (local + [i for i in order if i not in mine])[:cap]
+        free = local + [i for i in free if i not in mine]
+        n = max(0, min(slots, share) - len(own))
+        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk
+        extra = min(int(cfg.extra_requests * slots), (len(free) - n) // max(1, n_ready))
+        ids = own + free[:n + max(0, extra)]
         chosen = set(ids)
         self.pending = [i for i in self.pending if i not in chosen]
         for i in self.pending:
@@ -246,6 +277,27 @@ class RolloutScheduler:
             elif home != w:
                 self.counts["group_moves"] += 1
         return ids
+
+    def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
+        """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
+        those it may take besides. A request kept on another live worker stays for it, unless that
+        worker keeps more of the queue than one batch of its own: moving costs a re-prefill and
+        buys nothing while the holder has a slot for it, whereas a request beyond the holder's
+        batch would wait there while w is idle, stretching the tail."""
+        own, free, theirs = [], [], {}
+        for i in order:
+            h = self.holder.get(i)
+            if h == w:
+                own.append(i)
+            elif h is None or h not in live:
+                free.append(i)
+            else:
+                theirs.setdefault(h, []).append(i)
+        slots = self.pool.max_batch(w)
+        for h, ids in theirs.items():
+            free += ids[self.pool.max_batch(h):]
+        rank = {i: n for n, i in enumerate(order)}
+        return own[:slots], sorted(free + own[slots:], key=rank.__getitem__)
 
     def _ordered(self) -> list[int]:
         """Probes first, then longest estimated remaining first, aged."""
@@ -268,17 +320,21 @@ class RolloutScheduler:
 
         return sorted(self.pending, key=key, reverse=True)
 
-    def _budget(self, ids: list[int]) -> Optional[int]:
-        """New tokens per request for this batch. Each chunk re-prefills its requests' contexts,
-        so the chunk grows with the context to keep that overhead a bounded fraction."""
+    def _budget(self, w: int, ids: list[int]) -> Optional[int]:
+        """Engine steps of this batch (each gives every running request at least one token):
+        chunk_tokens, and at least chunk_growth x the longest context the batch must prefill again
+        (one not kept on w), so that a re-prefill stays a bounded fraction of the decoding; a batch
+        that resumes from kept KV needs none."""
         cfg = self.config
         if cfg.mode == "static":
             return None
-        longest = max(len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids) for i in ids)
-        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * longest))
+        moved = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
+                 for i in ids if self.holder.get(i) != w and self.reqs[i].output_ids]
+        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(moved, default=0)))
 
-    def _item(self, i: int, budget: Optional[int]) -> dict:
-        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": budget, "request": self.reqs[i].to_wire()}
+    def _item(self, i: int, steps: Optional[int]) -> dict:
+        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": None, "max_steps": steps,
+                "request": self.reqs[i].to_wire()}
 
     # ---- failures and metrics ------------------------------------------------------------------
 
@@ -293,6 +349,7 @@ class RolloutScheduler:
         self.pending = ids + self.pending if requeue_front else self.pending + ids
         for g in [g for g, h in self.home.items() if h == w]:
             del self.home[g]
+        self._forget_kept(w)
         self.pool.fail(w, error)
 
     def _metrics(self, elapsed: float, finish_times: list[float]) -> dict:
@@ -309,6 +366,7 @@ class RolloutScheduler:
             "tail_seconds": tail_seconds(finish_times),
             "worker_busy_fraction": sum(self.busy_s.values()) / (elapsed * slots) if elapsed > 0 else 0.0,
             "worker_busy_seconds": {w: round(s, 4) for w, s in sorted(self.busy_s.items())},
+            "max_worker_steps": max(self.worker_steps.values(), default=0),
             "generated_tokens": generated,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
             "forward_passes": sum(r.forward_passes for r in reqs),
