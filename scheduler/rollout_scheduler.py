@@ -1,21 +1,33 @@
 """The long-tail scheduler: divided rollout, context-aware order, balancing, recovery.
 
-Requests run in chunks of new tokens: at least `chunk_tokens`, and at least `chunk_growth`
-times the longest context in the batch (a chunk re-prefills its requests on the worker, so
-chunks grow with the context to keep that cost a bounded fraction of the decoding). A chunk
-ends with the request paused and back in one global queue, so any worker can continue it: every
-token is a pure function of (weights, prompt, seed, position), so where and in how many pieces
-a request runs never changes a token. The scheduler holds the only copy of each request's state
-(output so far, logprobs, stats); a worker's results are applied only when its whole chunk
-comes back, so a worker that dies loses nothing but time: its requests go back to the queue as
-they were.
+Requests run in chunks. A chunk ends with the request paused and back in one global queue, so
+any worker can continue it: every token is a pure function of (weights, prompt, seed, position),
+so where and in how many pieces a request runs never changes a token. A worker whose engine has
+`kept_slots` keeps the KV of the requests it paused (rollout/kept_slots.py) and reports them with
+each chunk; a request sent back there resumes without prefill, anywhere else it prefills its
+context again. On such workers a chunk is `chunk_tokens` engine steps (Engine.run's max_steps:
+every running request pauses at the same step) and may carry requests beyond the worker's slots,
+which the engine admits as slots free inside the chunk, so no slot waits for the chunk's end. On
+workers that keep nothing a chunk is `chunk_tokens` new tokens per request. Either way a chunk
+that prefills a context again lasts at least `chunk_growth` times the longest such context, to
+keep that cost a bounded fraction of the decoding.
+
+The scheduler holds the only copy of each request's state (output so far, logprobs, stats); a
+worker's results are applied only when its whole chunk comes back, so a worker that dies loses
+nothing but time: its requests go back to the queue as they were (and prefill again elsewhere).
 
 Dispatch is asynchronous: each worker has at most one batch in flight -- as many requests as
-its engine's `max_batch_size` allows, so it batches them together -- and the loop waits on all
-of them at once (`ray.wait` with a timeout) and refills whichever worker returns first.
+its engine's `max_batch_size` allows, so it batches them together, and where it keeps KV up to
+`extra_requests` x that many more from the queue's surplus (an even share of what the other
+workers' batches leave) -- and the loop waits on all of them at once (`ray.wait` with a timeout)
+and refills whichever worker returns first.
 
 Which requests go where:
-- balance: a worker takes at most its fair share of the unfinished requests,
+- affinity: a worker first takes back (up to a batch of) the paused requests whose KV it keeps.
+  A request kept on another live worker is left for it, unless that worker keeps more of the
+  queue than one batch: moving costs one re-prefill and gains nothing while the holder has a
+  slot for it, but a request beyond the holder's batch would wait while this worker is idle;
+- balance: beyond its own, a worker takes at most its fair share of the unfinished requests,
   ceil(unfinished / live workers), so the tail is spread over every worker rather than left
   on the one that happened to return first;
 - groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
@@ -40,7 +52,10 @@ of the samples had finished to the time all had), worker_busy_fraction (time wor
 inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
 forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps,
 spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
-re-prefills included; chunks lost with a worker are not counted).
+re-prefills included; chunks lost with a worker are not counted), max_worker_steps (the most any
+one worker ran: the rollout's critical path in forwards), reprefills and reprefill_tokens (requests
+dispatched, with some output, where their KV is not kept, and their contexts: an upper bound, as
+a request carried beyond the slots and never admitted costs nothing).
 """
 from __future__ import annotations
 
@@ -122,7 +137,8 @@ class RolloutScheduler:
         self.worker_steps: dict = {}  # worker -> engine steps it ran
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0}
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "reprefills": 0,
+                       "reprefill_tokens": 0}
         idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
@@ -232,8 +248,8 @@ class RolloutScheduler:
             ids = self._pick(w, len(ready), len(idle))
             if not ids:
                 continue
-            steps = self._budget(w, ids)
-            work = [self._item(i, steps) for i in ids]
+            budget = self._budget(w, ids)
+            work = [self._item(i, budget, self._keeps(w)) for i in ids]
             try:
                 ref = self.pool.submit(w, work)
             except Exception as e:  # noqa: BLE001 -- a dead handle fails at submit on some versions
@@ -262,14 +278,19 @@ class RolloutScheduler:
         mine = set(local)
         free = local + [i for i in free if i not in mine]
         n = max(0, min(slots, share) - len(own))
-        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk
-        extra = min(int(cfg.extra_requests * slots), (len(free) - n) // max(1, n_ready))
+        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
+        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
+        extra = min(int(cfg.extra_requests * slots), (len(free) - n) // max(1, n_ready)) if self._keeps(w) else 0
         ids = own + free[:n + max(0, extra)]
         chosen = set(ids)
         self.pending = [i for i in self.pending if i not in chosen]
         for i in self.pending:
             self.skipped[i] += 1
         for i in ids:
+            r = self.reqs[i]
+            if r.output_ids and (self.holder.get(i) != w or not self._keeps(w)):  # prefilled again there
+                self.counts["reprefills"] += 1
+                self.counts["reprefill_tokens"] += len(r.prompt_ids) + len(r.output_ids) - 1
             g = self.gkey[i]
             home = self.home.get(g)
             if home is None or home not in live:
@@ -320,21 +341,27 @@ class RolloutScheduler:
 
         return sorted(self.pending, key=key, reverse=True)
 
+    def _keeps(self, w: int) -> bool:
+        """Whether worker w's engine keeps paused requests' KV (EngineConfig.kept_slots)."""
+        return getattr(self.pool, "info", {}).get(w, {}).get("kept_slots", 0) > 0
+
     def _budget(self, w: int, ids: list[int]) -> Optional[int]:
-        """Engine steps of this batch (each gives every running request at least one token):
-        chunk_tokens, and at least chunk_growth x the longest context the batch must prefill again
-        (one not kept on w), so that a re-prefill stays a bounded fraction of the decoding; a batch
-        that resumes from kept KV needs none."""
+        """The chunk: chunk_tokens, and at least chunk_growth x the longest context the batch
+        prefills again, so that a re-prefill stays a bounded fraction of the decoding. On a worker
+        that keeps KV only requests moved to it (or evicted there) prefill again, and the chunk is
+        counted in engine steps (each gives every running request at least one token); elsewhere
+        every request prefills again and the chunk is new tokens per request."""
         cfg = self.config
         if cfg.mode == "static":
             return None
-        moved = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
-                 for i in ids if self.holder.get(i) != w and self.reqs[i].output_ids]
-        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(moved, default=0)))
+        keeps = self._keeps(w)
+        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
+                 for i in ids if not keeps or (self.holder.get(i) != w and self.reqs[i].output_ids)]
+        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(again, default=0)))
 
-    def _item(self, i: int, steps: Optional[int]) -> dict:
-        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": None, "max_steps": steps,
-                "request": self.reqs[i].to_wire()}
+    def _item(self, i: int, budget: Optional[int], keeps: bool) -> dict:
+        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": None if keeps else budget,
+                "max_steps": budget if keeps else None, "request": self.reqs[i].to_wire()}
 
     # ---- failures and metrics ------------------------------------------------------------------
 

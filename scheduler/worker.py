@@ -57,7 +57,8 @@ class RolloutWorker:
         return {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(),
                 "vocab_size": self.engine.vocab_size, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": cfg.max_model_len, "device": cfg.device,
-                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks}
+                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks,
+                "kept_slots": cfg.kept_slots}
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
