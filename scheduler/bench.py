@@ -9,14 +9,19 @@ length only from the group's probe, as it would in real RL.
 All three modes run on the same Ray workers in one process, one after another, on the same
 requests (same seeds), so their outputs must be token-identical -- the benchmark checks it.
 
-    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4]
-                              [--chunk 32] [--workloads 3] [--out bench_results/scheduler.json]
+    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots 4]
+                              [--chunk 32] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
+                              [--out bench_results/scheduler.json]
 
+Each round runs every workload in the three modes back to back, in alternating order; the table
+gives per-rollout seconds (summed over the workloads of a round, min and median over rounds).
 tail_seconds is the time from 90% of the samples finished to 100%. `steps` (target forwards, all
-workers) and `fed tok` (tokens fed to them) measure the work each mode did, which a busy shared
-machine does not blur: the divided modes do more of it, because each chunk re-prefills its
-requests and a slot freed inside a chunk stays empty until the chunk ends (the engine keeps no
-KV cache between runs). The machine's load is saved with the results.
+workers), `most/w` (the most forwards one worker ran: the critical path) and `fed tok` (tokens
+fed to them) measure the work each mode did, which a busy shared machine does not blur. With
+`--kept-slots 0` the workers keep no KV, and every chunk re-prefills its requests (the divided
+modes then feed far more tokens than static). The machine's load is printed and saved with the
+results: on a 2-core machine shared with other jobs the seconds move from run to run, so only
+the modes of one run are compared.
 """
 from __future__ import annotations
 

@@ -24,9 +24,10 @@ and refills whichever worker returns first.
 
 Which requests go where:
 - affinity: a worker first takes back (up to a batch of) the paused requests whose KV it keeps.
-  A request kept on another live worker is left for it, unless that worker keeps more of the
-  queue than one batch: moving costs one re-prefill and gains nothing while the holder has a
-  slot for it, but a request beyond the holder's batch would wait while this worker is idle;
+  A request kept on another live worker is left for it while that worker is idle and keeps no
+  more of the queue than one batch: moving costs one re-prefill and gains nothing while the
+  holder has a slot for it, but a request beyond the holder's batch, or one whose holder is busy
+  with a chunk, would wait while this worker has a free slot;
 - balance: beyond its own, a worker takes at most its fair share of the unfinished requests,
   ceil(unfinished / live workers), so the tail is spread over every worker rather than left
   on the one that happened to return first;
@@ -301,10 +302,11 @@ class RolloutScheduler:
 
     def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
         """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
-        those it may take besides. A request kept on another live worker stays for it, unless that
-        worker keeps more of the queue than one batch of its own: moving costs a re-prefill and
-        buys nothing while the holder has a slot for it, whereas a request beyond the holder's
-        batch would wait there while w is idle, stretching the tail."""
+        those it may take besides. A request kept on another live worker stays for it while that
+        worker is idle (it is dispatched next) and keeps no more of the queue than one batch: moving
+        costs a re-prefill and buys nothing while the holder has a slot for it, whereas a request
+        beyond the holder's batch, or held by a worker busy with a chunk, would wait while w has a
+        free slot, stretching the tail."""
         own, free, theirs = [], [], {}
         for i in order:
             h = self.holder.get(i)
@@ -314,9 +316,9 @@ class RolloutScheduler:
                 free.append(i)
             else:
                 theirs.setdefault(h, []).append(i)
-        slots = self.pool.max_batch(w)
+        slots, busy = self.pool.max_batch(w), self._busy_workers()
         for h, ids in theirs.items():
-            free += ids[self.pool.max_batch(h):]
+            free += ids[0 if h in busy else self.pool.max_batch(h):]
         rank = {i: n for n, i in enumerate(order)}
         return own[:slots], sorted(free + own[slots:], key=rank.__getitem__)
 

@@ -27,7 +27,7 @@ class Pool:
 
 def scheduler(pool, holder=None, contexts=()):
     s = RolloutScheduler(pool, SchedulerConfig(chunk_tokens=8, chunk_growth=1.0))
-    s.holder, s.kept_on = dict(holder or {}), {}
+    s.holder, s.kept_on, s.inflight = dict(holder or {}), {}, {}
     s.reqs = dict(enumerate(make_requests(VOCAB, 96, [[1] * p for p, _ in contexts], SamplingParams(max_tokens=50),
                                           outputs=[[2] * o for _, o in contexts])))
     return s
@@ -39,6 +39,9 @@ def test_a_worker_takes_back_its_own_first_and_leaves_a_live_holders_requests():
     assert own == [0, 5]  # its own, in priority order, one batch of them
     assert free == [3, 4, 6]  # 1 and 2 stay for worker 1; 3 is beyond its batch; 6 beyond ours
     own, free = s._affinity(0, [1, 2, 3, 4], live={0})  # worker 1 is gone: its requests are free
+    assert own == [] and free == [1, 2, 3, 4]
+    s.inflight = {"ref": (1, [7, 8], 0.0)}  # worker 1 is busy with a chunk: they would wait for it
+    own, free = s._affinity(0, [1, 2, 3, 4], live={0, 1})
     assert own == [] and free == [1, 2, 3, 4]
 
 
