@@ -115,6 +115,38 @@ def test_a_key_whose_context_differs_is_not_reused(hf):
     assert c.output_ids == ref[0]
 
 
+def test_a_step_limit_pauses_what_runs_and_returns_what_waits(hf):
+    """max_steps: the chunk of a worker given more requests than slots. Every context is fed once
+    over all the runs (each resumes from its kept KV), and the tokens are the plain engine's."""
+    prompts, _, seeds, groups = workload(n=6, seed=17)
+    params = SamplingParams(temperature=1.0, max_tokens=30)
+    ref = [o.token_ids for o in engine(hf, max_batch_size=6).generate(prompts, params, seeds=seeds)]
+    eng = engine(hf, max_batch_size=2, kept_slots=2, spec=SPEC)
+    reqs = eng.make_requests(prompts, params, seeds=seeds, groups=groups)
+    keys = list(range(6))
+    eng.run(reqs, keep=keys, max_steps=5)
+    assert [len(r.output_ids) >= 5 for r in reqs] == [True, True, False, False, False, False]
+    assert [r.output_ids for r in reqs[2:]] == [[]] * 4  # never admitted: as they came
+    exact = engine(hf, max_batch_size=2, kept_slots=6)  # no drafts, room for every pause: fed is exact
+    again = exact.make_requests(prompts, params, seeds=seeds)
+    fed = 0
+    while any(r.finish_reason is None for r in reqs + again):
+        eng.run(reqs, keep=keys, max_steps=5)
+        fed += exact.run(again, keep=keys, max_steps=5).fed_tokens
+    assert [r.output_ids for r in reqs] == ref and [r.output_ids for r in again] == ref
+    assert fed == sum(len(p) + len(o) - 1 for p, o in zip(prompts, ref))  # each context fed once
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_max_steps_must_be_a_count(hf, bad):
+    eng = engine(hf, max_batch_size=2)
+    reqs = eng.make_requests([[1, 2]], SamplingParams(max_tokens=4), seeds=[0])
+    with pytest.raises(ValueError, match="max_steps"):
+        eng.run(reqs, max_steps=bad)
+    eng.run(reqs)
+    assert len(reqs[0].output_ids) == 4
+
+
 @pytest.mark.parametrize("keep,match", [(["a"], "one key"), ([["x"], None], "hashable"), (["a", "a"], "twice"),
                                         ("ab", "sequence")])
 def test_bad_keys_are_rejected_and_the_engine_stays_usable(hf, keep, match):
