@@ -66,8 +66,11 @@ class Engine:
         self.device = torch.device(config.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
-        self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), config.kept_slots)
         self.proposers = make_proposers(config.spec, model)
+        # A proposer that reads the hidden states of a request's whole context (a draft head) would
+        # find none for a request resumed from kept KV: such an engine keeps none.
+        kept = 0 if any(getattr(p, "wants_hidden", False) for p in self.proposers) else config.kept_slots
+        self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None

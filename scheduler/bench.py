@@ -14,7 +14,9 @@ requests (same seeds), so their outputs must be token-identical -- the benchmark
                               [--out bench_results/scheduler.json]
 
 Each round runs every workload in the three modes back to back, in alternating order; the table
-gives per-rollout seconds (summed over the workloads of a round, min and median over rounds).
+gives per-rollout seconds (summed over the workloads of a round, min and median over rounds),
+their ratio to static's (x static, from the medians) and the median over workloads and rounds of
+each run's ratio to static's run of the same workload in the same round (paired).
 tail_seconds is the time from 90% of the samples finished to 100%. `steps` (target forwards, all
 workers), `most/w` (the most forwards one worker ran: the critical path) and `fed tok` (tokens
 fed to them) measure the work each mode did, which a busy shared machine does not blur. With
@@ -155,8 +157,10 @@ def run_rounds(backend, args, vocab: int) -> list[dict]:
 
 def summarize(runs: list[dict], args) -> dict:
     """Per mode: rollout and tail seconds summed over the workloads of a round, min and median over
-    rounds; the tail cut against static from the medians and per workload; the work (steps, the
-    most steps one worker ran, fed tokens) per rollout."""
+    rounds; the rollout seconds over static's run of the same workload and round (median of these
+    ratios: a load spike on the shared machine moves one pair, not the figure); the tail cut against
+    static from the medians and per workload; the work (steps, the most steps one worker ran, fed
+    tokens) per rollout."""
     def total(mode, rnd, key):
         return sum(r[key] for r in runs if r["mode"] == mode and r["round"] == rnd)
 
@@ -178,6 +182,10 @@ def summarize(runs: list[dict], args) -> dict:
         s = summary[mode]
         s["rollout_vs_static_median"] = s["rollout_seconds_median"] / base["rollout_seconds_median"]
         s["rollout_vs_static_min"] = s["rollout_seconds_min"] / base["rollout_seconds_min"]
+        s["paired_rollout_ratios"] = [r["rollout_seconds"] / b["rollout_seconds"] for r in runs if r["mode"] == mode
+                                      for b in runs if b["mode"] == "static" and (b["workload"], b["round"]) ==
+                                      (r["workload"], r["round"])]
+        s["paired_rollout_ratio_median"] = statistics.median(s["paired_rollout_ratios"])
         s["tail_cut_vs_static"] = 1 - s["tail_seconds_median"] / base["tail_seconds_median"]
         s["workload_tail_cuts"] = [1 - per_workload(mode, k, "tail_seconds") / per_workload("static", k, "tail_seconds")
                                    for k in range(args.workloads)]
@@ -185,12 +193,12 @@ def summarize(runs: list[dict], args) -> dict:
     print(f"\nper rollout, over {args.workloads} workloads x {args.rounds} rounds ({args.prompts} prompts x "
           f"{args.samples} samples, {args.workers} workers, max_batch_size {args.batch}, chunk >= {args.chunk}, "
           f"growth {args.growth}, extra {args.extra}); seconds: min / median over rounds")
-    print(f"{'mode':17s}{'rollout_s':>13s}{'x static':>10s}{'tail_s':>12s}{'tail cut':>10s}{'median cut':>12s}"
+    print(f"{'mode':17s}{'rollout_s':>13s}{'x static':>10s}{'paired':>8s}{'tail_s':>12s}{'tail cut':>10s}{'median cut':>12s}"
           f"{'busy':>6s}{'steps':>7s}{'most/w':>8s}{'fed tok':>9s}")
     for mode in MODES:
         s = summary[mode]
         print(f"{mode:17s}{s['rollout_seconds_min']:6.2f} /{s['rollout_seconds_median']:5.2f}"
-              f"{s['rollout_vs_static_median']:10.2f}{s['tail_seconds_min']:5.2f} /{s['tail_seconds_median']:5.2f}"
+              f"{s['rollout_vs_static_median']:10.2f}{s['paired_rollout_ratio_median']:8.2f}{s['tail_seconds_min']:5.2f} /{s['tail_seconds_median']:5.2f}"
               f"{s['tail_cut_vs_static']:10.0%}{s['median_workload_tail_cut']:12.0%}{s['worker_busy_fraction']:6.2f}"
               f"{s['engine_steps']:7.0f}{s['max_worker_steps']:8.0f}{s['fed_tokens']:9.0f}")
     return summary

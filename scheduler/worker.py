@@ -58,7 +58,7 @@ class RolloutWorker:
                 "vocab_size": self.engine.vocab_size, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": cfg.max_model_len, "device": cfg.device,
                 "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks,
-                "kept_slots": cfg.kept_slots}
+                "kept_slots": self.engine.kept.capacity}
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
