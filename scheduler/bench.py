@@ -190,18 +190,23 @@ def summarize(runs: list[dict], args) -> dict:
         s["workload_tail_cuts"] = [1 - per_workload(mode, k, "tail_seconds") / per_workload("static", k, "tail_seconds")
                                    for k in range(args.workloads)]
         s["median_workload_tail_cut"] = statistics.median(s["workload_tail_cuts"])
+    print_table(summary, args)
+    return summary
+
+
+def print_table(summary: dict, args) -> None:
     print(f"\nper rollout, over {args.workloads} workloads x {args.rounds} rounds ({args.prompts} prompts x "
           f"{args.samples} samples, {args.workers} workers, max_batch_size {args.batch}, chunk >= {args.chunk}, "
           f"growth {args.growth}, extra {args.extra}); seconds: min / median over rounds")
-    print(f"{'mode':17s}{'rollout_s':>13s}{'x static':>10s}{'paired':>8s}{'tail_s':>12s}{'tail cut':>10s}{'median cut':>12s}"
-          f"{'busy':>6s}{'steps':>7s}{'most/w':>8s}{'fed tok':>9s}")
+    print(f"{'mode':17s}{'rollout_s':>13s}{'x static':>10s}{'paired':>8s}{'tail_s':>12s}{'tail cut':>10s}"
+          f"{'median cut':>12s}{'busy':>6s}{'steps':>7s}{'most/w':>8s}{'fed tok':>9s}")
     for mode in MODES:
         s = summary[mode]
         print(f"{mode:17s}{s['rollout_seconds_min']:6.2f} /{s['rollout_seconds_median']:5.2f}"
-              f"{s['rollout_vs_static_median']:10.2f}{s['paired_rollout_ratio_median']:8.2f}{s['tail_seconds_min']:5.2f} /{s['tail_seconds_median']:5.2f}"
+              f"{s['rollout_vs_static_median']:10.2f}{s['paired_rollout_ratio_median']:8.2f}"
+              f"{s['tail_seconds_min']:5.2f} /{s['tail_seconds_median']:5.2f}"
               f"{s['tail_cut_vs_static']:10.0%}{s['median_workload_tail_cut']:12.0%}{s['worker_busy_fraction']:6.2f}"
               f"{s['engine_steps']:7.0f}{s['max_worker_steps']:8.0f}{s['fed_tokens']:9.0f}")
-    return summary
 
 
 if __name__ == "__main__":
