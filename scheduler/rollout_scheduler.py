@@ -269,20 +269,8 @@ class RolloutScheduler:
             share = math.ceil(len(self.pending) / max(1, n_idle))
             ids, self.pending = self.pending[:share], self.pending[share:]
             return ids
-        in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
-        slots = self.pool.max_batch(w)
-        share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
-        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
         live = set(self.pool.ready())
-        own, free = self._affinity(w, order, live)
-        local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
-        mine = set(local)
-        free = local + [i for i in free if i not in mine]
-        n = max(0, min(slots, share) - len(own))
-        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
-        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
-        extra = min(int(cfg.extra_requests * slots), (len(free) - n) // max(1, n_ready)) if self._keeps(w) else 0
-        ids = own + free[:n + max(0, extra)]
+        ids = self._choose(w, n_ready, live)
         chosen = set(ids)
         self.pending = [i for i in self.pending if i not in chosen]
         for i in self.pending:
@@ -299,6 +287,26 @@ class RolloutScheduler:
             elif home != w:
                 self.counts["group_moves"] += 1
         return ids
+
+    def _choose(self, w: int, n_ready: int, live: set) -> list[int]:
+        """The requests of w's next batch: its own (whose KV it keeps) first, then its groups', then
+        others', each in the queue's order. Its own go first even before a more urgent one: one
+        left waiting would be taken by another worker while this one is busy, and prefilled again
+        there (and a chunk that prefills long contexts again grows with them)."""
+        cfg = self.config
+        in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
+        slots = self.pool.max_batch(w)
+        share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
+        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
+        own, free = self._affinity(w, order, live)
+        local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
+        mine = set(local)
+        cands = own + local + [i for i in free if i not in mine]
+        n = min(slots, max(share, len(own)))
+        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
+        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
+        extra = min(int(cfg.extra_requests * slots), (len(cands) - n) // max(1, n_ready)) if self._keeps(w) else 0
+        return cands[:n + max(0, extra)]
 
     def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
         """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
