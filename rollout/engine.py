@@ -242,7 +242,8 @@ class Engine:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
         rows, batch = self._plan(running, plan)
         logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits)
+        drafting = plan is not None and plan.drafts
+        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits, drafting)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
@@ -272,7 +273,7 @@ class Engine:
             budget -= len(tokens)
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor) -> int:
+    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted."""
         tokens, logprobs = self._sample(rows, logits)
@@ -287,11 +288,12 @@ class Engine:
                 req.forward_passes += 1
             n = len(row.draft_tokens) + 1
             emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                    logprobs[row.first_logit:row.first_logit + n])
+                                    logprobs[row.first_logit:row.first_logit + n], drafting)
         return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> int:
-        """ys, lps: the exact samples at the row's last fed token and at each draft token."""
+    def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
+        """ys, lps: the exact samples at the row's last fed token and at each draft token;
+        drafting: whether the step's budget let any proposer draft."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -309,6 +311,8 @@ class Engine:
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
+            if mine is None and p.catches_up and not drafting:
+                continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
 

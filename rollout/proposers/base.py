@@ -44,11 +44,15 @@ class Proposer:
     prior: the acceptance rate the controller assumes before it has seen any of its drafts.
     wants_lookahead: the engine keeps the target's samples past a rejected draft token on the
         request (`req.lookahead`) only when some proposer reads them.
+    catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
+        which `propose` and `finish` do too; the engine then skips it in steps that draft nothing,
+        so a budget that has switched speculation off costs no bookkeeping per token.
     """
 
     name = "base"
     prior = 0.5
     wants_lookahead = False
+    catches_up = False
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:
         """Up to k tokens that would follow req.prompt_ids + req.output_ids, or None.
