@@ -175,6 +175,9 @@ class EngineConfig:
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
     num_threads: torch intra-op threads while the engine runs on a CPU; None picks them by model
         size and the cores this process may use (rollout/threads.py).
+    kept_slots: KV slots beyond max_batch_size that hold paused requests' KV between runs, so a
+        request continued on the same engine is not prefilled again (rollout/kept_slots.py; the
+        Ray workers of a divided rollout use them); 0 keeps none.
     """
 
     max_batch_size: int = 64
@@ -184,6 +187,7 @@ class EngineConfig:
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
     num_threads: Optional[int] = None
+    kept_slots: int = 0
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -200,6 +204,8 @@ class EngineConfig:
         if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
             raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
                              f"got {self.num_threads!r}")
+        if isinstance(self.kept_slots, bool) or not (isinstance(self.kept_slots, int) and self.kept_slots >= 0):
+            raise ValueError(f"EngineConfig.kept_slots must be an integer >= 0, got {self.kept_slots!r}")
         torch_dtype(self.dtype)
         if self.spec is not None:
             self.spec.validate()

@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ from . import lenient, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
+from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
 from .proposers.base import Draft, HiddenSpan
@@ -68,6 +69,10 @@ class Engine:
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)
         self.weights_version = 0
+        # A proposer that reads the hidden states of a request's whole context (a draft head) would
+        # find none for a request resumed from kept KV: such an engine keeps none.
+        kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
+        self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
@@ -91,7 +96,9 @@ class Engine:
 
     def update_weights(self, weights) -> int:
         """A state dict, (name, tensor) pairs or a torch module, with Hugging Face names.
-        Validated as a whole before anything is copied; returns the number of tensors loaded."""
+        Validated as a whole before anything is copied; returns the number of tensors loaded.
+        Kept KV (rollout/kept_slots.py) was computed with the old weights: it is dropped first."""
+        self.kept.clear()
         if isinstance(weights, torch.nn.Module):
             weights = weights.state_dict()
         if isinstance(weights, dict):
@@ -145,9 +152,20 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
-            on_finish: Optional[Callable[[Request], None]] = None) -> RunStats:
+            on_finish: Optional[Callable[[Request], None]] = None,
+            keep: Optional[Sequence[Optional[Hashable]]] = None, max_steps: Optional[int] = None) -> RunStats:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
-        call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
+        call (then it is returned unfinished, to be continued anywhere: divided rollout).
+        keep: a key per request (or None): a request that pauses keeps its KV in this engine under
+        its key, and one whose key and context prefix match a kept entry resumes from it without
+        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots).
+        max_steps: after this many forwards every running request pauses and those never admitted
+        are returned as they came: a chunk that keeps every slot busy to its end (more requests
+        than slots refill the slots freed inside it)."""
+        if keep is not None:
+            check_keys(keep, len(requests))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
         for r in requests:
             if r.finish_reason is None:
                 r.num_cached, r.slot = 0, -1
@@ -162,6 +180,7 @@ class Engine:
             self.controller.new_run()
             if self.controller.priced and not self.controller.cost.profiled:
                 self._profile()
+        kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
@@ -169,11 +188,13 @@ class Engine:
         gc.disable()
         try:
             with threads.using(self.num_threads):
-                self.last_run = self._loop(waiting, on_finish)
+                self.last_run = self._loop(waiting, on_finish, kept, max_steps)
         except BaseException:
             self._abandon(requests)
             raise
         finally:
+            if kept is not None:
+                kept.close()
             if gc_was_on:
                 gc.enable()
         return self.last_run
@@ -187,7 +208,7 @@ class Engine:
                     p.finish(req)
             req.slot = -1
 
-    def _loop(self, waiting: deque, on_finish) -> RunStats:
+    def _loop(self, waiting: deque, on_finish, kept=None, max_steps: Optional[int] = None) -> RunStats:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
@@ -195,16 +216,24 @@ class Engine:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
+                if kept is not None:
+                    kept.admit(req, self.cache)
                 running.append(req)
             start = time.perf_counter()
             drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
                 self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
+            if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
+                for req in running:
+                    req.budget_end = len(req.output_ids)
+                waiting.clear()
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
                 for p in self.proposers:  # finished or paused: it leaves this engine (its slot still held)
                     p.finish(req)
+                if kept is not None and req.paused:
+                    kept.pause(req, self.cache)
                 heapq.heappush(free, req.slot)
                 req.slot = -1
                 if req.finish_reason and on_finish is not None:
