@@ -1,12 +1,18 @@
-"""Offline drafter benchmark on the demo's policy: warm start, simulated acceptance, head cost.
+"""Drafter benchmarks on the demo's policy.
 
+    python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
+                                       step 0 and step 1), bench_results/drafter_engine.json
+    python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
+                                       (imported only for this: scheduler sits above drafter)
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
                             [--kinds attention,mlp] [--out bench_results/drafter_offline.json]
 
-1. Samples a training rollout (prompts x samples at T = 1, epoch-0 seeds) with spectail's Engine
+The offline benchmark:
+
+1. Samples a training rollout (prompts x samples at T = 1, step-0 seeds) with spectail's Engine
    from the demo's warm-started policy (trained on first use, then cached under ~/.cache/spectail).
 2. Warm-starts a head of each kind on it (drafter.warm_start) within the training budget.
-3. Samples a fresh rollout (the same prompts, epoch-1 seeds; and new prompts) and measures the
+3. Samples a fresh rollout (the same prompts, step-1 seeds; and new prompts) and measures the
    exact simulated acceptance of each head on it (drafter.simulate), k = 1..8.
 4. Times one draft position of the head for a batch of 64 requests (a batched head forward plus
    the coupled sample, as drafter.draft runs it) against one engine decode step of the policy at
@@ -52,13 +58,13 @@ def demo_policy():
     return model, tok, folder, make_problems, TaskConfig
 
 
-def sample_rollouts(engine: Engine, prompts: list[list[int]], samples: int, epoch: int, eos: int) -> list[SavedRollout]:
+def sample_rollouts(engine: Engine, prompts: list[list[int]], samples: int, step: int, eos: int) -> list[SavedRollout]:
     params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[eos])
     ids, seeds, groups = [], [], []
     for g, p in enumerate(prompts):
         for i in range(samples):
             ids.append(p)
-            seeds.append(sample_seed(RUN_SEED, prompt_key(p), i, epoch))
+            seeds.append(sample_seed(RUN_SEED, prompt_key(p), i, step))
             groups.append(g)
     outs = engine.generate(ids, params, seeds=seeds, groups=groups)
     return [SavedRollout(p, o.token_ids, o.seed, 1.0, 0, 1.0) for p, o in zip(ids, outs)]
@@ -70,13 +76,14 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     coupled sample), both at `batch` requests with `ctx` tokens of context, interleaved; seconds
     (min, median). A verify step with 4 drafts per request is timed too, for reference."""
     device = policy.lm_head.weight.device
-    cache, head_cache = policy.new_cache(batch, ctx + 8), head.new_cache(batch, ctx + 8)
+    cache, head_cache = policy.new_cache(batch, ctx + 8), head.new_cache(batch, ctx + 8, max_draft=8)
     rows = [(i, ctx, [5 + i % 50]) for i in range(batch)]
     verify_rows = [(i, ctx, [5 + i % 50] * 5) for i in range(batch)]
     seeds = torch.arange(batch, dtype=torch.int64)
     temp, top_k, top_p = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
     feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
     chains = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 1) for i in range(batch)]
+    chains8 = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 8) for i in range(batch)]
 
     def sync():
         if device.type == "cuda":
@@ -95,11 +102,16 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
         sync()
 
     def head_step():
-        draft_chains(head, policy, head_cache, chains)
+        draft_chains(head, policy, head_cache, chains, margins=True)
         sync()
 
-    times = {"engine_step": [], "head_step": [], "engine_verify_step": []}
-    steps = (("engine_step", engine_step), ("head_step", head_step), ("engine_verify_step", verify_step))
+    def head_chain8():  # eight positions per call: the cost of a position within a chain
+        draft_chains(head, policy, head_cache, chains8, margins=True)
+        sync()
+
+    times = {"engine_step": [], "head_step": [], "engine_verify_step": [], "head_chain8": []}
+    steps = (("engine_step", engine_step), ("head_step", head_step), ("engine_verify_step", verify_step),
+             ("head_chain8", head_chain8))
     with threads.using(1):
         for _ in range(3):
             for _, fn in steps:
@@ -112,6 +124,8 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     out = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
     out["ratio_median"] = out["head_step"]["median_s"] / out["engine_step"]["median_s"]
     out["ratio_min"] = out["head_step"]["min_s"] / out["engine_step"]["min_s"]
+    out["position_in_chain_ratio_median"] = out["head_chain8"]["median_s"] / 8 / out["engine_step"]["median_s"]
+    out["position_in_chain_ratio_min"] = out["head_chain8"]["min_s"] / 8 / out["engine_step"]["min_s"]
     out.update(batch=batch, context=ctx, reps=reps)
     return out
 
@@ -137,7 +151,9 @@ def offline(args) -> dict:
               "train_tokens": sum(len(r.token_ids) for r in train_rolls),
               "response_len": {"median": lengths[len(lengths) // 2], "max": lengths[-1]}, "heads": {}}
     for kind in args.kinds:
-        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind),
+        shape = dict(window=args.window, intermediate_size=args.intermediate, num_heads=args.heads,
+                     num_kv_heads=args.kv_heads)
+        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, **shape),
                                      TrainConfig(decay="cosine", num_threads=args.threads),
                                      time_budget_s=args.train_seconds, max_steps=args.train_steps)
         head.eval()
@@ -160,21 +176,45 @@ def offline(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--offline", action="store_true", help="the offline benchmark (the only mode so far)")
+    ap.add_argument("--offline", action="store_true", help="the offline benchmark (warm start, simulation)")
+    ap.add_argument("--ray", action="store_true", help="the Ray spot trainer's benchmark")
+    ap.add_argument("--reps", type=int, default=None, help="interleaved runs per engine (engine mode; default 2) "
+                    "or timed repetitions of the head's step (offline; default 30)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--train-seconds", type=float, default=120.0)
     ap.add_argument("--train-steps", type=int, default=None, help="stop training after this many steps")
     ap.add_argument("--kinds", default="attention,mlp")
+    ap.add_argument("--window", type=int, default=None, help="the attention head's window (default: none)")
+    ap.add_argument("--intermediate", type=int, default=None, help="the head's feed-forward size")
+    ap.add_argument("--heads", type=int, default=None, help="the head's attention heads (default: the policy's)")
+    ap.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--out", default="bench_results/drafter_offline.json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
+                    help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
+    ap.add_argument("--out", default=None)
+    args, rest = ap.parse_known_args(argv)
+    if args.ray:
+        from scheduler.bench_drafter import main as ray_main
+
+        return ray_main(rest + (["--reps", str(args.reps)] if args.reps else [])
+                        + (["--out", args.out] if args.out else []))
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     args.kinds = [k for k in args.kinds.split(",") if k]
-    if not args.offline:
-        ap.error("only --offline exists yet (the engine benchmarks come with the drafter proposer)")
-    result = offline(args)
+    if args.offline:
+        args.reps = args.reps or 30
+        args.out = args.out or "bench_results/drafter_offline.json"
+        result = offline(args)
+    else:
+        from .bench_engine import engine_bench, ratios
+
+        args.reps, args.reps_cost, args.train_seconds = args.reps or 2, 30, args.between
+        args.out = args.out or "bench_results/drafter_engine.json"
+        result = engine_bench(args)
+        for line in ratios(result):
+            print(line, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}; load average {os.getloadavg()}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable, Iterator, Optional
+from typing import Hashable, Iterable, Iterator, Optional
 
 import torch
 
@@ -76,6 +76,9 @@ class FeatureBuffer:
             _, old = self._entries.popitem(last=False)
             self.total_tokens -= old.num_tokens
 
+    def get(self, key: Hashable) -> Optional[Entry]:
+        return self._entries.get(key)
+
     def versions(self) -> dict[int, int]:
         """policy version -> tokens stored under it."""
         out: dict[int, int] = {}
@@ -83,16 +86,18 @@ class FeatureBuffer:
             out[e.version] = out.get(e.version, 0) + e.num_tokens
         return out
 
-    def refresh(self, policy: CausalLM, version: int) -> int:
-        """Recompute the features of entries older than `version` under the policy's current
+    def refresh(self, policy: CausalLM, version: int, entries: Optional[Iterable[Entry]] = None) -> int:
+        """Recompute the features of entries older than `version` (all of them, or those of
+        `entries`: say the batch a training step is about to use) under the policy's current
         weights; returns how many tokens were recomputed."""
-        stale = [(k, e) for k, e in self._entries.items() if e.version < version]
+        pool = self._entries.values() if entries is None else entries
+        stale = [e for e in pool if e.version < version]
         if not stale:
             return 0
-        fresh = sequence_features(policy, [e.sample.token_ids for _, e in stale])
-        for (_, e), f in zip(stale, fresh):
+        fresh = sequence_features(policy, [e.sample.token_ids for e in stale])
+        for e, f in zip(stale, fresh):
             e.features, e.version = f.to(device=e.features.device, dtype=e.features.dtype), int(version)
-        return sum(e.num_tokens for _, e in stale)
+        return sum(e.num_tokens for e in stale)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -15,16 +15,15 @@ overwrites from there, and attention never reads past the row being written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from rollout import sampling
-from rollout.batch import MIN_BUCKET, ForwardBatch
-from rollout.kv_cache import KVCache
 from rollout.model import CausalLM
 
+from .coupled import CoupledSampler
 from .head import DraftHead
+from .head_cache import HeadCache, Rows
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,8 @@ class Chain:
     from target features of this same context). tokens: x_{j+1} of rows start..p, the last being
     the pending token; feats [len(tokens), d]: h_j of those rows, from the policy's forwards.
     position: the response position of the first draft token (the pending token's + 1).
-    k: draft tokens wanted."""
+    k: draft tokens wanted. stop: the request's stop tokens: a chain ends at one (nothing after
+    it is ever emitted)."""
 
     slot: int
     start: int
@@ -47,6 +47,7 @@ class Chain:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    stop: Sequence[int] = ()
 
 
 @dataclass
@@ -55,64 +56,48 @@ class ChainDraft:
     margins: list[float]  # best minus second-best perturbed head score, per draft token
 
 
-def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[KVCache], chains: Sequence[Chain],
-                 min_bucket: int = MIN_BUCKET, margins: bool = False) -> list[ChainDraft]:
-    """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards."""
+def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], chains: Sequence[Chain],
+                 margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None) -> list[ChainDraft]:
+    """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards.
+    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False."""
     if not chains:
         return []
-    for c in chains:
-        if len(c.tokens) < 1 or c.feats.shape[0] != len(c.tokens) or c.k < 1:
-            raise ValueError(f"chain of slot {c.slot}: needs >= 1 token, one feature row per token and k >= 1")
-        if cache is not None and (c.start < 0 or c.start + len(c.tokens) + c.k - 1 > cache.max_len
-                                  or not 0 <= c.slot < cache.num_slots):
-            raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + len(c.tokens) + c.k - 2} do not fit "
-                             f"the head's cache ({cache.num_slots} slots of {cache.max_len} rows)")
+    _check(chains, cache)
     device = head.fc.weight.device
     drafts = [ChainDraft([], []) for _ in chains]
-    rows = [(c.slot, c.start, [int(t) for t in c.tokens]) for c in chains]
-    ends = torch.tensor([len(r[2]) for r in rows]).cumsum(0) - 1
     feats = torch.cat([c.feats for c in chains]).to(device)
+    rows = Rows.build([c.slot for c in chains], [c.start for c in chains], [c.tokens for c in chains], feats, device,
+                      cache)
+    out, logits = head.forward_rows(policy, cache, rows)
+    sampler = CoupledSampler(chains, device)
     live = list(range(len(chains)))
-    params = _chain_params(chains, device)
-    out, logits = head.forward_cached(policy, ForwardBatch.build(rows, ends.tolist(), device, min_bucket),
-                                      cache, feats)
     for s in range(max(c.k for c in chains)):
-        toks, gaps = _sample(logits, params, s, margins)
+        toks, gaps = sampler.draft(logits, live, s, margins)
         for i, t, g in zip(live, toks, gaps):
             drafts[i].tokens.append(t)
             drafts[i].margins.append(g)
-        keep = [n for n, i in enumerate(live) if chains[i].k > s + 1]
-        if not keep:
+        going = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop
+                 and (keep is None or keep(i, drafts[i]))]
+        if not going:
             break
-        if len(keep) < len(live):
-            index = torch.tensor(keep, device=device)
-            params = tuple(p[index] for p in params)
-        live = [live[n] for n in keep]
-        rows = [(chains[i].slot, chains[i].start + len(chains[i].tokens) + s, [drafts[i].tokens[-1]]) for i in live]
-        out, logits = head.forward_cached(policy, ForwardBatch.build(rows, list(range(len(live))), device, min_bucket),
-                                          cache, out[keep])
+        live = [live[n] for n in going]
+        feats = out if len(going) == len(out) else out[torch.tensor(going, device=device)]
+        rows = Rows.build([chains[i].slot for i in live], [chains[i].start + len(chains[i].tokens) + s for i in live],
+                          [[drafts[i].tokens[-1]] for i in live], feats, device, cache)
+        out, logits = head.forward_rows(policy, cache, rows)
     return drafts
 
 
-def _chain_params(chains: Sequence[Chain], device) -> tuple[torch.Tensor, ...]:
-    """[C] seeds, first draft positions, temperature, top_k, top_p: made once per call."""
-    def col(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    return (col([c.seed for c in chains], torch.int64), col([c.position for c in chains], torch.int64),
-            col([float(c.temperature) for c in chains], torch.float32),
-            col([int(c.top_k) for c in chains], torch.int64), col([float(c.top_p) for c in chains], torch.float32))
-
-
-def _sample(logits: torch.Tensor, params: tuple[torch.Tensor, ...], step: int, margins: bool):
-    """The coupled draft token of each live chain at its step-th draft position (and the margin)."""
-    seeds, first, temperature, top_k, top_p = params
-    positions = first + step
-    tokens, _ = sampling.sample(logits, seeds, positions, temperature, top_k, top_p)
-    if not margins:
-        return tokens.tolist(), [float("nan")] * len(seeds)
-    z = sampling.process_logits(logits, temperature, top_k, top_p)
-    scores = torch.where((temperature > 0)[:, None], z + sampling.gumbel_noise(seeds, positions, z.shape[-1]), z)
-    top2 = scores.topk(min(2, scores.shape[-1]), dim=-1).values
-    gap = top2[:, 0] - top2[:, -1] if top2.shape[-1] > 1 else torch.full_like(top2[:, 0], float("inf"))
-    return tokens.tolist(), gap.tolist()
+def _check(chains: Sequence[Chain], cache: Optional[HeadCache]) -> None:
+    slots = [c.slot for c in chains]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"chains of one call must use distinct slots, got {slots}")
+    for c in chains:
+        if len(c.tokens) < 1 or c.feats.shape[0] != len(c.tokens) or c.k < 1:
+            raise ValueError(f"chain of slot {c.slot}: needs >= 1 token, one feature row per token and k >= 1")
+        ring = cache is not None and cache.window is not None and cache.rows_kept < cache.max_len
+        if cache is not None and (c.start < 0 or c.start + len(c.tokens) + c.k - 1 > cache.max_len
+                                  or not 0 <= c.slot < cache.num_slots
+                                  or ring and c.k > cache.rows_kept - cache.window):
+            raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + len(c.tokens) + c.k - 2} do not fit "
+                             f"the head's cache ({cache.num_slots} slots of {cache.max_len} rows)")

@@ -47,6 +47,7 @@ def eagle_config(head: DraftHead) -> dict:
         "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
         "max_position_embeddings": 1 << 20, "attention_bias": bool(c.attention_bias), "mlp_bias": False,
         "tie_word_embeddings": False, "add_para_norm": True,
+        **({"sliding_window": c.window} if c.window is not None else {}),
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
     }
 
@@ -107,18 +108,46 @@ def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtyp
         cfg.validate()
     except (TypeError, KeyError) as e:
         raise ValueError(f"{folder}/{CONFIG}: bad spectail_drafter.head: {e}") from None
-    tensors = load_file(str(folder / WEIGHTS))
-    _check_finite(tensors, str(folder))
+    return head_from_tensors(cfg, hidden, vocab, load_file(str(folder / WEIGHTS)), policy, dtype, device, str(folder))
+
+
+def head_state(head: DraftHead) -> dict:
+    """A head as plain data (what a Ray worker publishes): its config, sizes and CPU weights."""
+    return {"format": FORMAT, "head": dataclasses.asdict(head.cfg), "hidden_size": head.hidden_size,
+            "vocab_size": head.vocab_size,
+            "weights": {k: v.detach().to("cpu", copy=True) for k, v in head.state_dict().items()}}
+
+
+def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
+    """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
+        raise ValueError(f"not a drafter head state of format {FORMAT}")
+    hidden, vocab = int(state["hidden_size"]), int(state["vocab_size"])
+    if (hidden, vocab) != (policy.cfg.hidden_size, policy.cfg.vocab_size):
+        raise ValueError(f"draft head state made for hidden size {hidden} and vocabulary {vocab}, "
+                         f"the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
+    try:
+        cfg = HeadConfig(**state["head"])
+        cfg.validate()
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"bad draft head config in its state: {e}") from None
+    return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, "draft head state")
+
+
+def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, policy: CausalLM,
+                      dtype: Optional[torch.dtype], device, where: str) -> DraftHead:
+    """A head of this config with these weights: names, shapes and finiteness checked first."""
+    _check_finite(tensors, where)
     with torch.device("meta"):
         head = DraftHead(cfg, hidden, vocab)
     expected = head.state_dict()
     missing, unexpected = set(expected) - set(tensors), set(tensors) - set(expected)
     if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not match a {cfg.kind} head: missing {sorted(missing)[:3]}, "
+        raise ValueError(f"{where}: weights do not match a {cfg.kind} head: missing {sorted(missing)[:3]}, "
                          f"unexpected {sorted(unexpected)[:3]}")
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{folder}: weight {name!r} has shape {tuple(t.shape)}, "
+            raise ValueError(f"{where}: weight {name!r} has shape {tuple(t.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
     p = policy.lm_head.weight
     head = head.to_empty(device=device or p.device).to(dtype or p.dtype)

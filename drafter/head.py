@@ -23,8 +23,8 @@ Two ways to run the same weights:
   (training-time test; the offline acceptance metric). Step s at row j continues the draft chain
   that started at row j - s: it attends to step-0 keys of rows <= j - s and to the key step m
   wrote at row j - s + m, for m = 1..s -- exactly the keys the chain has in the cache.
-- `forward_cached`: ragged rows against the head's one-layer KVCache (rollout/kv_cache.py), one
-  slot per request, through rollout.model's DecoderLayer: what the engine's proposer runs.
+- `forward_rows`: new rows of many requests against the head's own one-layer cache
+  (drafter/head_cache.py), one slot per request: what the engine's proposer runs.
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout.batch import ForwardBatch
-from rollout.kv_cache import KVCache
-from rollout.model import MLP, CausalLM, DecoderLayer, ModelConfig, RMSNorm, rotate
+from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
+
+from .head_cache import HeadCache, Rows
 
 KINDS = ("attention", "mlp")
 
@@ -51,6 +51,10 @@ class HeadConfig:
         cheaper, but it sees only the current row).
     num_heads, num_kv_heads, head_dim, intermediate_size, attention_bias: the decoder layer.
     rope_theta: the head's own RoPE base (its positions are the policy's sequence positions).
+    window: the attention sees the last `window` rows (its own included); None: every row, as
+        EAGLE's heads do. A window bounds what a draft position costs whatever the context (the
+        policy's hidden state carries the rest); an exported windowed head keeps the key
+        `sliding_window` in its config, which vLLM's EAGLE Llama does not read.
     """
 
     kind: str = "attention"
@@ -61,6 +65,7 @@ class HeadConfig:
     attention_bias: Optional[bool] = None
     rope_theta: float = 10000.0
     rms_norm_eps: Optional[float] = None
+    window: Optional[int] = None
 
     def resolved(self, policy_cfg: ModelConfig) -> HeadConfig:
         """Every None replaced by the policy's value; validated."""
@@ -85,27 +90,76 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
         if not self.rope_theta > 0:
             raise ValueError(f"HeadConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"HeadConfig.window must be None (all rows) or an integer >= 1, got {self.window!r}")
 
 
-def _layer_config(cfg: HeadConfig, hidden_size: int, vocab_size: int) -> ModelConfig:
-    """rollout.model's config for the head's one decoder layer (a Llama layer)."""
-    return ModelConfig(arch="llama", vocab_size=vocab_size, hidden_size=hidden_size, num_layers=1,
-                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                       intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
-                       tie_word_embeddings=False, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias,
-                       mlp_bias=False, qk_norm=False, sliding_windows=(None,), max_position_embeddings=0)
+class HeadAttention(nn.Module):
+    """The attention's weights (Hugging Face / EAGLE names); the computation is the head's own."""
 
-
-class FeedForwardLayer(nn.Module):
-    """The "mlp" kind's layer: the decoder layer's feed-forward block alone (same names)."""
-
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
-        self.mlp = MLP(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hd, bias = cfg.head_dim, bool(cfg.attention_bias)
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=bias)
 
-    def forward(self, x):
-        return x + self.mlp(self.post_attention_layernorm(x))
+
+class HeadMLP(nn.Module):
+    def __init__(self, d: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, inner, bias=False)
+        self.up_proj = nn.Linear(d, inner, bias=False)
+        self.down_proj = nn.Linear(inner, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HeadLayer(nn.Module):
+    """One Llama decoder layer without input_layernorm (EAGLE's layer 0); the "mlp" kind has no
+    self_attn. Its own modules rather than rollout.model's, so the engine's kernels can change
+    without touching the head; the parameter names are the same."""
+
+    def __init__(self, cfg: HeadConfig, d: int):
+        super().__init__()
+        if cfg.kind == "attention":
+            self.self_attn = HeadAttention(cfg, d)
+        self.mlp = HeadMLP(d, cfg.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def feed_forward(self, x: torch.Tensor, gate_up: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x + mlp(norm(x)); gate_up: the gate and up weights packed in one (the engine's way)."""
+        h = norm(self.post_attention_layernorm, x)
+        if gate_up is None:
+            return x + self.mlp(h)
+        gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
+
+
+def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm module's function through torch's rms_norm (normalised in float32 and cast back
+    before the weight, as rollout.model.RMSNorm): one call where the module makes eight."""
+    if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)
+    return module.weight * F.rms_norm(x.float(), (x.shape[-1],), None, module.eps).to(x.dtype)
+
+
+def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """rollout.model.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
+    sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
+@dataclass
+class Packed:
+    """The projections the engine's way runs as one matmul each, made from the live weights."""
+
+    version: tuple
+    qkv_weight: Optional[torch.Tensor]
+    qkv_bias: Optional[torch.Tensor]
+    gate_up: torch.Tensor
 
 
 class DraftHead(nn.Module):
@@ -116,16 +170,10 @@ class DraftHead(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg, self.hidden_size, self.vocab_size = cfg, hidden_size, vocab_size
-        layer_cfg = _layer_config(cfg, hidden_size, vocab_size)
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.embedding_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.hidden_states_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
-        if cfg.kind == "attention":
-            layer = DecoderLayer(layer_cfg, None)
-            layer.input_layernorm = nn.Identity()  # EAGLE's layer 0: fc's output goes straight in
-        else:
-            layer = FeedForwardLayer(layer_cfg)
-        self.layers = nn.ModuleList([layer])
+        self.layers = nn.ModuleList([HeadLayer(cfg, hidden_size)])
 
     @classmethod
     def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
@@ -159,8 +207,8 @@ class DraftHead(nn.Module):
         """fc(cat(norm(embed(tokens)), norm(feats))): [..., d] in the head's dtype."""
         dtype = self.fc.weight.dtype
         embeds = F.embedding(tokens, policy.model.embed_tokens.weight.detach()).to(dtype)
-        return self.fc(torch.cat((self.embedding_layernorm(embeds),
-                                  self.hidden_states_layernorm(feats.to(dtype))), dim=-1))
+        return self.fc(torch.cat((norm(self.embedding_layernorm, embeds),
+                                  norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
         """The policy's live lm_head on the head's output: float32 logits."""
@@ -176,30 +224,67 @@ class DraftHead(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    # ---- the engine's way: ragged rows against a KV cache ---------------------------------
+    # ---- the engine's way: new rows against the head's KV cache -------------------------
 
-    def new_cache(self, num_slots: int, max_len: int) -> Optional[KVCache]:
-        """The head's one-layer cache (None for the "mlp" kind, which keeps no state)."""
+    def new_cache(self, num_slots: int, max_len: int, max_draft: int = 64) -> Optional[HeadCache]:
+        """The head's one-layer cache (None for the "mlp" kind, which keeps no state), for
+        positions below max_len and chains of at most max_draft tokens."""
         if self.kind != "attention":
             return None
         p = self.fc.weight
-        return KVCache(1, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim, p.dtype, p.device)
+        cos, sin = self.rope(torch.arange(max_len, device=p.device), p.dtype)
+        kept = max_len if self.cfg.window is None else min(self.cfg.window + max_draft, max_len)
+        shape = (num_slots, self.cfg.num_kv_heads, kept, self.cfg.head_dim)
+        half = self.cfg.head_dim // 2
+        sin_signed = torch.cat([-sin[:, 0, :half], sin[:, 0, half:]], dim=-1)
+        return HeadCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
+                         torch.zeros(shape, dtype=p.dtype, device=p.device), cos[:, 0], sin_signed, self.cfg.window)
 
     @torch.inference_mode()
-    def forward_cached(self, policy: CausalLM, batch: ForwardBatch, cache: Optional[KVCache],
-                       feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """batch.token_ids: x_{j+1} of each row j; batch.positions: j (the cache index the row's
-        key is written at); feats [N, d]: h_j. Returns (out [M, d], logits [M, V] float32) for
-        batch.logit_index. Keys below a row's start must already be in its slot."""
-        x = self.inputs(policy, batch.token_ids, feats)
-        layer = self.layers[0]
-        if self.kind == "attention":
-            cos, sin = self.rope(batch.positions, x.dtype)
-            x = layer(x, cos, sin, batch, cache, 0)
-        else:
-            x = layer(x)
-        out = x[batch.logit_index]
+    def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache],
+                     rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """New rows j of some requests (drafter/head_cache.py): every row's key and value is
+        written, and only each request's last row (the others lie below it in its slot) is
+        attended from. Returns (out [C, d], logits [C, V] float32) of those last rows.
+
+        A key and value depend only on their own row (layer 0 has no attention before them), so
+        catch-up rows cost two projections and no attention: a draft position is one query per
+        request."""
+        x = self.inputs(policy, rows.tokens, rows.feats)
+        layer, packed = self.layers[0], self.packed()
+        if self.kind != "attention":
+            out = layer.feed_forward(x[rows.last], packed.gate_up)
+            return out, self.logits(policy, out)
+        attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
+        heads, kv = cfg.num_heads, cfg.num_kv_heads
+        qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias).view(n, heads + 2 * kv, cfg.head_dim)
+        qk = rotate_rolled(qkv[:, :heads + kv], cache.cos[rows.positions][:, None],
+                           cache.sin_signed[rows.positions][:, None])
+        cache.write(rows, qk[:, heads:], qkv[:, heads + kv:])
+        last = x if rows.all_last else x[rows.last]
+        q = qk[:, :heads] if rows.all_last else qk[rows.last, :heads]
+        out = layer.feed_forward(last + attn.o_proj(cache.attend(q, rows)), packed.gate_up)
         return out, self.logits(policy, out)
+
+    def packed(self) -> Packed:
+        """q|k|v and gate|up packed, remade whenever a weight changed (a training step)."""
+        layer = self.layers[0]
+        mlp, attn = layer.mlp, getattr(layer, "self_attn", None)
+        parts = [mlp.gate_proj.weight, mlp.up_proj.weight]
+        if attn is not None:
+            parts += [t for m in (attn.q_proj, attn.k_proj, attn.v_proj) for t in (m.weight, m.bias) if t is not None]
+        version = tuple((id(t), t._version, t.device, t.dtype) for t in parts)
+        cached = getattr(self, "_packed", None)
+        if cached is not None and cached.version == version:
+            return cached
+        with torch.no_grad():
+            qkv_w = qkv_b = None
+            if attn is not None:
+                qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                if attn.q_proj.bias is not None:
+                    qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            self._packed = Packed(version, qkv_w, qkv_b, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        return self._packed
 
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 
@@ -219,7 +304,7 @@ class DraftHead(nn.Module):
             layer = self.layers[0]
             if self.kind == "attention":
                 x = x + self._attend_unrolled(layer.self_attn, x, cos, sin, keys, values)
-            out = layer.mlp(layer.post_attention_layernorm(x)) + x
+            out = layer.feed_forward(x)
             logits = self.logits(policy, out)
             results.append((out, logits))
             if s + 1 < steps:
@@ -243,12 +328,16 @@ class DraftHead(nn.Module):
         scale = 1.0 / math.sqrt(cfg.head_dim)
         rows = torch.arange(length, device=x.device)
         scores = torch.einsum("blhd,bmhd->bhlm", q, keys[0]).float() * scale
-        scores = scores.masked_fill(rows[None, :] > rows[:, None] - s, float("-inf"))
+        hidden = rows[None, :] > rows[:, None] - s
+        if cfg.window is not None:  # row j sees positions (j - window, j]
+            hidden |= rows[None, :] <= rows[:, None] - cfg.window
+        scores = scores.masked_fill(hidden, float("-inf"))
         diag = []
         for m in range(1, s + 1):
             shifted = _shift_right(keys[m], s - m)
             d = (q * shifted).sum(-1).float() * scale  # [B, L, H]
-            diag.append(d.masked_fill((rows < s - m)[None, :, None], float("-inf")).permute(0, 2, 1)[..., None])
+            gone = (rows < s - m) | (cfg.window is not None and s - m >= cfg.window)
+            diag.append(d.masked_fill(gone[None, :, None], float("-inf")).permute(0, 2, 1)[..., None])
         weights = torch.softmax(torch.cat([scores] + diag, dim=-1), dim=-1).to(x.dtype)
         out = torch.einsum("bhlm,bmhd->blhd", weights[..., :length], values[0])
         for m in range(1, s + 1):

@@ -17,7 +17,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -145,9 +145,12 @@ def _set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, progress: float)
 
 
 def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: TrainConfig = TrainConfig(),
-          time_budget_s: float = 1.0, max_steps: Optional[int] = None) -> dict:
+          time_budget_s: float = 1.0, max_steps: Optional[int] = None,
+          before_step: Optional[Callable[[list[Entry]], None]] = None) -> dict:
     """Optimizer steps on these entries until time_budget_s has passed (checked before each
-    step) or max_steps are done. Returns {steps, seconds, loss (mean KL of these steps), tokens}."""
+    step) or max_steps are done. before_step(batch): called with each step's entries before
+    they are read (say to refresh their features). Returns {steps, seconds, loss (mean KL of
+    these steps), tokens}."""
     cfg.validate()
     state.head.check_policy(policy)
     entries = [e for e in entries if len(e.sample.response_ids) >= 2]
@@ -157,6 +160,8 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
     with threads.using(cfg.num_threads):
         while (max_steps is None or steps < max_steps) and time.perf_counter() - start < time_budget_s:
             chosen = _pick_batch(entries, state.rng, cfg.batch_tokens)
+            if before_step is not None:
+                before_step(chosen)
             weights = [1.0 + cfg.reward_beta * max(0.0, float(e.sample.advantage)) for e in chosen]
             rb = row_batch([e.sample for e in chosen], [e.features for e in chosen], weights,
                            device=state.head.fc.weight.device)

@@ -2,11 +2,12 @@
 
 Epoch 0 of an RL run needs a drafter most (nothing to copy from yet, and the copy proposers land
 only likely tokens under fresh noise), so the demo's warm start samples rollouts from the
-warm-started policy and trains a head on them before the first epoch, the way the online trainer
-will between epochs: the same buffer, the same loss.
+warm-started policy and trains a head on them before the first step, the way the online trainer
+will between steps: the same buffer, the same loss.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from pathlib import Path
@@ -26,10 +27,11 @@ from .trainer import TrainConfig, TrainState, new_state, train
 def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: HeadConfig = HeadConfig(),
                train_config: TrainConfig = TrainConfig(decay="cosine"), time_budget_s: float = 60.0,
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
-               seed: int = 0) -> tuple[DraftHead, TrainState, dict]:
+               seed: int = 0, max_passes: Optional[float] = None) -> tuple[DraftHead, TrainState, dict]:
     """Train `head` (or a fresh one of head_config, float32 on the policy's device) on these
-    rollouts for time_budget_s or max_steps. Returns (head, its training state, a report:
-    samples, tokens, feature_seconds, and the trainer's steps / seconds / loss)."""
+    rollouts for time_budget_s, max_steps or max_passes over their tokens, whichever ends first.
+    Returns (head, its training state, a report: samples, tokens, feature_seconds, and the
+    trainer's steps / seconds / loss)."""
     if not rollouts:
         raise ValueError("warm_start needs at least one rollout")
     t0 = time.perf_counter()
@@ -43,15 +45,24 @@ def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: 
     if head is None:
         head = DraftHead.for_policy(policy, head_config, dtype=torch.float32, seed=seed)
     state = new_state(head, train_config)
+    if max_passes is not None:
+        by_passes = steps_for_passes(buffer.total_tokens, max_passes, train_config)
+        max_steps = by_passes if max_steps is None else min(max_steps, by_passes)
     report = train(state, policy, buffer, train_config, time_budget_s, max_steps)
     report.update(samples=len(buffer), buffer_tokens=buffer.total_tokens, feature_seconds=feature_seconds,
                   parameters=head.num_parameters(), kind=head.kind)
     return head, state, report
 
 
+def steps_for_passes(tokens: int, passes: float, cfg: TrainConfig) -> int:
+    """Optimizer steps that read `tokens` about `passes` times (batches hold batch_tokens)."""
+    return max(1, math.ceil(passes * tokens / cfg.batch_tokens))
+
+
 def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Sequence[SavedRollout]],
                        head_config: HeadConfig = HeadConfig(), train_config: TrainConfig = TrainConfig(decay="cosine"),
-                       time_budget_s: float = 60.0, max_steps: Optional[int] = None) -> tuple[DraftHead, dict]:
+                       time_budget_s: float = 60.0, max_steps: Optional[int] = None,
+                       max_passes: Optional[float] = None) -> tuple[DraftHead, dict]:
     """The head exported in `folder` (say beside a cached policy), else one warm-started on
     make_rollouts() and exported there. A folder that does not load for this policy (another
     shape, NaN weights, a broken file) is trained over, with a warning. Returns (head, report);
@@ -62,7 +73,8 @@ def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Seq
             return load(folder, policy, dtype=torch.float32), {"cached": True}
         except ValueError as e:
             warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=2)
-    head, _, report = warm_start(policy, make_rollouts(), head_config, train_config, time_budget_s, max_steps)
+    head, _, report = warm_start(policy, make_rollouts(), head_config, train_config, time_budget_s, max_steps,
+                                 max_passes=max_passes)
     export(head, folder)
     report["cached"] = False
     return head, report

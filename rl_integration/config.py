@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
+from rollout.vllm_config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
 
@@ -207,10 +208,43 @@ def demo_engine() -> EngineConfig:
 
 
 @dataclass
+class DrafterTrainSection:
+    """How the online drafter trains (drafter/online.py). between_steps_s: the local backend's
+    budget per step, after the optimizer steps (on the critical path); idle_slice_s: a Ray
+    worker's training slice while it has no chunk (a chunk sent to it waits at most that long);
+    lr, ttt_steps (unrolled steps fed the head's own outputs), reward_beta (ReSpec's weight
+    1 + beta x max(0, advantage); 0 = off): the trainer's."""
+
+    between_steps_s: float = 5.0
+    idle_slice_s: float = 1.0
+    lr: float = 1e-3
+    ttt_steps: int = 3
+    reward_beta: float = 0.0
+
+
+@dataclass
+class DrafterSection:
+    """The online drafter: a draft head over the policy's hidden states that drafts with each
+    sample's own noise, trained on the policy's own rollouts. enabled adds "drafter" to
+    rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
+    window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
+    start from (null: the embedded policy's cached warm start, trained on first use for at most
+    warm_start_s seconds; a checkpoint policy starts from a fresh head)."""
+
+    enabled: bool = True
+    kind: Literal["attention", "mlp"] = "attention"
+    window: Optional[int] = 64
+    path: Optional[str] = None
+    warm_start_s: float = 300.0
+    train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
+
+
+@dataclass
 class RolloutSection:
     """How rollouts run. `engine` is the engine's own EngineConfig (rollout/config.py): its
     fields, and its `spec` (speculation; null turns it off), are checked where they are defined."""
 
+    name: Literal["spectail", "vllm"] = "spectail"  # the engine (verl: actor_rollout_ref.rollout.name)
     backend: Literal["local", "ray"] = "local"
     num_workers: int = 1  # ray only
     engine: EngineConfig = field(default_factory=demo_engine)
@@ -222,10 +256,12 @@ class RolloutSection:
     noise: Literal["per_sample", "per_step"] = "per_step"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     history: HistorySection = field(default_factory=HistorySection)
+    drafter: DrafterSection = field(default_factory=DrafterSection)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
+    vllm: VllmConfig = field(default_factory=VllmConfig)  # name: vllm only (rollout/vllm_config.py)
 
     RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
     RENAMED_WHY: ClassVar[str] = STEP_WORDS
@@ -339,7 +375,8 @@ def _need(ok: bool, key: str, msg: str, value) -> None:
 
 # where the classes whose validate() the run config calls sit in it
 _SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "EngineConfig": "rollout.engine",
-             "SpecConfig": "rollout.engine.spec"}
+             "SpecConfig": "rollout.engine.spec", "DrafterSpec": "rollout.engine.spec.drafter",
+             "VllmConfig": "rollout.vllm"}
 
 
 def _wrap(check, key: str) -> None:
@@ -390,10 +427,28 @@ def _validate_rollout(r: RolloutSection) -> None:
     _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
     _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")
+    _validate_drafter(r.drafter)
+    _wrap(r.vllm.validate, "rollout.vllm")
+    if r.name == "vllm" and r.engine.spec is not None:
+        raise ValueError("config key 'rollout.engine.spec' must be null when rollout.name is 'vllm': spectail's "
+                         "proposers do not run inside vLLM, whose own speculation is rollout.vllm.speculation "
+                         "(ngram | suffix); add rollout.engine.spec=null")
     spec = r.engine.spec
     lenience = None if spec is None else spec.lenience
     _need(lenience is None or ("history" in spec.proposers and r.history.enabled), "rollout.engine.spec.lenience",
           "needs the history proposer and rollout.history.enabled (it loosens history drafts)", lenience)
+
+
+def _validate_drafter(d: DrafterSection) -> None:
+    t = d.train
+    _need(d.warm_start_s >= 0, "rollout.drafter.warm_start_s", "must be >= 0", d.warm_start_s)
+    _need(d.window is None or d.window >= 1, "rollout.drafter.window", "must be >= 1 or null (all rows)", d.window)
+    _need(t.between_steps_s >= 0, "rollout.drafter.train.between_steps_s", "must be >= 0 (0: no training "
+          "between steps)", t.between_steps_s)
+    _need(t.idle_slice_s > 0, "rollout.drafter.train.idle_slice_s", "must be > 0", t.idle_slice_s)
+    _need(t.lr > 0, "rollout.drafter.train.lr", "must be > 0", t.lr)
+    _need(t.ttt_steps >= 1, "rollout.drafter.train.ttt_steps", "must be >= 1", t.ttt_steps)
+    _need(t.reward_beta >= 0, "rollout.drafter.train.reward_beta", "must be >= 0", t.reward_beta)
 
 
 def _validate_trainer(tr: TrainerSection) -> None:

@@ -16,7 +16,11 @@ Definitions (per generate call; a step's record sums or recomputes them over its
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
     tail_seconds          time from 90% of the call's samples finished to 100%
     worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
-    drafter_train_steps, drafter_version   0 until the online drafter exists
+    drafter_accepted_share  accepted["drafter"] / generated_tokens: the tokens the draft head wrote
+    drafter_train_steps, drafter_version   the online drafter's optimizer steps and head version
+        (per step, with drafter_train_seconds, drafter_seconds (its time inside the rollout),
+        drafter_share (that over rollout_seconds) and drafter_sim_acceptance (its exact
+        simulated per-token acceptance on the step's rollout): rl_integration/online_drafter.py)
     reward_mean           mean reward of the call's samples (None until rewards are recorded)
     lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
 
@@ -65,6 +69,7 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
             bm.get("spec_off_steps", 0) / bm["engine_steps"] if bm.get("engine_steps") else 0.0),
         "tail_seconds": float(bm.get("tail_seconds", 0.0)),
         "worker_busy_fraction": float(bm.get("worker_busy_fraction", 1.0)),
+        "drafter_accepted_share": accepted.get("drafter", 0) / tokens if tokens else 0.0,
         "drafter_train_steps": int(bm.get("drafter_train_steps", 0)),
         "drafter_version": int(bm.get("drafter_version", 0)),
         "reward_mean": None,
@@ -96,6 +101,8 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["spec_off_fraction"] = (out["spec_off_steps"] / out["engine_steps"] if out["engine_steps"]
                                 else (steps[-1].get("spec_off_fraction", 0.0) if steps else 0.0))
     out["worker_busy_fraction"] = busy / secs if secs > 0 else 1.0
+    out["drafter_accepted_share"] = (out["accepted"].get("drafter", 0) / out["generated_tokens"]
+                                     if out["generated_tokens"] else 0.0)
     out["drafter_train_steps"] = sum(s.get("drafter_train_steps", 0) for s in steps)
     out["drafter_version"] = max((s.get("drafter_version", 0) for s in steps), default=0)
     out["reward_mean"] = rewards / n_rewards if n_rewards else None
@@ -137,6 +144,8 @@ COLUMNS = (  # (header, width, record key, format)
     ("tok/fwd", 7, "accepted_per_verify", "{:.2f}"),
     ("reused", 7, "reused_tokens", "{:d}"),
     ("train_s", 7, "train_seconds", "{:.1f}"),
+    ("drafter", 7, "drafter_accepted_share", "{:.0%}"),
+    ("dr_tr_s", 7, "drafter_train_seconds", "{:.1f}"),
 )
 COMPARE_COLUMNS = (
     ("plain_s", 7, "plain_rollout_seconds", "{:.1f}"),

@@ -66,6 +66,51 @@ def _integer(value, name: str) -> int:
 
 
 @dataclass(frozen=True)
+class DrafterSpec:
+    """The "drafter" proposer (drafter/proposer.py): where its head comes from, what it keeps.
+
+    path: a folder written by `drafter.export` to load the head from; None: no head until one is
+        set in-process (`drafter.proposer.DrafterProposer.of(engine).set_head(head, version)`,
+        as the online trainer does). A head that does not fit the policy switches the drafter
+        off with a warning; the other proposers keep working.
+    collect: keep every request's hidden states and hand finished (and paused) responses to the
+        proposer's training buffer (drafter/buffer.py).
+    buffer_tokens: that buffer's budget, prompt + response tokens.
+    max_positions: draft positions per step at most (None: max_draft_tokens).
+    kind, window: a fresh head's kind ("attention" | "mlp") and attention window (None: all
+        rows) when one is trained without a path.
+    idle_slice_s: on Ray, a worker with no chunk while a rollout runs trains the head in slices
+        of this many seconds (None: it does not); lr, ttt_steps: that training's (drafter/online.py).
+    """
+
+    path: Optional[str] = None
+    collect: bool = True
+    buffer_tokens: int = 200_000
+    max_positions: Optional[int] = None
+    kind: str = "attention"
+    window: Optional[int] = None
+    idle_slice_s: Optional[float] = None
+    lr: float = 1e-3
+    ttt_steps: int = 3
+
+    def validate(self) -> None:
+        if self.path is not None and not isinstance(self.path, str):
+            raise ValueError(f"DrafterSpec.path must be a folder path or None, got {self.path!r}")
+        if not (isinstance(self.buffer_tokens, int) and self.buffer_tokens >= 1):
+            raise ValueError(f"DrafterSpec.buffer_tokens must be an integer >= 1, got {self.buffer_tokens!r}")
+        if self.max_positions is not None and not (isinstance(self.max_positions, int) and self.max_positions >= 1):
+            raise ValueError(f"DrafterSpec.max_positions must be None or an integer >= 1, got {self.max_positions!r}")
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"DrafterSpec.window must be None or an integer >= 1, got {self.window!r}")
+        if self.kind not in ("attention", "mlp"):
+            raise ValueError(f"DrafterSpec.kind must be 'attention' or 'mlp', got {self.kind!r}")
+        if self.idle_slice_s is not None and not self.idle_slice_s > 0:
+            raise ValueError(f"DrafterSpec.idle_slice_s must be None or > 0, got {self.idle_slice_s!r}")
+        if not self.lr > 0 or not (isinstance(self.ttt_steps, int) and self.ttt_steps >= 1):
+            raise ValueError(f"DrafterSpec needs lr > 0 and an integer ttt_steps >= 1, got {self.lr}, {self.ttt_steps}")
+
+
+@dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding. Drafts never change the output, only how many forwards it takes.
 
@@ -84,6 +129,7 @@ class SpecConfig:
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
         samples of the policy; every completion it touched says so in stats["lenient"].
+    drafter: the "drafter" proposer's settings (DrafterSpec).
     """
 
     proposers: tuple[str, ...] = ("ngram",)
@@ -92,6 +138,7 @@ class SpecConfig:
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
     min_draft_prob: Optional[float] = None
     lenience: Optional[float] = None
+    drafter: DrafterSpec = DrafterSpec()
 
     def validate(self) -> None:
         from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
@@ -114,6 +161,9 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:
             raise ValueError(f"SpecConfig.ngram_sizes must be positive integers, got {self.ngram_sizes}")
+        if not isinstance(self.drafter, DrafterSpec):
+            raise ValueError(f"SpecConfig.drafter must be a DrafterSpec, got {self.drafter!r}")
+        self.drafter.validate()
 
 
 @dataclass(frozen=True)
@@ -125,6 +175,9 @@ class EngineConfig:
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
     num_threads: torch intra-op threads while the engine runs on a CPU; None picks them by model
         size and the cores this process may use (rollout/threads.py).
+    kept_slots: KV slots beyond max_batch_size that hold paused requests' KV between runs, so a
+        request continued on the same engine is not prefilled again (rollout/kept_slots.py; the
+        Ray workers of a divided rollout use them); 0 keeps none.
     """
 
     max_batch_size: int = 64
@@ -134,6 +187,7 @@ class EngineConfig:
     device: str = "cpu"
     spec: Optional[SpecConfig] = None
     num_threads: Optional[int] = None
+    kept_slots: int = 0
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -150,6 +204,8 @@ class EngineConfig:
         if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
             raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
                              f"got {self.num_threads!r}")
+        if isinstance(self.kept_slots, bool) or not (isinstance(self.kept_slots, int) and self.kept_slots >= 0):
+            raise ValueError(f"EngineConfig.kept_slots must be an integer >= 0, got {self.kept_slots!r}")
         torch_dtype(self.dtype)
         if self.spec is not None:
             self.spec.validate()

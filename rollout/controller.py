@@ -143,9 +143,10 @@ class AdaptiveController:
 
     # ---- the price -----------------------------------------------------------------------
 
-    def observe_step(self, fed: int, emitted: int, seconds: float) -> None:
-        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too)."""
-        self.cost.observe(fed, seconds)
+    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0) -> None:
+        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
+        of which `batched` went to batched proposers (a draft head), priced by their own cost."""
+        self.cost.observe(fed, seconds - batched)
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -154,11 +155,16 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
+        per_emitted = self.seconds_per_emitted(rows)
+        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+
+    def seconds_per_emitted(self, rows: int) -> float:
+        """What an emitted token costs now: the recent steps' seconds over their tokens (before
+        any step was timed, the profile's one token per row)."""
         seconds, tokens = self.emitted
         if tokens <= 0:
             seconds, tokens = self.cost.predict(rows), rows
-        per_emitted = seconds / max(tokens, 1e-9)
-        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+        return seconds / max(tokens, 1e-9)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -174,8 +180,28 @@ class AdaptiveController:
         offers = []
         for p, table in tables:
             top = max(map(max, table))
-            offers.append(Offer(p, table, top, self.draft_len(top, self.max_draft_tokens, threshold, lookahead)))
+            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
+            if p.batched and self.priced:
+                most = self._positions_worth(p, top, threshold, lookahead, running)
+            offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers)
+
+    def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
+                         running: int) -> int:
+        """Draft positions worth running for a proposer whose every position costs
+        `position_cost(n)` for n requests at once (a draft head's batched forward): position i
+        pays when its tokens, one per running request, are worth their slots plus that cost, i.e.
+        when top**i >= threshold + position_cost(running) / (running x seconds per emitted token).
+        Once a position is run its cost is spent, so `choose` cuts the drafts at the plain
+        threshold. With none worth it, the exploration budget may pay for one position."""
+        n = max(running, 1)
+        cost = proposer.position_cost(n)
+        surcharge = cost / (n * max(self.seconds_per_emitted(running), 1e-9))
+        most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
+        if most == 0 and self.credit >= cost:
+            self.credit -= cost
+            most = 1
+        return most
 
     def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
         """Ask every proposer for a draft, cut each where its tokens' value falls under the
@@ -211,11 +237,12 @@ class AdaptiveController:
         self.credit -= price
         return draft.cut(1)
 
-    def record(self, req: Request, draft: Draft, accepted: int) -> None:
+    def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
         """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
-        trials of its proposer's evidence level and of each token's confidence bin."""
+        trials of its proposer's evidence level and of each token's confidence bin. judged: how
+        many of its tokens could count (fewer when the request ended inside the draft)."""
         name, proposed = draft.proposer.name, len(draft.tokens)
-        trials = accepted + (1 if accepted < proposed else 0)
+        trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
         lv = level(draft.evidence)

@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -27,9 +27,10 @@ from . import lenient, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
+from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
-from .proposers.base import Draft
+from .proposers.base import Draft, HiddenSpan
 from .request import Lookahead, Request, make_requests
 
 
@@ -41,6 +42,7 @@ class Row:
     fed: int
     draft: Optional[Draft]
     first_logit: Optional[int]  # its first row of the step's logits; None: a prompt chunk short of the end
+    offset: int = 0  # its first token in the step's batch
     old: Optional[list[float]] = None  # lenient mode: the draft tokens' old logprobs (rollout/lenient.py)
     new: Optional[list[float]] = None  # ... and their logprobs under the current policy
 
@@ -65,7 +67,12 @@ class Engine:
         self.device = torch.device(config.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
-        self.proposers = make_proposers(config.spec, model)
+        self.proposers = make_proposers(config.spec, model, config)
+        self.weights_version = 0
+        # A proposer that reads the hidden states of a request's whole context (a draft head) would
+        # find none for a request resumed from kept KV: such an engine keeps none.
+        kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
+        self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
@@ -89,12 +96,18 @@ class Engine:
 
     def update_weights(self, weights) -> int:
         """A state dict, (name, tensor) pairs or a torch module, with Hugging Face names.
-        Validated as a whole before anything is copied; returns the number of tensors loaded."""
+        Validated as a whole before anything is copied; returns the number of tensors loaded.
+        Kept KV (rollout/kept_slots.py) was computed with the old weights: it is dropped first."""
+        self.kept.clear()
         if isinstance(weights, torch.nn.Module):
             weights = weights.state_dict()
         if isinstance(weights, dict):
             weights = weights.items()
-        return self.model.load_weights(list(weights))
+        n = self.model.load_weights(list(weights))
+        self.weights_version += 1
+        for p in self.proposers:
+            p.weights_updated(self.weights_version)
+        return n
 
     # ---- the public entry point --------------------------------------------------------------
 
@@ -139,9 +152,20 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
-            on_finish: Optional[Callable[[Request], None]] = None) -> RunStats:
+            on_finish: Optional[Callable[[Request], None]] = None,
+            keep: Optional[Sequence[Optional[Hashable]]] = None, max_steps: Optional[int] = None) -> RunStats:
         """Run requests until each finishes, or has produced max_new_tokens more tokens in this
-        call (then it is returned unfinished, to be continued anywhere: divided rollout)."""
+        call (then it is returned unfinished, to be continued anywhere: divided rollout).
+        keep: a key per request (or None): a request that pauses keeps its KV in this engine under
+        its key, and one whose key and context prefix match a kept entry resumes from it without
+        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots).
+        max_steps: after this many forwards every running request pauses and those never admitted
+        are returned as they came: a chunk that keeps every slot busy to its end (more requests
+        than slots refill the slots freed inside it)."""
+        if keep is not None:
+            check_keys(keep, len(requests))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
         for r in requests:
             if r.finish_reason is None:
                 r.num_cached, r.slot = 0, -1
@@ -156,6 +180,7 @@ class Engine:
             self.controller.new_run()
             if self.controller.priced and not self.controller.cost.profiled:
                 self._profile()
+        kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
         # with the collector on, every few hundred steps it would also scan the caller's whole
@@ -163,11 +188,13 @@ class Engine:
         gc.disable()
         try:
             with threads.using(self.num_threads):
-                self.last_run = self._loop(waiting, on_finish)
+                self.last_run = self._loop(waiting, on_finish, kept, max_steps)
         except BaseException:
             self._abandon(requests)
             raise
         finally:
+            if kept is not None:
+                kept.close()
             if gc_was_on:
                 gc.enable()
         return self.last_run
@@ -176,12 +203,12 @@ class Engine:
         """A run that raised: every request leaves, so proposers keep nothing of it (the caller
         sees the original error, not one of these)."""
         for req in requests:
-            req.slot = -1
             for p in self.proposers:
                 with contextlib.suppress(Exception):
                     p.finish(req)
+            req.slot = -1
 
-    def _loop(self, waiting: deque, on_finish) -> RunStats:
+    def _loop(self, waiting: deque, on_finish, kept=None, max_steps: Optional[int] = None) -> RunStats:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
@@ -189,38 +216,63 @@ class Engine:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
+                if kept is not None:
+                    kept.admit(req, self.cache)
                 running.append(req)
             start = time.perf_counter()
-            drafting, n_fed, n_emitted = self._step(running)
+            drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
-                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start)
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
+            if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
+                for req in running:
+                    req.budget_end = len(req.output_ids)
+                waiting.clear()
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
+                for p in self.proposers:  # finished or paused: it leaves this engine (its slot still held)
+                    p.finish(req)
+                if kept is not None and req.paused:
+                    kept.pause(req, self.cache)
                 heapq.heappush(free, req.slot)
                 req.slot = -1
-                for p in self.proposers:  # finished or paused: it leaves this engine
-                    p.finish(req)
                 if req.finish_reason and on_finish is not None:
                     on_finish(req)
         return RunStats(steps, spec_off, fed)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int, int]:
+    def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
-        fed, tokens emitted)."""
-        plan = None
+        fed, tokens emitted, seconds spent by batched proposers before the plan)."""
+        plan, prepared = None, 0.0
         if self.controller is not None:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
-        rows, batch = self._plan(running, plan)
-        logits, _ = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
+            if plan is not None:
+                start = time.perf_counter()
+                self._prepare(running, plan)
+                prepared = time.perf_counter() - start
+        observers = [p for p in self.proposers if p.wants_hidden]
+        rows, batch = self._plan(running, plan, bool(observers))
+        logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         drafting = plan is not None and plan.drafts
-        return plan is not None, int(batch.token_ids.shape[0]), self._verify(rows, logits, drafting)
+        emitted = self._verify(rows, logits, drafting, observers, hidden)
+        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
+
+    def _prepare(self, running: list[Request], plan) -> None:
+        """Proposers that draft for many requests at once (a draft head) get this step's decoding
+        requests before any is asked for a draft."""
+        decoding = None
+        for offer in plan.offers:
+            if offer.most > 0 and offer.proposer.batched:
+                if decoding is None:
+                    decoding = [r for r in running if r.num_tokens - r.num_cached == 1]
+                offer.proposer.prepare(decoding, offer, plan)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
-    def _plan(self, running: list[Request], plan) -> tuple[list[Row], ForwardBatch]:
+    def _plan(self, running: list[Request], plan, hidden: bool = False) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first (one token and a draft
-        each), then prompt chunks fill the rest."""
+        each), then prompt chunks fill the rest. hidden: the forward also returns the final hidden
+        state of every fed token (for proposers that observe them)."""
         cfg, budget = self.config, self.config.max_num_batched_tokens
         rows, feed, logit_index, n_tokens = [], [], [], 0
         for req in sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1):
@@ -234,7 +286,7 @@ class Engine:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
                 draft = self.controller.choose(req, room, plan) if room > 0 else None
-            row = Row(req, len(fed), draft, len(logit_index) if whole else None)
+            row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
             if whole:  # logits at the last fed token and at every draft token
@@ -242,24 +294,33 @@ class Engine:
             rows.append(row)
             n_tokens += len(tokens)
             budget -= len(tokens)
-        return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket)
+        return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
+                                        hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool) -> int:
+    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool, observers: Sequence = (),
+                hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
-        Returns the number of tokens emitted."""
+        Returns the number of tokens emitted. Observers of hidden states get, once per step, the
+        rows whose context was correct: every row now in the cache (prompt chunks, the pending
+        token, accepted drafts; never a row past a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
-        emitted = 0
+        emitted, spans = 0, []
         for row in rows:
             req = row.req
+            before = req.num_cached
             was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += row.fed
-            if row.first_logit is None:
-                continue  # a prompt chunk that did not reach the end of the prompt
-            if not was_prefill:
-                req.forward_passes += 1
-            n = len(row.draft_tokens) + 1
-            emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                    logprobs[row.first_logit:row.first_logit + n], drafting)
+            if row.first_logit is not None:  # (else a prompt chunk that did not reach the end of the prompt)
+                if not was_prefill:
+                    req.forward_passes += 1
+                n = len(row.draft_tokens) + 1
+                emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                        logprobs[row.first_logit:row.first_logit + n], drafting)
+            count = min(req.num_cached, req.num_tokens) - before
+            if observers and count > 0:
+                spans.append(HiddenSpan(req, before, row.offset, count))
+        for p in observers:
+            p.observe_hidden(spans, hidden)
         return emitted
 
     def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
@@ -272,9 +333,13 @@ class Engine:
         if lenient.follows_old_response(req, row.old, draft, accepted):
             ys, lps = ys[:accepted], lps[:accepted]
             req.num_cached -= 1  # re-feed the last draft token: the next draft is judged from it
-        if row.draft is not None:
-            self.controller.record(req, row.draft, accepted)
         emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
+        # Draft tokens past a stop token, max_tokens or the chunk's end were compared with samples
+        # nobody emits: they count as neither accepted nor rejected.
+        judged = min(len(row.draft_tokens), len(emitted))
+        accepted = min(accepted, judged)
+        if row.draft is not None:
+            self.controller.record(req, row.draft, accepted, judged)
         req.lookahead = None
         if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
                 and not req.finish_reason):

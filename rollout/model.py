@@ -108,7 +108,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Weights only (Hugging Face names); the computation is `_layer` with packed projections."""
+    """Weights only (Hugging Face names); the computation is `run_layer` with packed projections."""
 
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
@@ -131,30 +131,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the module's own weights (a draft head's trainer); the engine runs packed kernels."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
-        self.cfg = cfg
         self.self_attn = Attention(cfg, window)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                cache: KVCache, index: int) -> torch.Tensor:
-        """This layer alone on its own weights (no packs), as cache layer `index`: for a module
-        that owns one layer (drafter/head.py). CausalLM runs its layers through `run_layer`."""
-        cfg, a, m = self.cfg, self.self_attn, self.mlp
-        plain = LayerKernels(projection([a.q_proj, a.k_proj, a.v_proj], False), projection([a.o_proj], False),
-                             projection([m.gate_proj, m.up_proj], False), projection([m.down_proj], False))
-        grids = attention.plan(batch.groups, cfg.num_heads, cfg.num_kv_heads, x.dtype, cache, {a.window})
-        step = Step(batch, cache, cos, sin, grids, cache.write_index(batch.token_slots, batch.positions))
-        return run_layer(cfg, self, plain, x, index, step)
 
 
 class Backbone(nn.Module):

@@ -31,6 +31,7 @@ import torch
 from rollout import Completion, EngineConfig, SamplingParams, threads
 from rollout.request import make_requests
 
+from .drafter_slices import DrafterSlices
 from .rollout_scheduler import RolloutScheduler, SchedulerConfig
 from .worker import RolloutWorker
 
@@ -132,8 +133,11 @@ class WorkerPool:
 
     def __init__(self, payload, engine_config: EngineConfig, num_workers: int, num_cpus: float,
                  num_gpus: float, start_timeout_s: float, restart: bool, max_restarts: int,
-                 actor_options: Optional[dict] = None):
+                 actor_options: Optional[dict] = None, worker_cls=None, worker_kwargs: Optional[dict] = None):
         self.payload, self.engine_config = payload, engine_config
+        # the actor class: spectail's engine, or another engine behind the same chunk protocol
+        # (scheduler/vllm_worker.py), built as worker_cls(payload, engine_config, index, **worker_kwargs)
+        self.worker_cls, self.worker_kwargs = worker_cls or RolloutWorker, dict(worker_kwargs or {})
         self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
         # OpenMP reads its wait policy and thread count when torch loads: they must be in the
         # worker's environment from the start (rollout/threads.py); the user's variables win.
@@ -155,7 +159,8 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         ray = _ray()
-        actor = ray.remote(RolloutWorker).options(**self.options).remote(self.payload, self.engine_config, i)
+        actor = ray.remote(self.worker_cls).options(**self.options).remote(self.payload, self.engine_config, i,
+                                                                          **self.worker_kwargs)
         if self.weights_ref is not None:
             actor.update_weights.remote(self.weights_ref)  # calls run in order: after the constructor
         self._starting[actor.ping.remote()] = (i, actor, time.perf_counter())
@@ -195,8 +200,13 @@ class WorkerPool:
     def max_batch(self, i: int) -> int:
         return self.info[i]["max_batch_size"]
 
-    def submit(self, i: int, work: list[dict]):
-        return self.actors[i].run_chunk.remote(work)
+    def submit(self, i: int, work: list[dict], drafter: Optional[tuple] = None):
+        """drafter: (version, [ObjectRef]) of the newest draft head, loaded before the chunk."""
+        return self.actors[i].run_chunk.remote(work, drafter)
+
+    def train_drafter(self, i: int, seconds: float, drafter: Optional[tuple] = None):
+        """A training slice of the draft head on worker i (scheduler/drafter_slices.py)."""
+        return self.actors[i].train_drafter.remote(seconds, drafter)
 
     def starting(self) -> dict:
         """Replacements still starting ({ping ref: index}); those past start_timeout_s are dropped."""
@@ -298,6 +308,8 @@ class RayRolloutBackend:
     call_timeout_s: limit for update_weights; chunk_timeout_s: a chunk not back by then counts as
         a dead worker. connect_timeout_s: the TCP probe of a cluster address.
     actor_options: extra Ray actor options (runtime_env, scheduling_strategy, resources, ...).
+    worker_cls, worker_kwargs: the actor class (default RolloutWorker, spectail's engine) and its
+        extra constructor arguments; scheduler/vllm_worker.py's VllmRolloutWorker holds vLLM.
     """
 
     def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,
@@ -307,7 +319,8 @@ class RayRolloutBackend:
                  chunk_growth: float = 1.0, on_chunk: Optional[Callable[[int, list], None]] = None,
                  restart_workers: bool = True,
                  max_restarts: int = 4, call_timeout_s: float = 600.0, chunk_timeout_s: float = 3600.0,
-                 connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None):
+                 connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None,
+                 worker_cls=None, worker_kwargs: Optional[dict] = None):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if not num_cpus_per_worker >= 0 or not num_gpus_per_worker >= 0:
@@ -331,12 +344,15 @@ class RayRolloutBackend:
             self._payload = model_payload(model_source)
             self._pool = WorkerPool(self._payload, engine_config, num_workers, num_cpus_per_worker,
                                     num_gpus_per_worker, start_timeout_s, restart_workers, max_restarts,
-                                    actor_options)
+                                    actor_options, worker_cls, worker_kwargs)
         except BaseException:
             self.shutdown()
             raise
         self.vocab_size = next(iter(self._pool.info.values()))["vocab_size"]
         self._engine_config = engine_config
+        spec = engine_config.spec
+        self._drafter = (DrafterSlices(spec.drafter.idle_slice_s) if spec is not None and "drafter" in spec.proposers
+                         and spec.drafter.idle_slice_s is not None else None)
 
     # -- scheduling knobs, changeable between rollouts --
 
@@ -357,6 +373,20 @@ class RayRolloutBackend:
     def chunk_tokens(self, value: int) -> None:
         SchedulerConfig(chunk_tokens=value).validate()
         self.scheduler_config.chunk_tokens = value
+
+    @property
+    def idle_training_s(self) -> Optional[float]:
+        """The drafter's training slice on idle workers (None: no training); changeable between
+        rollouts (spec.drafter.idle_slice_s sets it at start)."""
+        return self._drafter.slice_s if self._drafter is not None else None
+
+    @idle_training_s.setter
+    def idle_training_s(self, value: Optional[float]) -> None:
+        if value is not None and not value > 0:
+            raise ValueError(f"idle_training_s must be None or > 0, got {value!r}")
+        if self._drafter is None:
+            self._drafter = DrafterSlices(None)
+        self._drafter.slice_s = value
 
     @property
     def workers(self) -> dict:
@@ -385,7 +415,8 @@ class RayRolloutBackend:
         self._pool.await_starting(0)  # replacements that came up since the last rollout join now
         self._pool.restarts_left = self._pool.max_restarts
         self._rollouts += 1
-        sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk)
+        sched = RolloutScheduler(self._pool, self.scheduler_config, on_idle=self.on_idle, on_chunk=self.on_chunk,
+                                 drafter=self._drafter)
         self._metrics = sched.run(requests, rollout_id=self._rollouts)
         return [r.completion() for r in requests]
 
@@ -399,6 +430,19 @@ class RayRolloutBackend:
     def metrics(self) -> dict:
         """The scheduler's figures of the last generate (see rollout_scheduler's docstring)."""
         return dict(self._metrics)
+
+    def drafter_metrics(self) -> dict:
+        """The draft head's figures of the last generate: its seconds inside chunks and, when
+        idle workers train it, drafter_train_steps / _seconds / _slices / _version."""
+        return {k: v for k, v in self._metrics.items() if k.startswith("drafter")}
+
+    def publish_drafter(self, state: dict, version: int) -> None:
+        """Send a draft head (drafter.export.head_state) to every worker with its next chunk, as
+        an idle-time training slice does; a worker where it does not load drafts without it."""
+        self._check_open()
+        if self._drafter is None:
+            self._drafter = DrafterSlices(None)  # publishes, never trains
+        self._drafter.published = (int(version), [_ray().put(state)])
 
     def wait_ready(self, timeout_s: float = 300.0) -> int:
         """Wait (at most timeout_s) for replacement workers still starting; returns how many

@@ -1,21 +1,34 @@
 """The long-tail scheduler: divided rollout, context-aware order, balancing, recovery.
 
-Requests run in chunks of new tokens: at least `chunk_tokens`, and at least `chunk_growth`
-times the longest context in the batch (a chunk re-prefills its requests on the worker, so
-chunks grow with the context to keep that cost a bounded fraction of the decoding). A chunk
-ends with the request paused and back in one global queue, so any worker can continue it: every
-token is a pure function of (weights, prompt, seed, position), so where and in how many pieces
-a request runs never changes a token. The scheduler holds the only copy of each request's state
-(output so far, logprobs, stats); a worker's results are applied only when its whole chunk
-comes back, so a worker that dies loses nothing but time: its requests go back to the queue as
-they were.
+Requests run in chunks. A chunk ends with the request paused and back in one global queue, so
+any worker can continue it: every token is a pure function of (weights, prompt, seed, position),
+so where and in how many pieces a request runs never changes a token. A worker whose engine has
+`kept_slots` keeps the KV of the requests it paused (rollout/kept_slots.py) and reports them with
+each chunk; a request sent back there resumes without prefill, anywhere else it prefills its
+context again. On such workers a chunk is `chunk_tokens` engine steps (Engine.run's max_steps:
+every running request pauses at the same step) and may carry requests beyond the worker's slots,
+which the engine admits as slots free inside the chunk, so no slot waits for the chunk's end. On
+workers that keep nothing a chunk is `chunk_tokens` new tokens per request. Either way a chunk
+that prefills a context again lasts at least `chunk_growth` times the longest such context, to
+keep that cost a bounded fraction of the decoding.
+
+The scheduler holds the only copy of each request's state (output so far, logprobs, stats); a
+worker's results are applied only when its whole chunk comes back, so a worker that dies loses
+nothing but time: its requests go back to the queue as they were (and prefill again elsewhere).
 
 Dispatch is asynchronous: each worker has at most one batch in flight -- as many requests as
-its engine's `max_batch_size` allows, so it batches them together -- and the loop waits on all
-of them at once (`ray.wait` with a timeout) and refills whichever worker returns first.
+its engine's `max_batch_size` allows, so it batches them together, and where it keeps KV up to
+`extra_requests` x that many more from the queue's surplus (an even share of what the other
+workers' batches leave) -- and the loop waits on all of them at once (`ray.wait` with a timeout)
+and refills whichever worker returns first.
 
 Which requests go where:
-- balance: a worker takes at most its fair share of the unfinished requests,
+- affinity: a worker first takes back (up to a batch of) the paused requests whose KV it keeps.
+  A request kept on another live worker is left for it while that worker is idle and keeps no
+  more of the queue than one batch: moving costs one re-prefill and gains nothing while the
+  holder has a slot for it, but a request beyond the holder's batch, or one whose holder is busy
+  with a chunk, would wait while this worker has a free slot;
+- balance: beyond its own, a worker takes at most its fair share of the unfinished requests,
   ceil(unfinished / live workers), so the tail is spread over every worker rather than left
   on the one that happened to return first;
 - groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
@@ -40,7 +53,13 @@ of the samples had finished to the time all had), worker_busy_fraction (time wor
 inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
 forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps,
 spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
-re-prefills included; chunks lost with a worker are not counted).
+re-prefills included; chunks lost with a worker are not counted), drafter_seconds (the draft head's
+time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
+drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_published, drafter_version;
+max_worker_steps (the most any
+one worker ran: the rollout's critical path in forwards), reprefills and reprefill_tokens (requests
+dispatched, with some output, where their KV is not kept, and their contexts: an upper bound, as
+a request carried beyond the slots and never admitted costs nothing).
 """
 from __future__ import annotations
 
@@ -60,6 +79,7 @@ class SchedulerConfig:
     mode: str = "divided+context"
     chunk_tokens: int = 32  # new tokens per request per dispatch (divided modes), at least
     chunk_growth: float = 1.0  # ... and at least this times the batch's longest context
+    extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
     aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
     poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
@@ -74,6 +94,8 @@ class SchedulerConfig:
             raise ValueError(f"aging must be >= 0, got {self.aging}")
         if not self.chunk_growth >= 0:
             raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
+        if not self.extra_requests >= 0:
+            raise ValueError(f"extra_requests must be >= 0, got {self.extra_requests}")
         if not self.probe_factor >= 1:
             raise ValueError(f"probe_factor must be >= 1, got {self.probe_factor}")
         if not (self.poll_s > 0 and self.chunk_timeout_s > 0):
@@ -90,10 +112,11 @@ class RolloutScheduler:
     """
 
     def __init__(self, pool, config: SchedulerConfig, on_idle: Optional[Callable[[int], None]] = None,
-                 on_chunk: Optional[Callable[[int, list], None]] = None):
+                 on_chunk: Optional[Callable[[int, list], None]] = None, drafter=None):
         config.validate()
         self.pool, self.config = pool, config
         self.on_idle, self.on_chunk = on_idle, on_chunk
+        self.drafter = drafter  # scheduler.drafter_slices.DrafterSlices: training on idle workers
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -109,20 +132,28 @@ class RolloutScheduler:
         for i in self.reqs:
             self.probe.setdefault(self.gkey[i], i)
         self.home: dict = {}  # group -> worker index
+        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
+        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
         self.group_len: dict = {}  # group -> longest finished member
         self.skipped = {i: 0 for i in self.reqs}
         self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
         self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
         self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.worker_steps: dict = {}  # worker -> engine steps it ran
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0}
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
+                       "reprefills": 0, "reprefill_tokens": 0}
+        if self.drafter is not None:
+            self.drafter.new_rollout()
         idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
 
         while unfinished:
             self._dispatch(idle_told)
+            if self.drafter is not None:
+                self.drafter.give_slices(self.pool, self._busy_workers())
             if self.on_idle is not None:
                 for w in self.pool.ready():
                     if w not in self._busy_workers() and w not in idle_told:
@@ -132,9 +163,13 @@ class RolloutScheduler:
             if not waits:
                 raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
                                    f"last worker error: {self.pool.last_error}")
-            ready, _ = ray.wait(waits, num_returns=1, timeout=cfg.poll_s)
+            slices = list(self.drafter.inflight) if self.drafter is not None else []
+            ready, _ = ray.wait(waits + slices, num_returns=1, timeout=cfg.poll_s)
             now = time.perf_counter()
             for ref in ready:
+                if self.drafter is not None and self.drafter.owns(ref):
+                    self.drafter.receive(ref)
+                    continue
                 if ref not in self.inflight:
                     self.pool.started(ref)  # a replacement is up (or failed to start)
                     continue
@@ -168,8 +203,11 @@ class RolloutScheduler:
             first = results[0]  # per-call figures are repeated in every result
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
             self.counts["engine_steps"] += first.get("engine_steps", 0)
+            self.worker_steps[w] = self.worker_steps.get(w, 0) + first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
             self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
+            self.counts["drafter_seconds"] += first.get("drafter_seconds", 0.0)
+            self._note_kept(w, ids, first.get("kept", ()))
         back, done = set(ids), 0
         for res in results:
             i = res["id"]
@@ -191,6 +229,23 @@ class RolloutScheduler:
             self.on_chunk(w, results)
         return done
 
+    def _note_kept(self, w: int, ids: list[int], kept) -> None:
+        """Worker w keeps the KV of `kept` (its report after a chunk of `ids`): what it paused now is
+        held there; what it no longer keeps (evicted, finished) is held nowhere."""
+        kept = set(kept)
+        for i in self.kept_on.get(w, set()) - kept:
+            if self.holder.get(i) == w:
+                del self.holder[i]
+        for i in ids:
+            if i in kept:
+                self.holder[i] = w
+        self.kept_on[w] = kept
+
+    def _forget_kept(self, w: int) -> None:
+        for i in self.kept_on.pop(w, set()):
+            if self.holder.get(i) == w:
+                del self.holder[i]
+
     # ---- choosing work -----------------------------------------------------------------------
 
     def _busy_workers(self) -> set:
@@ -207,10 +262,10 @@ class RolloutScheduler:
             ids = self._pick(w, len(ready), len(idle))
             if not ids:
                 continue
-            budget = self._budget(ids)
-            work = [self._item(i, budget) for i in ids]
+            budget = self._budget(w, ids)
+            work = [self._item(i, budget, self._keeps(w)) for i in ids]
             try:
-                ref = self.pool.submit(w, work)
+                ref = self.pool.submit(w, work, self.drafter.message() if self.drafter is not None else None)
             except Exception as e:  # noqa: BLE001 -- a dead handle fails at submit on some versions
                 if not _is_worker_loss(e):
                     raise
@@ -227,18 +282,17 @@ class RolloutScheduler:
             share = math.ceil(len(self.pending) / max(1, n_idle))
             ids, self.pending = self.pending[:share], self.pending[share:]
             return ids
-        in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
-        cap = min(self.pool.max_batch(w), math.ceil((len(self.pending) + in_flight) / max(1, n_ready)))
-        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
         live = set(self.pool.ready())
-        local = [i for i in order if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
-        mine = set(local)
-        ids = (local + [i for i in order if i not in mine])[:cap]
+        ids = self._choose(w, n_ready, live)
         chosen = set(ids)
         self.pending = [i for i in self.pending if i not in chosen]
         for i in self.pending:
             self.skipped[i] += 1
         for i in ids:
+            r = self.reqs[i]
+            if r.output_ids and (self.holder.get(i) != w or not self._keeps(w)):  # prefilled again there
+                self.counts["reprefills"] += 1
+                self.counts["reprefill_tokens"] += len(r.prompt_ids) + len(r.output_ids) - 1
             g = self.gkey[i]
             home = self.home.get(g)
             if home is None or home not in live:
@@ -246,6 +300,48 @@ class RolloutScheduler:
             elif home != w:
                 self.counts["group_moves"] += 1
         return ids
+
+    def _choose(self, w: int, n_ready: int, live: set) -> list[int]:
+        """The requests of w's next batch: its own (whose KV it keeps) first, then its groups', then
+        others', each in the queue's order. Its own go first even before a more urgent one: one
+        left waiting would be taken by another worker while this one is busy, and prefilled again
+        there (and a chunk that prefills long contexts again grows with them)."""
+        cfg = self.config
+        in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
+        slots = self.pool.max_batch(w)
+        share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
+        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
+        own, free = self._affinity(w, order, live)
+        local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
+        mine = set(local)
+        cands = own + local + [i for i in free if i not in mine]
+        n = min(slots, max(share, len(own)))
+        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
+        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
+        extra = min(int(cfg.extra_requests * slots), (len(cands) - n) // max(1, n_ready)) if self._keeps(w) else 0
+        return cands[:n + max(0, extra)]
+
+    def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
+        """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
+        those it may take besides. A request kept on another live worker stays for it while that
+        worker is idle (it is dispatched next) and keeps no more of the queue than one batch: moving
+        costs a re-prefill and buys nothing while the holder has a slot for it, whereas a request
+        beyond the holder's batch, or held by a worker busy with a chunk, would wait while w has a
+        free slot, stretching the tail."""
+        own, free, theirs = [], [], {}
+        for i in order:
+            h = self.holder.get(i)
+            if h == w:
+                own.append(i)
+            elif h is None or h not in live:
+                free.append(i)
+            else:
+                theirs.setdefault(h, []).append(i)
+        slots, busy = self.pool.max_batch(w), self._busy_workers()
+        for h, ids in theirs.items():
+            free += ids[0 if h in busy else self.pool.max_batch(h):]
+        rank = {i: n for n, i in enumerate(order)}
+        return own[:slots], sorted(free + own[slots:], key=rank.__getitem__)
 
     def _ordered(self) -> list[int]:
         """Probes first, then longest estimated remaining first, aged."""
@@ -268,17 +364,27 @@ class RolloutScheduler:
 
         return sorted(self.pending, key=key, reverse=True)
 
-    def _budget(self, ids: list[int]) -> Optional[int]:
-        """New tokens per request for this batch. Each chunk re-prefills its requests' contexts,
-        so the chunk grows with the context to keep that overhead a bounded fraction."""
+    def _keeps(self, w: int) -> bool:
+        """Whether worker w's engine keeps paused requests' KV (EngineConfig.kept_slots)."""
+        return getattr(self.pool, "info", {}).get(w, {}).get("kept_slots", 0) > 0
+
+    def _budget(self, w: int, ids: list[int]) -> Optional[int]:
+        """The chunk: chunk_tokens, and at least chunk_growth x the longest context the batch
+        prefills again, so that a re-prefill stays a bounded fraction of the decoding. On a worker
+        that keeps KV only requests moved to it (or evicted there) prefill again, and the chunk is
+        counted in engine steps (each gives every running request at least one token); elsewhere
+        every request prefills again and the chunk is new tokens per request."""
         cfg = self.config
         if cfg.mode == "static":
             return None
-        longest = max(len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids) for i in ids)
-        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * longest))
+        keeps = self._keeps(w)
+        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
+                 for i in ids if not keeps or (self.holder.get(i) != w and self.reqs[i].output_ids)]
+        return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(again, default=0)))
 
-    def _item(self, i: int, budget: Optional[int]) -> dict:
-        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": budget, "request": self.reqs[i].to_wire()}
+    def _item(self, i: int, budget: Optional[int], keeps: bool) -> dict:
+        return {"id": i, "rollout": self.rollout_id, "max_new_tokens": None if keeps else budget,
+                "max_steps": budget if keeps else None, "request": self.reqs[i].to_wire()}
 
     # ---- failures and metrics ------------------------------------------------------------------
 
@@ -293,6 +399,7 @@ class RolloutScheduler:
         self.pending = ids + self.pending if requeue_front else self.pending + ids
         for g in [g for g, h in self.home.items() if h == w]:
             del self.home[g]
+        self._forget_kept(w)
         self.pool.fail(w, error)
 
     def _metrics(self, elapsed: float, finish_times: list[float]) -> dict:
@@ -309,10 +416,12 @@ class RolloutScheduler:
             "tail_seconds": tail_seconds(finish_times),
             "worker_busy_fraction": sum(self.busy_s.values()) / (elapsed * slots) if elapsed > 0 else 0.0,
             "worker_busy_seconds": {w: round(s, 4) for w, s in sorted(self.busy_s.items())},
+            "max_worker_steps": max(self.worker_steps.values(), default=0),
             "generated_tokens": generated,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
             "forward_passes": sum(r.forward_passes for r in reqs),
             **self.counts,
+            **(self.drafter.metrics() if self.drafter is not None else {}),
         }
 
 

@@ -4,14 +4,20 @@ A worker keeps nothing between chunks that the output depends on. Every token is
 function of (weights, prompt, seed, position), so a work item carries the whole state of its
 request -- prompt, output so far, seed, sampling params, draft -- and any worker holding the
 same weights continues it with the same tokens. What a worker does keep is only speed: the
-proposers' indexes (a GRPO group's suffix index grows while its members run here).
+proposers' indexes (a GRPO group's suffix index grows while its members run here), and, when its
+engine has `kept_slots`, the KV of the requests it paused, under (rollout id, scheduler id): the
+same request sent back here resumes without prefill (rollout/kept_slots.py checks that its
+context still begins with the kept tokens; weight updates drop them, and so does a chunk of
+another rollout).
 
 `RolloutWorker` is a plain class; the backend wraps it with `ray.remote` and the resources it
 was given, so this module imports without Ray.
 
 A work item (dict): id (the scheduler's request id, returned as is), rollout (the id of the
 rollout it belongs to: GRPO group ids are scoped by it), max_new_tokens (the chunk: pause after
-this many new tokens; None = run to the end) and request (`Request.to_wire()`: prompt, output so
+this many new tokens; None = run to the end), max_steps (optional, the same in every item of a
+call: after this many engine steps every running request pauses and those never admitted come
+back untouched, so a call may carry more requests than slots) and request (`Request.to_wire()`: prompt, output so
 far, its logprobs, seed, sampling params, the old response and its logprobs, group, counters).
 
 A result (dict): id; token_ids and logprobs (the tokens generated in this call only);
@@ -19,7 +25,13 @@ finish_reason ("stop" | "length", or None when paused at the end of the chunk); 
 counters, cumulative); finished_at_s (seconds from the start of the call to this request's last
 token, None if paused); for the whole call (same in every result): wall_s, engine_steps (target
 forwards), spec_off_steps (those without drafts) and fed_tokens (tokens fed to them, prefill
-included) -- the work the call took, independent of how busy the machine was.
+included) -- the work the call took, independent of how busy the machine was --,
+drafter_seconds (the draft head's share of it) and kept (the scheduler ids of this rollout whose
+KV this worker keeps after the call).
+
+The draft head (drafter/proposer.py, when the engine's spec names "drafter"): a chunk may carry
+the newest published version, (version, [ObjectRef of its state]), loaded before the chunk runs;
+`train_drafter` is a training slice on what this worker ran (scheduler/drafter_slices.py).
 """
 from __future__ import annotations
 
@@ -44,20 +56,34 @@ class RolloutWorker:
         self._rollout_groups: dict[Any, set] = {}  # rollout id -> group keys indexed here
         self.busy_s = 0.0
         self.chunks = 0
+        self._drafter_online = None  # drafter.online.OnlineState when this worker trains the head
+        self._drafter_refused: Optional[int] = None  # a published version that did not load here
 
     def ping(self) -> dict:
         cfg = self.engine.config
         return {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(),
                 "vocab_size": self.engine.vocab_size, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": cfg.max_model_len, "device": cfg.device,
-                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks}
+                "num_threads": self.engine.num_threads, "busy_s": self.busy_s, "chunks": self.chunks,
+                "kept_slots": self.engine.kept.capacity, **self._drafter_info()}
+
+    def _drafter_info(self) -> dict:
+        dp = self._drafter()
+        if dp is None:
+            return {}
+        return {"drafter_version": dp.head_version, "drafter_off": dp.head is None,
+                "drafter_refused": self._drafter_refused,
+                "drafter_buffer_tokens": dp.buffer.total_tokens if dp.buffer is not None else 0}
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
         return self.engine.update_weights(weights)
 
-    def run_chunk(self, work: list[dict]) -> list[dict]:
+    def run_chunk(self, work: list[dict], drafter: Optional[tuple] = None) -> list[dict]:
         t0 = time.perf_counter()
+        self._load_drafter(drafter)
+        dp = self._drafter()
+        head_s = dp.stats["seconds"] if dp is not None else 0.0
         self._forget_other_rollouts({w.get("rollout") for w in work})
         by_budget: dict[Optional[int], list[dict]] = {}
         for w in work:
@@ -69,14 +95,55 @@ class RolloutWorker:
             done = RunStats(done.steps + run.steps, done.spec_off_steps + run.spec_off_steps,
                             done.fed_tokens + run.fed_tokens)
         wall = time.perf_counter() - t0
+        drafter_s = dp.stats["seconds"] - head_s if dp is not None else 0.0
+        kept = [key[1] for key in self.engine.kept.keys() if key[0] == work[0].get("rollout")] if work else []
         for r in results:
             r.update(wall_s=wall, engine_steps=done.steps, fed_tokens=done.fed_tokens,
-                     spec_off_steps=done.spec_off_steps)
+                     spec_off_steps=done.spec_off_steps, drafter_seconds=drafter_s, kept=kept)
         self.busy_s += wall
         self.chunks += 1
         return results
 
+    def train_drafter(self, seconds: float, drafter: Optional[tuple] = None) -> dict:
+        """A training slice of about `seconds` on the responses of the current rollout this worker
+        ran. Returns steps, seconds, the head's version and, if it trained, its state to publish."""
+        from drafter.export import head_state
+        from drafter.online import OnlineConfig, OnlineState, train_on_buffer
+
+        self._load_drafter(drafter)
+        dp = self._drafter()
+        if dp is None or dp.buffer is None:
+            return {"steps": 0, "seconds": 0.0, "version": 0, "state": None}
+        spec = self.engine.config.spec.drafter
+        cfg = OnlineConfig(kind=spec.kind, window=spec.window, lr=spec.lr, ttt_steps=spec.ttt_steps,
+                           num_threads=self.engine.num_threads)
+        self._drafter_online = self._drafter_online or OnlineState()
+        if self._drafter_refused is not None:  # versions go on after the one refused here
+            dp.head_version = max(dp.head_version, self._drafter_refused)
+        report = train_on_buffer(dp, self._drafter_online, cfg, seconds, current_only=True)
+        trained = report.get("drafter_train_steps", 0) > 0 and dp.head is not None
+        return {"steps": report.get("drafter_train_steps", 0), "seconds": report.get("drafter_train_seconds", 0.0),
+                "version": dp.head_version, "state": head_state(dp.head) if trained else None}
+
     # ---- internals ---------------------------------------------------------------------------
+
+    def _drafter(self):
+        from drafter.proposer import DrafterProposer
+
+        return DrafterProposer.of(self.engine)
+
+    def _load_drafter(self, drafter: Optional[tuple]) -> None:
+        """Load a newer published head version (one that fails is not tried again)."""
+        if drafter is None:
+            return
+        version, refs = drafter
+        dp = self._drafter()
+        if dp is None or version == self._drafter_refused or (dp.head is not None and version <= dp.head_version):
+            return
+        import ray
+
+        if not dp.load(ray.get(refs[0], timeout=60), version):
+            self._drafter_refused = version
 
     def _run(self, items: list[dict], budget: Optional[int], t0: float) -> tuple[list[dict], RunStats]:
         eng = self.engine
@@ -86,8 +153,10 @@ class RolloutWorker:
             r.group = self._group_key(r.group, w.get("rollout"))
         starts = [len(r.output_ids) for r in reqs]
         finished_at: dict[int, float] = {}
+        keep = [(w.get("rollout"), w["id"]) if w.get("rollout") is not None else None for w in items]
         run = eng.run(reqs, max_new_tokens=budget,
-                      on_finish=lambda r: finished_at.__setitem__(r.index, time.perf_counter() - t0))
+                      on_finish=lambda r: finished_at.__setitem__(r.index, time.perf_counter() - t0),
+                      keep=keep if eng.kept.capacity else None, max_steps=items[0].get("max_steps"))
         out = []
         for r, w, n0 in zip(reqs, items, starts):
             out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
@@ -102,6 +171,7 @@ class RolloutWorker:
         return (rollout, group)  # group ids are only unique within one rollout
 
     def _forget_other_rollouts(self, current: set) -> None:
-        """Drop the suffix indexes of groups of earlier rollouts (their prompts are done)."""
+        """Drop the suffix indexes of groups, and the kept KV, of earlier rollouts (they are done)."""
+        self.engine.kept.drop(lambda key: key[0] not in current)
         for rollout in [r for r in self._rollout_groups if r not in current]:
             self.engine.release_groups(self._rollout_groups.pop(rollout))

@@ -230,3 +230,58 @@ def remove_stale_temporaries(root: str) -> None:
                 shutil.rmtree(entry.path, ignore_errors=True)
         except OSError:
             pass
+
+
+# ------------------------------------------------------------------------------ the drafter's warm start
+
+DRAFTER_FORMAT = 1  # bump when the head's warm-start recipe changes
+DRAFTER_PROMPTS, DRAFTER_SAMPLES, DRAFTER_STEPS, DRAFTER_PASSES = 64, 8, 800, 20.0
+
+
+def drafter_folder(policy_folder: str, kind: str = "attention", window: Optional[int] = None) -> str:
+    """Where the warm-started draft head of a cached policy lives: beside its weights."""
+    shape = kind if window is None or kind != "attention" else f"{kind}-w{window}"
+    return os.path.join(policy_folder, f"drafter-{shape}-v{DRAFTER_FORMAT}")
+
+
+def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: str = "attention",
+                               seconds: float = 300.0, progress: bool = True, window: Optional[int] = None) -> str:
+    """The folder of the policy's warm-started draft head (drafter.export format), trained on
+    first use: the policy samples DRAFTER_PROMPTS problems x DRAFTER_SAMPLES at T = 1 (problems
+    of the task's distribution, drawn apart from the RL prompts) and the head trains on them for
+    DRAFTER_STEPS steps (at most DRAFTER_PASSES over their tokens: a small task's policy needs
+    fewer) or `seconds`, whichever ends first (drafter.warm_start). Epoch 0 needs a drafter
+    most: nothing to copy from yet."""
+    from drafter.head import HeadConfig
+    from drafter.trainer import TrainConfig
+    from drafter.warm_start import load_or_warm_start
+    from rollout.model import CausalLM
+
+    folder = drafter_folder(policy_folder, kind, window)
+    policy = CausalLM.from_pretrained(policy_folder)
+
+    def rollouts():
+        if progress:
+            print(f"spectail: warm-starting the draft head ({kind}) for {policy_folder}", flush=True)
+        return sample_rollouts(policy, policy_folder, task_cfg)
+
+    load_or_warm_start(folder, policy, rollouts, HeadConfig(kind=kind, window=window), TrainConfig(decay="cosine"),
+                       time_budget_s=seconds, max_steps=DRAFTER_STEPS, max_passes=DRAFTER_PASSES)
+    return folder
+
+
+def sample_rollouts(policy, policy_folder: str, task_cfg: TaskConfig, num_prompts: int = DRAFTER_PROMPTS,
+                    samples: int = DRAFTER_SAMPLES, seed: int = 10_007):
+    """drafter.features.SavedRollout's of the policy at T = 1 on problems drawn with `seed`."""
+    from drafter.features import SavedRollout
+    from rollout import Engine, EngineConfig, SamplingParams
+    from rollout.seeds import prompt_key, sample_seed
+
+    tok = load_checkpoint(policy_folder)[1]
+    problems = make_problems(dataclasses.replace(task_cfg, num_problems=num_prompts, seed=seed))
+    prompts = [tok(p.prompt)["input_ids"] for p in problems for _ in range(samples)]
+    seeds = [sample_seed(seed, prompt_key(p), i % samples, None) for i, p in enumerate(prompts)]
+    params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[tok.eos_token_id])
+    engine = Engine(policy, EngineConfig(max_batch_size=64, max_model_len=1024))
+    outs = engine.generate(prompts, params, seeds=seeds)
+    return [SavedRollout(p, o.token_ids, o.seed, 1.0, 0, 1.0) for p, o in zip(prompts, outs)]

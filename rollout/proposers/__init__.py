@@ -2,7 +2,8 @@
 
 The registry maps a name to the proposer's class as "module:Class", imported only when a
 SpecConfig asks for it (the drafter lives in a higher package, which `rollout` never imports).
-A class is built with `Class.from_config(spec, model)`.
+A class is built with `Class.from_config(spec, model, engine_config)` (the engine's model and
+config, for proposers that size state by them).
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ REGISTRY = {
 }
 
 
-def make_proposers(spec, model=None) -> list[Proposer]:
+def make_proposers(spec, model=None, engine_config=None) -> list[Proposer]:
     """The proposers a SpecConfig names, in its order (None -> no speculation)."""
     if spec is None:
         return []
-    return [_load(name).from_config(spec, model) for name in spec.proposers]
+    return [_load(name).from_config(spec, model, engine_config) for name in spec.proposers]
 
 
 def _load(name: str):

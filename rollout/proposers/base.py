@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..request import Request
 
@@ -37,6 +37,17 @@ class Draft:
         return dataclasses.replace(self, tokens=self.tokens[:n], confidence=conf)
 
 
+@dataclass(frozen=True)
+class HiddenSpan:
+    """Rows of one request whose context was correct in a step: sequence positions start ..
+    start + count - 1, at rows offset .. offset + count - 1 of the step's hidden states."""
+
+    req: Request
+    start: int
+    offset: int
+    count: int
+
+
 class Proposer:
     """The base of every draft source: no draft, no state.
 
@@ -47,12 +58,37 @@ class Proposer:
     catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
         which `propose` and `finish` do too; the engine then skips it in steps that draft nothing,
         so a budget that has switched speculation off costs no bookkeeping per token.
+    wants_hidden: the engine asks the forward for the final hidden state of every fed token and
+        hands them over (`observe_hidden`); False costs nothing. May change between steps.
+    batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
+        what a batched draft position costs (`position_cost`) is charged to its tokens when the
+        controller decides how many positions are worth drafting.
     """
 
     name = "base"
     prior = 0.5
     wants_lookahead = False
     catches_up = False
+    wants_hidden = False
+    batched = False
+
+    def prepare(self, requests: Sequence[Request], offer, plan) -> None:
+        """Once per step, before any `propose` (batched proposers only): the requests that are
+        decoding (one pending token); offer.most: the most draft tokens the budget could grant
+        any of them this step; offer.table, plan.threshold: how it will judge them
+        (rollout/controller.py)."""
+
+    def position_cost(self, n: int) -> float:
+        """Seconds one batched draft position costs for n requests (measured by the proposer)."""
+        return 0.0
+
+    def observe_hidden(self, spans: Sequence[HiddenSpan], hidden) -> None:
+        """Once per step, after its verify: `hidden` [N, d] holds the final hidden state (after
+        the last norm) of each token fed in the step; `spans` say which rows had a correct
+        context (prompt chunks, the pending token, accepted drafts), per request."""
+
+    def weights_updated(self, version: int) -> None:
+        """The engine's weights were replaced (its version counter is now `version`)."""
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:
         """Up to k tokens that would follow req.prompt_ids + req.output_ids, or None.

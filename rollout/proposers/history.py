@@ -69,7 +69,7 @@ class HistoryProposer(Proposer):
         self.max_candidates = max_candidates
 
     @classmethod
-    def from_config(cls, spec, model=None) -> HistoryProposer:
+    def from_config(cls, spec, model=None, engine_config=None) -> HistoryProposer:
         return cls()
 
     # -- the Proposer interface ------------------------------------------------------------

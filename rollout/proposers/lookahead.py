@@ -22,7 +22,7 @@ class LookaheadProposer(Proposer):
     wants_lookahead = True
 
     @classmethod
-    def from_config(cls, spec, model=None) -> LookaheadProposer:
+    def from_config(cls, spec, model=None, engine_config=None) -> LookaheadProposer:
         return cls()
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:

@@ -16,7 +16,7 @@ class NgramProposer(Proposer):
         self.sizes = tuple(sorted(set(ngram_sizes), reverse=True))
 
     @classmethod
-    def from_config(cls, spec, model=None) -> NgramProposer:
+    def from_config(cls, spec, model=None, engine_config=None) -> NgramProposer:
         return cls(spec.ngram_sizes)
 
     def propose(self, req: Request, k: int) -> Optional[Draft]:

@@ -197,7 +197,7 @@ class SuffixProposer(Proposer):
         self._groups: dict[Hashable, SuffixIndex] = {}
 
     @classmethod
-    def from_config(cls, spec, model=None) -> SuffixProposer:
+    def from_config(cls, spec, model=None, engine_config=None) -> SuffixProposer:
         return cls()
 
     def drop_group(self, group) -> None:

@@ -11,13 +11,14 @@ from tests.conftest import tiny_hf_model
 VOCAB = 101
 
 
-def sharp_policy(seed: int = 3, scale: float = 6.0, arch: str = "llama", vocab: int = VOCAB, **over) -> CausalLM:
+def sharp_policy(seed: int = 3, scale: float = 6.0, arch: str = "llama", vocab: int = VOCAB,
+                 dtype: torch.dtype = torch.float32, **over) -> CausalLM:
     """A tiny random policy whose output is sharpened (a random model's next-token distributions
     are nearly uniform, which every head matches)."""
     hf = tiny_hf_model(arch, vocab=vocab, seed=seed, **over)
     with torch.no_grad():
         hf.lm_head.weight.mul_(scale)
-    return CausalLM.from_pretrained(hf)
+    return CausalLM.from_pretrained(hf, dtype)
 
 
 def sample_rollouts(policy: CausalLM, n: int, seed: int, max_tokens: int = 40, params=None) -> list[SavedRollout]:

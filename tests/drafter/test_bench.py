@@ -10,9 +10,9 @@ def test_bench_pieces(policy):
     engine = Engine(policy, EngineConfig(max_batch_size=8, max_model_len=64))
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 101) for _ in range(4)] for _ in range(3)]
-    rolls = sample_rollouts(engine, prompts, samples=2, epoch=0, eos=2)
+    rolls = sample_rollouts(engine, prompts, samples=2, step=0, eos=2)
     assert len(rolls) == 6 and rolls[0].prompt_ids == rolls[1].prompt_ids and rolls[0].seed != rolls[1].seed
-    again = sample_rollouts(engine, prompts, samples=2, epoch=0, eos=2)
+    again = sample_rollouts(engine, prompts, samples=2, step=0, eos=2)
     assert [r.response_ids for r in again] == [r.response_ids for r in rolls]  # seeds fix the samples
     head = DraftHead.for_policy(policy, HeadConfig(), seed=0)
     cost = time_steps(policy, head, batch=4, ctx=8, reps=2)

@@ -23,10 +23,10 @@ def chain_at(r, f, t, k, slot, start=0):
                  position=t + 1, k=k, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
 
 
-@pytest.mark.parametrize("kind", ["attention", "mlp"])
-def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind):
+@pytest.mark.parametrize("kind,window", [("attention", None), ("attention", 5), ("mlp", None)])
+def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind, window):
     rolls, feats = rollouts
-    head = DraftHead.for_policy(policy, HeadConfig(kind=kind), seed=5)
+    head = DraftHead.for_policy(policy, HeadConfig(kind=kind, window=window), seed=5)
     want = chain_runs(head, policy, rolls, max_k=6, features=feats)
     assert sum(run for per in want for run, _ in per) > 100  # long runs: the comparison has teeth
     cache = head.new_cache(len(rolls), 128)
@@ -40,13 +40,14 @@ def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind):
             assert all(m >= 0 for m in d.margins)
 
 
-def test_engine_walk_with_rollback_matches_the_simulation(policy, rollouts):
+@pytest.mark.parametrize("window", [None, 3])
+def test_engine_walk_with_rollback_matches_the_simulation(policy, rollouts, window):
     """Walk each response as the engine would: after a verify the next chain rewrites the rows
     from the first one whose input was a draft (stale keys beyond it are never read)."""
     rolls, feats = rollouts
-    head = DraftHead.for_policy(policy, HeadConfig(), seed=5)
+    head = DraftHead.for_policy(policy, HeadConfig(window=window), seed=5)
     want = chain_runs(head, policy, rolls, max_k=5, features=feats)
-    cache = head.new_cache(2, 128)
+    cache = head.new_cache(2, 128, max_draft=5)  # a window's ring of 8 rows: it wraps many times
     walked = 0
     for i, (r, f) in enumerate(zip(rolls[:12], feats[:12])):
         t, start = 0, 0
@@ -80,3 +81,15 @@ def test_bad_chain_is_refused(policy, rollouts):
     far = Chain(slot=0, start=30, tokens=[1, 2], feats=feats[0][:2], seed=1, position=1, k=4)
     with pytest.raises(ValueError, match="do not fit the head's cache"):
         draft_chains(attn, policy, attn.new_cache(1, 32), [far])
+
+
+def test_a_window_changes_what_the_head_sees(policy, rollouts):
+    """The window is real: with a short one the same weights give other outputs on long rows."""
+    rolls, feats = rollouts
+    full = DraftHead.for_policy(policy, HeadConfig(), seed=5)
+    short = DraftHead.for_policy(policy, HeadConfig(window=2), seed=5)
+    short.load_state_dict(full.state_dict())
+    tokens, f = torch.tensor([rolls[0].token_ids[1:]]), feats[0][None, :-1]
+    a, b = full.unroll(policy, tokens, f, 1)[0][0], short.unroll(policy, tokens, f, 1)[0][0]
+    torch.testing.assert_close(a[:, :2], b[:, :2])  # the first rows see no more than 2 keys either way
+    assert not torch.allclose(a[:, 5:], b[:, 5:])

@@ -22,7 +22,10 @@ from scheduler.history_store import restore_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "examples", "demo.yaml")
-SMALL = ["rollout.n=4", "trainer.save_every=1", "rollout.engine.spec.min_draft_prob=0.3", "output.plot=false"]
+# the online drafter off: a resumed one starts from the saved head but not its feature buffer,
+# so it would draft (not sample) differently; test_the_drafter_head_is_saved_and_resumed covers it
+SMALL = ["rollout.n=4", "trainer.save_every=1", "rollout.engine.spec.min_draft_prob=0.3", "output.plot=false",
+         "rollout.drafter.enabled=false"]
 
 
 def train(tiny_run, out, *extra):
@@ -164,3 +167,18 @@ def test_the_history_store_comes_back_as_the_checkpoint_linked_it(tmp_path):
     assert (store / "step-000000001.parquet").read_bytes() == b"one"
     with pytest.raises(ValueError, match="not history store files"):
         restore_files(store, [store / "notes.txt"])
+
+
+def test_the_drafter_head_is_saved_and_resumed(tiny_run, tmp_path, capsys):
+    from drafter.export import load
+
+    out = tmp_path / "run"
+    assert train(tiny_run, out, "trainer.steps=1", "rollout.drafter.enabled=true") == 0, capsys.readouterr().err
+    ckpt = C.load_checkpoint(out / "checkpoints" / "step-1")
+    assert ckpt.drafter is not None and ckpt.drafter.is_dir()
+    head = load(ckpt.drafter, Engine.from_pretrained(str(ckpt.folder), EngineConfig(max_batch_size=1,
+                                                                                     max_model_len=64)).model)
+    assert all(torch.isfinite(t).all() for t in head.state_dict().values())
+    cfg = load_config(DEMO, [*tiny_run, *SMALL, "rollout.drafter.enabled=true"])
+    resume.resume_drafter(ckpt, cfg)
+    assert cfg.rollout.drafter.path == os.fspath(ckpt.drafter)

@@ -8,8 +8,9 @@ from rl_integration.trainer import train
 
 
 def test_grpo_reward_rises(tiny_run, tmp_path):
+    # the drafter off: it would take the drafts history is checked for below
     cfg = load_config(None, tiny_run + ["trainer.steps=8", "rollout.n=16", "trainer.seed=0",
-                                        f"output.dir={tmp_path}", "output.plot=false"])
+                                        f"output.dir={tmp_path}", "output.plot=false", "rollout.drafter.enabled=false"])
     records = train(cfg, echo=lambda line: None)
     rewards = [r["reward_mean"] for r in records]
     assert len(rewards) == 8

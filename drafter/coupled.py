@@ -1,0 +1,82 @@
+"""The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)).
+
+The same token rollout.sampling.sample would pick from these logits (z + G and z - log E are the
+same IEEE value, and argmax takes the first index of a tie in both), so a head whose distribution
+matches the policy's is accepted nearly always, and the offline simulation (drafter/simulate.py,
+which calls rollout.sampling.sample) predicts the engine's drafts exactly. What differs is only
+the work: the noise is made for a few draft positions of every live request at once (it depends
+on no logits: one batch instead of one per position, and chains that end early do not pay for
+positions they never reach), the common case of temperature 1 without top-k / top-p skips the
+processing, and the margin (best minus second-best perturbed score: how far the head's logits
+would have to move to change the token) comes from the same scores. No logprobs are made: a draft
+needs none.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rollout import sampling
+
+# Noise is made for this many draft positions of the live requests at a time, while that holds
+# at most NOISE_ELEMENTS elements (requests x positions x vocabulary).
+NOISE_BLOCK = 4
+NOISE_ELEMENTS = 1 << 22
+
+
+class CoupledSampler:
+    """For chains with .seed, .position (of their first draft), .k, .temperature, .top_k, .top_p."""
+
+    def __init__(self, chains: Sequence, device):
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        self.seeds = col([int(c.seed) for c in chains], torch.int64)
+        self.first = col([int(c.position) for c in chains], torch.int64)
+        self.temperature = col([float(c.temperature) for c in chains], torch.float32)
+        self.top_k = col([int(c.top_k) for c in chains], torch.int64)
+        self.top_p = col([float(c.top_p) for c in chains], torch.float32)
+        self.plain = all(float(c.temperature) == 1.0 and int(c.top_k) == 0 and float(c.top_p) == 1.0 for c in chains)
+        self.greedy = [float(c.temperature) == 0 for c in chains]
+        self.ks = [int(c.k) for c in chains]
+        self.device = device
+        self._block: tuple = (-1, 0, {}, None)  # (first step, steps, chain -> its first row, noise [rows, V])
+
+    def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool) -> tuple[list[int], list[float]]:
+        """Tokens (and margins, NaN unless asked) of chains `live` at their step-th draft
+        position; logits [len(live), V] float32, in the order of `live`."""
+        index = None if len(live) == len(self.ks) else torch.tensor(live).to(self.device)
+
+        def pick(t):
+            return t if index is None else t[index]
+
+        z = logits if self.plain else sampling.process_logits(logits, pick(self.temperature), pick(self.top_k),
+                                                              pick(self.top_p))
+        scores = z
+        if not all(self.greedy[i] for i in live):
+            scores = z + self._gumbel(live, step, z.shape[-1])
+            if any(self.greedy[i] for i in live):
+                greedy = torch.tensor([self.greedy[i] for i in live], device=self.device)
+                scores = torch.where(greedy[:, None], z, scores)
+        if not margins:
+            return scores.argmax(dim=-1).tolist(), [float("nan")] * len(live)
+        best, tokens = scores.max(dim=-1)  # the first maximal index, as argmax
+        if scores.shape[-1] < 2:
+            return tokens.tolist(), [float("inf")] * len(live)
+        second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
+        return tokens.tolist(), (best - second).tolist()
+
+    def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
+        """G(seed, first + step, .) of the live chains: [len(live), V] float32."""
+        start, block, rows, noise = self._block
+        if noise is None or not start <= step < start + block or any(i not in rows for i in live):
+            block = max(1, min(NOISE_BLOCK, NOISE_ELEMENTS // max(1, len(live) * vocab)))
+            index = torch.tensor(live).to(self.device)
+            seeds = self.seeds[index].repeat_interleave(block)
+            positions = (self.first[index] + step).repeat_interleave(block) + torch.arange(
+                block, device=self.device).repeat(len(live))
+            start, rows = step, {i: n * block for n, i in enumerate(live)}
+            noise = sampling.gumbel_noise(seeds, positions, vocab)
+            self._block = (start, block, rows, noise)
+        return noise[torch.tensor([rows[i] + step - start for i in live]).to(self.device)]

@@ -1,0 +1,113 @@
+"""The online drafter in the step loop: where its head comes from, and when it trains.
+
+    drafter = online_drafter.start(cfg, folder, progress)   # before the RolloutClient is built
+    ... rollout, rewards
+    stats = online_drafter.after_rollout(drafter, client, batch, rewards)   # before the optimizer steps
+    ... optimizer steps, client.update_weights(model)
+    stats.update(online_drafter.between_steps(drafter, client))            # local backend: train
+
+`start` puts "drafter" among the engine's proposers with its first head: rollout.drafter.path,
+else (embedded policy) the warm start cached beside the policy, else none (the first training
+makes one). `after_rollout` reports what the drafter did in the rollout and its exact simulated
+acceptance on it (made while the engine still holds the rollout's weights). `between_steps`
+trains the local engine's head on the buffered features, refreshed under the new weights, within
+rollout.drafter.train.between_steps_s; on Ray the workers train in their idle time during the
+rollout instead (scheduler/), and this reports nothing more.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rollout import threads
+
+from .config import DrafterSection, RunConfig
+
+
+@dataclass
+class OnlineDrafter:
+    cfg: DrafterSection
+    online: object  # drafter.online.OnlineState: the head's optimizer across steps
+    seen: dict = field(default_factory=dict)  # the proposer's cumulative counters at the last report
+    advantages: dict = field(default_factory=dict)  # seed -> advantage of the last rollout (reward weighting)
+
+
+def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -> Optional[OnlineDrafter]:
+    """Turn the drafter on in cfg.rollout.engine (cfg is changed in place); None when it is off."""
+    from drafter.online import OnlineState
+
+    d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
+    if not d.enabled or spec is None:
+        return None
+    path = d.path
+    if path is None and cfg.policy.source == "embedded" and policy_folder is not None:
+        from .demo.policy import load_or_warm_start_drafter
+
+        path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
+                                          window=d.window)
+    proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
+    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
+    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind, window=d.window,
+                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
+    cfg.rollout.engine = dataclasses.replace(
+        cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
+    cfg.rollout.engine.validate()
+    return OnlineDrafter(d, OnlineState())
+
+
+def live_head(drafter: Optional[OnlineDrafter], client):
+    """The head the local engine drafts with (None: no drafter, none set, or the Ray backend)."""
+    proposer = _proposer(client) if drafter is not None else None
+    return proposer.head if proposer is not None else None
+
+
+def _proposer(client):
+    from drafter.proposer import DrafterProposer
+
+    engine = getattr(client.backend, "engine", None)
+    return DrafterProposer.of(engine) if engine is not None else None
+
+
+def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> dict:
+    """The drafter's figures of the rollout that just ran: its seconds and share of the rollout's
+    time, head positions run, and (local) its simulated acceptance on this rollout."""
+    if drafter is None:
+        return {}
+    from drafter.online import measure
+
+    out: dict = {}
+    proposer = _proposer(client)
+    if proposer is not None:
+        now = dict(proposer.stats)
+        out = {f"drafter_{k}": v - drafter.seen.get(k, 0) for k, v in now.items()}
+        drafter.seen = now
+        with threads.using(threads.trainer_threads(None)):
+            out.update(measure(proposer))
+    elif hasattr(client.backend, "drafter_metrics"):
+        out = client.backend.drafter_metrics()
+    seconds = batch.step_stats.get("rollout_seconds") or 0.0
+    if seconds > 0 and "drafter_seconds" in out:
+        out["drafter_share"] = out["drafter_seconds"] / seconds
+    if drafter.cfg.train.reward_beta > 0:
+        from .grpo import group_advantages
+
+        adv = group_advantages(rewards, batch.group_index).tolist()
+        drafter.advantages = dict(zip(batch.seeds, adv))
+    return out
+
+
+def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
+    """Local backend: train the engine's head for up to between_steps_s on its buffer, whose
+    features are refreshed under the weights just pushed. Ray: nothing (idle slices did it)."""
+    if drafter is None:
+        return {}
+    from drafter.online import OnlineConfig, train_on_buffer
+
+    proposer = _proposer(client)
+    t = drafter.cfg.train
+    if proposer is None or t.between_steps_s <= 0:
+        return {}
+    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, lr=t.lr, ttt_steps=t.ttt_steps,
+                       reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
+    return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)

@@ -1,0 +1,99 @@
+"""The drafter's spot trainer: training slices on workers the long tail leaves idle (TLT).
+
+While a rollout runs, a worker with no chunk in flight is given a training slice instead of
+nothing: `RolloutWorker.train_drafter(seconds)` trains its engine's draft head for about
+`idle_slice_s` on the responses it ran in this rollout (its own buffer: no features travel).
+One worker at a time is the writer; the others only read (when the writer is running a chunk
+and another worker is idle, that one takes over from the last published version). A chunk sent
+to the writer while it trains waits for the slice to end (actor calls run in order), so training
+stretches a chunk's start by at most one slice, and the slices use time that would otherwise be
+idle.
+
+Every slice that made progress is published: the driver puts the head's state in the object
+store once (so it owns it: the version outlives a dying writer) and sends (version, [ref]) with
+each chunk; a worker loads a newer version before running its chunk (drafter/proposer.py: one
+that does not load switches that worker's drafter off, with a warning). If the writer dies, the
+last published version stays, and the next idle worker becomes the writer, starting from it.
+Drafts never change tokens, so none of this can change an output.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class DrafterSlices:
+    slice_s: Optional[float]  # None: publish only, never train
+    published: Optional[tuple] = None  # (version, [ObjectRef of drafter.export.head_state])
+    writer: Optional[int] = None
+    inflight: dict = field(default_factory=dict)  # slice ObjectRef -> worker index
+    counts: dict = field(default_factory=dict)  # this rollout's: steps, seconds, slices, published
+    broken: bool = False  # a slice raised (not a lost worker): no more slices this rollout
+
+    def new_rollout(self) -> None:
+        self.counts = {"drafter_train_steps": 0, "drafter_train_seconds": 0.0, "drafter_slices": 0,
+                       "drafter_published": 0}
+        self.broken = False
+        self.collect(timeout_s=0.0)  # a slice still running at the end of the last rollout
+
+    def message(self) -> Optional[tuple]:
+        """What travels with each chunk: the newest published version."""
+        return self.published
+
+    def give_slices(self, pool, busy: set) -> None:
+        """The writer gets a slice whenever it has neither a chunk nor a slice in flight. With no
+        writer, or one running a chunk (the long tail's request may keep it busy to the end), the
+        first idle worker becomes it, starting from the last published version: one writer at a
+        time, never two slices at once."""
+        if self.broken or self.slice_s is None or self.inflight:
+            return
+        for w in pool.ready():
+            if w in busy:
+                continue
+            if self.writer is None or self.writer not in pool.ready() or self.writer in busy:
+                self.writer = w
+            if w == self.writer:
+                self.inflight[pool.train_drafter(w, self.slice_s, self.published)] = w
+
+    def owns(self, ref) -> bool:
+        return ref in self.inflight
+
+    def receive(self, ref, timeout_s: float = 30.0) -> None:
+        """A slice is back: count it and publish what it trained."""
+        import ray
+
+        w = self.inflight.pop(ref)
+        try:
+            res = ray.get(ref, timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 -- training only ever costs speed: never fail the rollout
+            from .rollout_scheduler import _is_worker_loss
+
+            if not _is_worker_loss(e):
+                warnings.warn(f"drafter training on worker {w} failed, no more slices this rollout: {e}",
+                              stacklevel=2)
+                self.broken = True
+            if self.writer == w:
+                self.writer = None
+            return
+        c = self.counts
+        c["drafter_slices"] += 1
+        c["drafter_train_steps"] += res.get("steps", 0)
+        c["drafter_train_seconds"] += res.get("seconds", 0.0)
+        if res.get("state") is not None and (self.published is None or res["version"] > self.published[0]):
+            self.published = (res["version"], [ray.put(res["state"])])
+            c["drafter_published"] += 1
+
+    def collect(self, timeout_s: float) -> None:
+        """Publish the slices that are back within timeout_s (the others stay in flight)."""
+        import ray
+
+        if not self.inflight:
+            return
+        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout_s)
+        for ref in ready:
+            self.receive(ref)
+
+    def metrics(self) -> dict:
+        return {**self.counts, "drafter_version": self.published[0] if self.published else 0}

@@ -1,0 +1,99 @@
+"""Online training on what the engine ran: the buffer's features refreshed under new weights,
+bounded by time and passes, a new head version; the budget charges a head position's cost; the
+run config turns the drafter on with its first head."""
+import random
+
+import pytest
+import torch
+
+from drafter.head import DraftHead, HeadConfig
+from drafter.online import OnlineConfig, OnlineState, measure, train_on_buffer
+from drafter.proposer import DrafterProposer
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.config import DrafterSpec
+from rollout.controller import AdaptiveController
+from rollout.proposers.base import Proposer
+from tests.drafter.conftest import VOCAB, sharp_policy
+
+
+def run_engine(policy, head=None, n=16, seed=0, **spec_kw):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 6))] for _ in range(n)]
+    spec = SpecConfig(proposers=("drafter",), max_draft_tokens=4, min_draft_prob=0.0, drafter=DrafterSpec(**spec_kw))
+    eng = Engine(policy, EngineConfig(max_batch_size=8, max_model_len=96, spec=spec))
+    dp = DrafterProposer.of(eng)
+    if head is not None:
+        dp.set_head(head, 1)
+    outs = eng.generate(prompts, SamplingParams(temperature=1.0, max_tokens=30), seeds=list(range(seed, seed + n)))
+    return eng, dp, outs
+
+
+def test_training_on_the_buffer_raises_acceptance_and_makes_a_version():
+    policy = sharp_policy()  # its own: the weights change below
+    head = DraftHead.for_policy(policy, HeadConfig(window=16), dtype=torch.float32, seed=2)
+    eng, dp, _ = run_engine(policy, head)
+    before = measure(dp)
+    assert before["drafter_sim_samples"] == 16 and 0 <= before["drafter_sim_acceptance"] < 0.9
+    online = OnlineState()
+    out = train_on_buffer(dp, online, OnlineConfig(lr=3e-3, max_passes=40.0), budget_s=30.0)
+    assert out["drafter_train_steps"] > 5 and out["drafter_version"] == 2 and dp.head is head
+    assert measure(dp)["drafter_sim_acceptance"] > before["drafter_sim_acceptance"] + 0.05
+    # new weights: the next call recomputes the features it uses (lazily), current_only skips them
+    eng.update_weights({"model.layers.0.mlp.up_proj.weight": policy.model.layers[0].mlp.up_proj.weight * 1.1})
+    assert train_on_buffer(dp, online, OnlineConfig(), 5.0, current_only=True)["drafter_train_steps"] == 0
+    out = train_on_buffer(dp, online, OnlineConfig(max_passes=1.0), 30.0)
+    assert out["drafter_refreshed_tokens"] > 0 and out["drafter_train_steps"] >= 1 and dp.head_version == 3
+
+
+def test_with_no_head_the_first_training_makes_one(policy):
+    eng, dp, _ = run_engine(policy, head=None, kind="mlp")
+    assert dp.head is None and len(dp.buffer) == 16  # collected without drafting
+    train_on_buffer(dp, OnlineState(), OnlineConfig(kind="mlp"), budget_s=10.0)
+    assert dp.head is not None and dp.head.kind == "mlp" and dp.head_version == 1
+
+
+class Costly(Proposer):
+    name, batched = "costly", True
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def position_cost(self, n):
+        return self.seconds
+
+
+def test_the_budget_charges_a_head_position_to_its_tokens():
+    c = AdaptiveController(max_draft_tokens=8)
+    for _ in range(20):
+        c.observe_step(fed=64, emitted=64, seconds=0.010)  # 64 requests decoding: 10 ms per step
+    cheap, dear = Costly(1e-5), Costly(0.5)
+    offers = {o.proposer.name: o.most for o in c.plan_step([cheap], 64, 1.0).offers}
+    assert offers["costly"] >= 4
+    c.credit = 0.0
+    assert c.plan_step([dear], 64, 1.0).offers[0].most == 0  # not worth a position
+    c.credit = 1.0
+    assert c.plan_step([dear], 64, 1.0).offers[0].most == 1  # exploration pays for one
+    assert c.credit == pytest.approx(0.5)
+    fixed = AdaptiveController(min_draft_prob=0.0, max_draft_tokens=8)  # a fixed threshold prices nothing
+    assert fixed.plan_step([dear], 64, 1.0).offers[0].most == 8
+
+
+def test_the_run_config_turns_the_drafter_on(tmp_path, policy):
+    from drafter.export import export
+    from rl_integration.config import load_config
+    from rl_integration.online_drafter import start
+
+    head = DraftHead.for_policy(policy, HeadConfig(), seed=1)
+    export(head, tmp_path / "head")
+    cfg = load_config(None, ["policy.source=checkpoint", f"policy.checkpoint={tmp_path}",
+                             f"rollout.drafter.path={tmp_path / 'head'}", "rollout.drafter.train.idle_slice_s=0.5"])
+    drafter = start(cfg, None, progress=False)
+    spec = cfg.rollout.engine.spec
+    assert drafter is not None and spec.proposers[-1] == "drafter" and spec.drafter.path == str(tmp_path / "head")
+    assert spec.drafter.idle_slice_s == 0.5 and spec.drafter.window == cfg.rollout.drafter.window
+    off = load_config(None, ["rollout.drafter.enabled=false"])
+    assert start(off, None) is None and "drafter" not in off.rollout.engine.spec.proposers
+    with pytest.raises(ValueError, match="rollout.drafter.train.lr"):
+        load_config(None, ["rollout.drafter.train.lr=0"])
+    with pytest.raises(ValueError, match="rollout.engine.spec.drafter.buffer_tokens"):
+        load_config(None, ["rollout.engine.spec.drafter.buffer_tokens=0"])

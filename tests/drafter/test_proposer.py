@@ -1,0 +1,233 @@
+"""The drafter inside the engine: outputs never change, the engine hands the head the right rows
+(an oracle head is accepted everywhere), the engine's drafts are exactly the simulation's, the
+buffer holds the policy's own features, and a bad head switches the drafter off."""
+import random
+
+import pytest
+import torch
+
+from drafter.draft import ChainDraft
+from drafter.export import export, head_state
+from drafter.features import SavedRollout, sequence_features
+from drafter.head import DraftHead, HeadConfig
+from drafter.head_cache import Rows
+from drafter.proposer import DrafterProposer, _State, copy_value
+from drafter.simulate import chain_runs
+from drafter.warm_start import warm_start
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.config import DrafterSpec
+from rollout.controller import LEVELS, NUM_BINS, Offer, StepPlan
+from rollout.proposers.base import Draft, HiddenSpan, Proposer
+from tests.drafter.conftest import VOCAB, sharp_policy
+
+PARAMS = [SamplingParams(temperature=1.0, max_tokens=30, stop_token_ids=[0]),
+          SamplingParams(temperature=0.7, top_k=9, top_p=0.9, max_tokens=25),
+          SamplingParams(temperature=0.0, max_tokens=20)]
+
+
+def workload(n=12, seed=0):
+    rng = random.Random(seed)
+    prompts = [[1] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 7))] for _ in range(n)]
+    return prompts, [PARAMS[i % len(PARAMS)] for i in range(n)], [seed * 100 + i for i in range(n)]
+
+
+def engine(policy, proposers=("drafter",), batch=5, head=None, spec_kw=None, **drafter_kw):
+    spec = SpecConfig(proposers=proposers, max_draft_tokens=5, min_draft_prob=0.0,
+                      drafter=DrafterSpec(**drafter_kw), **(spec_kw or {}))
+    eng = Engine(policy, EngineConfig(max_batch_size=batch, max_model_len=96, dtype=str(policy.lm_head.weight.dtype)
+                                      .removeprefix("torch."), spec=spec))
+    if head is not None:
+        DrafterProposer.of(eng).set_head(head, 1)
+    return eng
+
+
+@pytest.fixture(scope="module")
+def policy64():
+    return sharp_policy(dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_outputs_are_identical_with_the_drafter_on_and_off(dtype, policy, policy64):
+    pol = policy if dtype == "float32" else policy64
+    prompts, params, seeds = workload()
+    ref = Engine(pol, EngineConfig(max_batch_size=5, max_model_len=96, dtype=dtype)).generate(prompts, params, seeds)
+    head = DraftHead.for_policy(pol, HeadConfig(), seed=7)
+    for proposers in (("drafter",), ("suffix", "lookahead", "drafter")):
+        eng = engine(pol, proposers, head=head)
+        groups = [i // 3 for i in range(len(prompts))]
+        out = eng.generate(prompts, params, seeds, groups=groups)
+        assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+        assert [x for o in out for x in o.logprobs] == pytest.approx([x for o in ref for x in o.logprobs], abs=1e-5)
+        proposed = sum(o.stats["proposed"].get("drafter", 0) for o in out)
+        accepted = sum(o.stats["accepted"].get("drafter", 0) for o in out)
+        assert proposed > 50 and 0 < accepted < proposed  # a random head: some land, some do not
+    # in chunks (paused requests leave and come back, their rows re-fed): the same tokens
+    eng = engine(pol, head=head)
+    reqs = eng.make_requests(prompts, params, seeds)
+    while any(r.finish_reason is None for r in reqs):
+        eng.run(reqs, max_new_tokens=4)
+    assert [r.output_ids for r in reqs] == [o.token_ids for o in ref]
+    assert eng.state_sizes() == {}
+
+
+class EngineOracle(DraftHead):
+    """Outputs the policy's own h_{j+1} at row j: it remembers the token each row carried per slot
+    (row j holds x_{j+1}; x_0 is every prompt's first token, 1) and runs the policy over them."""
+
+    def forward_rows(self, policy, cache, rows: Rows):
+        seqs = self.__dict__.setdefault("seqs", {})
+        for tok, slot, pos in zip(rows.tokens.tolist(), rows.slots.tolist(), rows.positions.tolist()):
+            seqs.setdefault(slot, {})[pos + 1] = tok
+        outs = []
+        for i in rows.last.tolist():
+            slot, pos = int(rows.slots[i]), int(rows.positions[i])
+            seq = [1] + [seqs[slot][p] for p in range(1, pos + 2)]
+            outs.append(sequence_features(policy, [seq])[0][-1])
+        out = torch.stack(outs).to(self.fc.weight.dtype)
+        return out, self.logits(policy, out)
+
+
+def test_an_oracle_head_is_accepted_everywhere(policy64):
+    """The alignment in the engine: features of the right rows, the pending token, the seed and
+    response position of each draft token. Off by one anywhere, and it is rejected."""
+    oracle = EngineOracle(HeadConfig().resolved(policy64.cfg), policy64.cfg.hidden_size, VOCAB).double()
+    prompts, params, seeds = workload(8, seed=3)
+    out = engine(policy64, head=oracle, batch=4).generate(prompts, params, seeds)
+    proposed = sum(o.stats["proposed"]["drafter"] for o in out)
+    assert proposed > 60 and sum(o.stats["accepted"]["drafter"] for o in out) == proposed
+
+
+def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts):
+    """For a fixed head the engine accepts, at every draft, min(run, k) where run is the
+    simulated accepted run of a chain starting at the same position (drafter/simulate.py)."""
+    rolls, _ = rollouts
+    head, _, _ = warm_start(policy64, rolls, max_steps=25, time_budget_s=60.0)
+    prompts, params, seeds = workload(10, seed=5)
+    eng = engine(policy64, head=head, batch=4)
+    dp = DrafterProposer.of(eng)
+    seen, observe = [], dp.observe
+
+    def record(req, draft, accepted, emitted):
+        if draft is not None:
+            seen.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens), accepted))
+        observe(req, draft, accepted, emitted)
+
+    dp.observe = record
+    out = eng.generate(prompts, params, seeds)
+    saved = [SavedRollout(p, o.token_ids, s, q.temperature, q.top_k, q.top_p)
+             for p, o, s, q in zip(prompts, out, seeds, params)]
+    runs = chain_runs(head, policy64, saved, max_k=5)
+    assert len(seen) > 40 and sum(a for *_, a in seen) > 40
+    assert [(i, t, k, min(runs[i][t][0], k)) for i, t, k, _ in seen] == seen
+
+
+def test_the_buffer_holds_each_responses_own_features(policy):
+    prompts, params, seeds = workload(6, seed=2)
+    eng = engine(policy, head=DraftHead.for_policy(policy, HeadConfig(), seed=1), batch=3)
+    reqs = eng.make_requests(prompts, params, seeds)
+    eng.run(reqs, max_new_tokens=5)  # paused: in the buffer as unfinished entries, keyed by seed
+    buf = DrafterProposer.of(eng).buffer
+    assert len(buf) == 6 and not any(e.finished for e in buf)
+    while any(r.finish_reason is None for r in reqs):
+        eng.run(reqs)
+    assert len(buf) == 6 and all(e.finished for e in buf)
+    for r in reqs:
+        e = buf.get(r.seed)
+        assert e.sample.token_ids == r.prompt_ids + r.output_ids
+        want = sequence_features(policy, [e.sample.token_ids])[0]
+        torch.testing.assert_close(e.features[:-1], want[:-1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_bad_head_is_refused_and_the_engine_keeps_working(policy, tmp_path):
+    prompts, params, seeds = workload(6, seed=4)
+    ref = Engine(policy, EngineConfig(max_batch_size=3, max_model_len=96)).generate(prompts, params, seeds)
+    good = DraftHead.for_policy(policy, HeadConfig(), seed=1)
+    eng = engine(policy, ("suffix", "drafter"), batch=3, head=good)
+    dp = DrafterProposer.of(eng)
+    other = DraftHead.for_policy(sharp_policy(vocab=VOCAB + 5), HeadConfig(), seed=1)
+    with pytest.raises(ValueError, match="vocabulary"):
+        dp.set_head(other, 2)
+    nan = DraftHead.for_policy(policy, HeadConfig(), seed=1)
+    with torch.no_grad():
+        nan.fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        dp.set_head(nan, 2)
+    assert dp.head is good and dp.head_version == 1
+    with pytest.warns(UserWarning, match="switched off"):
+        assert not dp.load(head_state(nan), 3)  # a published version that does not load
+    assert dp.head is None
+    assert [o.token_ids for o in eng.generate(prompts, params, seeds)] == [o.token_ids for o in ref]
+    export(other, tmp_path / "other")
+    with pytest.warns(UserWarning, match="switched off"):
+        eng2 = engine(policy, ("suffix", "drafter"), batch=3, path=str(tmp_path / "other"))
+    out = eng2.generate(prompts, params, seeds, groups=[0] * 6)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert sum(o.stats["proposed"].get("suffix", 0) for o in out) > 0  # the others keep drafting
+
+
+def test_no_head_and_no_collecting_costs_nothing(policy):
+    eng = engine(policy, ("suffix", "drafter"), collect=False)
+    dp = DrafterProposer.of(eng)
+    assert not dp.wants_hidden
+    prompts, params, seeds = workload(4)
+    eng.generate(prompts, params, seeds)
+    assert dp.store is None and dp.stats["steps"] == 0
+
+
+def test_a_head_from_an_export_folder_drafts(policy, tmp_path):
+    head = DraftHead.for_policy(policy, HeadConfig(kind="mlp"), seed=3)
+    export(head, tmp_path / "h")
+    eng = engine(policy, path=str(tmp_path / "h"))
+    assert DrafterProposer.of(eng).head.kind == "mlp"
+    prompts, params, seeds = workload(4)
+    assert sum(o.stats["proposed"].get("drafter", 0) for o in eng.generate(prompts, params, seeds)) > 0
+
+
+def test_propose_hands_out_the_prepared_draft_with_its_evidence(policy):
+    eng = engine(policy, head=DraftHead.for_policy(policy, HeadConfig(), seed=3))
+    dp = DrafterProposer.of(eng)
+    (req,) = eng.make_requests([[1, 5, 6]], SamplingParams(max_tokens=9))
+    req.output_ids = [7]
+    st = req.proposer_state["drafter"] = _State(run=6)
+    assert dp.propose(req, 3) is None  # nothing prepared for this position
+    st.draft, st.draft_at = ChainDraft([4, 5, 6, 7], [0.0, 1.0, 3.0, 9.0]), 1
+    d = dp.propose(req, 3)
+    assert d.tokens == [4, 5, 6] and d.evidence == 6 and d.confidence == pytest.approx(
+        [0.0, 1 - 2.718281828 ** -1, 1 - 2.718281828 ** -3], rel=1e-6)
+    dp.observe(req, d, 1, [4, 9])
+    assert st.run == 0 and st.draft is None
+
+
+class _Copy(Proposer):
+    """A copy proposer whose draft is a fixed list of tokens."""
+
+    def __init__(self, tokens):
+        self.name, self.tokens = "copy", tokens
+
+    def propose(self, req, k):
+        return Draft(self.tokens[:k], self, evidence=40, confidence=None) if self.tokens else None
+
+
+def test_the_head_skips_requests_a_copy_draft_wins(policy):
+    """Where another proposer's draft is worth as much as any drafter draft could be, `choose`
+    would not take the drafter's: `prepare` drafts only the other requests."""
+    eng = engine(policy, head=DraftHead.for_policy(policy, HeadConfig(), seed=3))
+    dp = DrafterProposer.of(eng)
+    prompts, params, seeds = workload(n=2)
+    reqs = eng.make_requests(prompts, params[0], seeds=seeds)
+    for slot, req in enumerate(reqs):  # as after the prefill: the prompt's rows observed, its last token pending
+        req.slot = slot
+        dp.observe_hidden([HiddenSpan(req, 0, 0, len(req.prompt_ids))], sequence_features(policy, [req.prompt_ids])[0])
+    sure = [[1.0] * NUM_BINS for _ in range(LEVELS)]
+    drafter_offer = Offer(dp, [[0.9] * NUM_BINS for _ in range(LEVELS)], 0.9, 4)
+
+    def prepared(copy_tokens):
+        plan = StepPlan(0.1, 0.0, [Offer(_Copy(copy_tokens), sure, 1.0, 4), drafter_offer])
+        assert copy_value(reqs[0], plan, 4) == (4.0 if len(copy_tokens) >= 4 else len(copy_tokens))
+        before = dp.stats["chains"]
+        dp.prepare(reqs, drafter_offer, plan)
+        return dp.stats["chains"] - before
+
+    assert prepared([]) == 2  # nothing to copy: both drafted
+    assert prepared([5, 6]) == 2  # a sure 2-token copy is worth less than 4 head tokens at 0.9
+    assert prepared([5, 6, 7, 8, 9]) == 0  # a sure 4-token copy: the head cannot do better

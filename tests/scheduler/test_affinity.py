@@ -1,0 +1,125 @@
+"""Affinity: a paused request goes back to the worker keeping its KV and resumes there without
+prefill (rollout/kept_slots.py); it moves only when its holder has more of the queue than one
+batch, or is gone. The tokens never change: the Ray rollouts equal the local engine's."""
+import pytest
+
+from rollout import Engine, EngineConfig, SamplingParams
+from rollout.request import make_requests
+from scheduler import RayRolloutBackend, SchedulerConfig
+from scheduler.rollout_scheduler import RolloutScheduler
+from tests.conftest import tiny_hf_model
+
+from .test_ray_rollout import VOCAB, same, workload
+
+KEPT = EngineConfig(max_batch_size=4, max_model_len=96, kept_slots=4)  # no drafts: fed tokens are exact
+
+
+class Pool:
+    """The part of the worker pool the choice of requests reads."""
+
+    def __init__(self, batch=(2, 2), kept_slots=2):
+        self.batch = dict(enumerate(batch))
+        self.info = {w: {"kept_slots": kept_slots} for w in self.batch}
+
+    def max_batch(self, w):
+        return self.batch[w]
+
+
+def scheduler(pool, holder=None, contexts=()):
+    s = RolloutScheduler(pool, SchedulerConfig(chunk_tokens=8, chunk_growth=1.0))
+    s.holder, s.kept_on, s.inflight = dict(holder or {}), {}, {}
+    s.reqs = dict(enumerate(make_requests(VOCAB, 96, [[1] * p for p, _ in contexts], SamplingParams(max_tokens=50),
+                                          outputs=[[2] * o for _, o in contexts])))
+    return s
+
+
+def test_a_worker_takes_back_its_own_first_and_leaves_a_live_holders_requests():
+    s = scheduler(Pool(batch=(2, 2)), holder={0: 0, 1: 1, 2: 1, 3: 1, 5: 0, 6: 0})
+    own, free = s._affinity(0, [1, 2, 3, 4, 0, 5, 6], live={0, 1})
+    assert own == [0, 5]  # its own, in priority order, one batch of them
+    assert free == [3, 4, 6]  # 1 and 2 stay for worker 1; 3 is beyond its batch; 6 beyond ours
+    own, free = s._affinity(0, [1, 2, 3, 4], live={0})  # worker 1 is gone: its requests are free
+    assert own == [] and free == [1, 2, 3, 4]
+    s.inflight = {"ref": (1, [7, 8], 0.0)}  # worker 1 is busy with a chunk: they would wait for it
+    own, free = s._affinity(0, [1, 2, 3, 4], live={0, 1})
+    assert own == [] and free == [1, 2, 3, 4]
+
+
+def test_reports_replace_what_a_worker_keeps():
+    s = scheduler(Pool())
+    s._note_kept(0, [1, 2, 3], kept=[1, 2])  # 3 finished
+    assert s.holder == {1: 0, 2: 0}
+    s._note_kept(1, [2], kept=[2])  # 2 moved to worker 1 and paused there
+    s._note_kept(0, [4], kept=[1, 4])  # worker 0 evicted 2 (its copy is stale anyway)
+    assert s.holder == {1: 0, 2: 1, 4: 0}
+    s._forget_kept(0)  # worker 0 died
+    assert s.holder == {2: 1}
+
+
+def test_the_chunk_grows_only_for_contexts_prefilled_again():
+    s = scheduler(Pool(), holder={0: 0, 1: 1}, contexts=[(10, 40), (10, 20), (10, 0)])
+    assert s._budget(0, [0, 2]) == 8  # resumes here; 2 is new (its prefill is no re-prefill)
+    assert s._budget(0, [0, 1]) == 30  # 1 moves from worker 1: 30 tokens of context again
+    s.pool.info[0]["kept_slots"] = 0  # a worker that keeps nothing re-prefills everything
+    assert s._budget(0, [0, 2]) == 50
+
+
+# ---- on Ray ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_llama_kept")
+    tiny_hf_model("llama", vocab=VOCAB, seed=11).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    prompts, params, seeds, groups = workload()
+    return Engine.from_pretrained(ckpt, KEPT).generate(prompts, params, seeds=seeds, groups=groups)
+
+
+@pytest.fixture(scope="module")
+def kept_backend(ray_local, ckpt):
+    b = RayRolloutBackend(ckpt, KEPT, num_workers=2, num_cpus_per_worker=1, chunk_tokens=4, chunk_growth=0.0,
+                          start_timeout_s=120)
+    yield b
+    b.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["divided", "divided+context"])
+def test_kept_rollouts_equal_the_local_engine_without_prefilling_again(kept_backend, reference, mode):
+    prompts, params, seeds, groups = workload()
+    kept_backend.mode = mode
+    outs = kept_backend.generate(prompts, params, seeds=seeds, groups=groups)
+    same(outs, reference)
+    m = kept_backend.metrics()
+    assert m["chunks"] > 2 * len(kept_backend.workers)
+    # every context is fed once, plus the contexts of requests that moved: resuming fed nothing again
+    once = sum(len(p) + len(o.token_ids) - 1 for p, o in zip(prompts, outs))
+    assert once <= m["fed_tokens"] <= once + m["reprefill_tokens"]
+    assert m["reprefill_tokens"] < once / 4
+
+
+@pytest.mark.ray
+def test_a_holder_killed_mid_rollout_loses_nothing(kept_backend, reference):
+    """Its kept requests prefill again on the survivor; the tokens are the same."""
+    import ray
+
+    prompts, params, seeds, groups = workload()
+    killed = []
+
+    def kill_other(w, results):
+        if not killed and any(r["finish_reason"] is None for r in results):
+            killed.append(1 - w)
+            ray.kill(kept_backend.workers[1 - w])
+
+    kept_backend.mode, kept_backend.on_chunk = "divided+context", kill_other
+    try:
+        outs = kept_backend.generate(prompts, params, seeds=seeds, groups=groups)
+    finally:
+        kept_backend.on_chunk = None
+    assert killed
+    same(outs, reference)
+    assert kept_backend.metrics()["worker_failures"] >= 1
