@@ -1,31 +1,40 @@
-"""Checkpoints of a training run: one folder per epoch, written atomically, loadable by users.
+"""Checkpoints of a training run: one folder per saved step, written atomically, loadable by users.
 
-    path = save_checkpoint("runs/demo/checkpoints", epoch, model, tokenizer=tok, optimizer=opt,
-                           config=cfg, state={"next_group": 128}, keep=3)
+    path = save_checkpoint("runs/demo/checkpoints", 4, model, tokenizer=tok, optimizer=opt,
+                           config=cfg, state={"client": {...}}, history=[...], metrics=records, keep=2)
     path = latest_complete("runs/demo/checkpoints")         # None when there is none
     ckpt = load_checkpoint(path)                             # pieces; ValueError saying what is wrong
     AutoModelForCausalLM.from_pretrained(path)               # the policy, as any Hugging Face folder
     Engine.from_pretrained(str(path))                        # the same for spectail's engine
 
-A checkpoint folder `epoch-N/` holds:
+A checkpoint folder `step-N/` is the run after N steps (steps 0 .. N-1 done, as Hugging Face's
+`checkpoint-N` and verl's `global_step_N` count); a resumed run starts at step N. It holds:
     config.json, model.safetensors, tokenizer files   the policy (`save_pretrained`): the folder IS a
                                                       Hugging Face checkpoint
     trainer.pt          {"optimizer": ..., "scheduler": ...} state dicts (either may be None)
     value_head.pt       PPO's value head state dict (optional)
-    drafter/            the drafter head: a folder copied in, or drafter/state.pt (optional)
+    drafter/            the drafter head: a folder copied in (drafter.export), or drafter/state.pt (optional)
     rng.pt              Python, NumPy and torch (CPU and CUDA) generator states
-    state.json          what the loop needs besides (epoch counters, seeds, ...): plain JSON
+    state.json          what the loop needs besides (step counters, fingerprints, ...): plain JSON
     run.yaml            the run config
-    manifest.json       written LAST: format, epoch, and every file's size and sha256
+    metrics.jsonl       the run's metrics records up to this step (optional)
+    history/            hard links to the history store's files at this step (optional; a copy
+                        where the store is on another file system)
+    manifest.json       written LAST: format, step, and every file's size and sha256
 
 No extra file of the folder ends in .safetensors (the engine loads every one it finds at the top).
+History files are recorded by size only: they are the store's own files (written atomically,
+never modified, with Parquet page checksums), and hashing them would read up to the store's
+whole size (rollout.history.max_bytes) at every save.
 
-Atomic: everything is written into a hidden temporary sibling (`.epoch-N.<host>.<pid>.<random>.tmp`),
+Atomic: everything is written into a hidden temporary sibling (`.step-N.<host>.<pid>.<random>.tmp`),
 every file and folder fsynced, the manifest last, then the folder is renamed into place. A
 writer killed at any point leaves the earlier checkpoints as they were, plus a temporary folder
 that the next save removes (its writer is dead, or it is older than STALE_TMP_SECONDS).
-Re-saving an existing epoch moves the old folder aside first: a kill between the two renames
-loses that epoch's folder (the earlier epochs stay), never leaves a half-written one.
+Re-saving an existing step moves the old folder aside first: a kill between the two renames
+loses that step's folder (the earlier steps stay), never leaves a half-written one. Pruning
+renames a folder to a temporary name before deleting it, so a killed prune leaves no
+half-deleted checkpoint either.
 """
 from __future__ import annotations
 
@@ -42,7 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -52,9 +61,11 @@ from scheduler.atomic_file import TMP_SUFFIX
 
 FORMAT, VERSION = "spectail-checkpoint", 1
 MANIFEST = "manifest.json"
+HISTORY = "history"  # the folder of linked history files
+METRICS = "metrics.jsonl"
 STALE_TMP_SECONDS = 6 * 3600.0  # far longer than any checkpoint write: its writer is gone
-_DIR_RE = re.compile(r"^epoch-(\d+)$")
-_TMP_RE = re.compile(r"^\.epoch-\d+\.(?P<host>[^.]*)\.(?P<pid>\d+)\..*" + re.escape(TMP_SUFFIX) + "$")
+_DIR_RE = re.compile(r"^step-(\d+)$")
+_TMP_RE = re.compile(r"^\.step-\d+\.(?P<host>[^.]*)\.(?P<pid>\d+)\..*" + re.escape(TMP_SUFFIX) + "$")
 
 
 def checkpoints_dir(output_dir) -> Path:
@@ -67,7 +78,7 @@ class Checkpoint:
     """A loaded checkpoint's pieces; the policy itself loads from `folder` (a Hugging Face folder)."""
 
     folder: Path
-    epoch: int
+    step: int  # steps done: the resumed run starts at this step
     manifest: dict
     optimizer: Optional[dict]
     scheduler: Optional[dict]
@@ -76,6 +87,8 @@ class Checkpoint:
     rng: dict
     state: dict
     config: Optional[dict]
+    metrics: Optional[list]  # the metrics records saved with it
+    history: list  # paths of its linked history files
 
     def load_model(self, **kwargs):
         from transformers import AutoModelForCausalLM
@@ -89,35 +102,46 @@ class Checkpoint:
 # ---------------------------------------------------------------------------------- writing
 
 
-def save_checkpoint(root, epoch: int, model, *, tokenizer=None, optimizer=None, scheduler=None,
+def save_checkpoint(root, step: int, model, *, tokenizer=None, optimizer=None, scheduler=None,
                     value_head=None, drafter=None, config=None, state: Optional[dict] = None,
+                    history: Sequence = (), metrics: Optional[Sequence[dict]] = None,
                     keep: Optional[int] = None) -> Path:
-    """Write `root/epoch-N` atomically and return its path; then keep the newest `keep` checkpoints
-    (None: all). model: a transformers model; value_head: a module or a state dict; drafter: a
-    module, a state dict, or a folder to copy; config: a RunConfig (or a plain mapping); state:
-    JSON-serialisable. Bad arguments raise ValueError before anything is written."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"checkpoint epoch must be an integer >= 0, got {epoch!r}")
+    """Write `root/step-N` atomically and return its path; then keep the newest `keep` checkpoints
+    (None: all). model: a transformers model; optimizer / scheduler: objects with state_dict() or
+    state dicts; value_head: a module or a state dict; drafter: a module, a state dict, or a
+    folder to copy; config: a RunConfig (or a plain mapping); state: JSON-serialisable; history:
+    files to link into history/; metrics: records for metrics.jsonl. Bad arguments raise
+    ValueError before anything is written."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"checkpoint step must be an integer >= 0, got {step!r}")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(f"keep (checkpoints kept) must be an integer >= 1 or None, got {keep!r}")
     if not hasattr(model, "save_pretrained"):
         raise ValueError(f"the model must be a transformers model (save_pretrained), got {type(model).__name__}")
     state_text = _json_text(state or {}, "state")
+    metrics_text = None if metrics is None else _jsonl_text(metrics)
     config_text = None if config is None else _config_text(config)
+    history = [Path(h) for h in history]
+    for h in history:
+        if not h.is_file():
+            raise ValueError(f"history file {os.fspath(h)!r} does not exist")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(root)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".epoch-{epoch}.{_host()}.{os.getpid()}.", suffix=TMP_SUFFIX))
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step-{step}.{_host()}.{os.getpid()}.", suffix=TMP_SUFFIX))
     try:
         _write_pieces(tmp, model, tokenizer, optimizer, scheduler, value_head, drafter)
         _write_rng(tmp / "rng.pt")
         (tmp / "state.json").write_text(state_text, encoding="utf-8")
         if config_text is not None:
             (tmp / "run.yaml").write_text(config_text, encoding="utf-8")
-        _write_manifest(tmp, epoch)
+        if metrics_text is not None:
+            (tmp / METRICS).write_text(metrics_text, encoding="utf-8")
+        _link_history(tmp / HISTORY, history)
+        _write_manifest(tmp, step)
         _fsync_tree(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp made it private; a checkpoint is an ordinary folder
-        final = _publish(tmp, root / f"epoch-{epoch}")
+        final = _publish(tmp, root / f"step-{step}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -130,8 +154,9 @@ def _write_pieces(folder: Path, model, tokenizer, optimizer, scheduler, value_he
     model.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    torch.save({"optimizer": None if optimizer is None else optimizer.state_dict(),
-                "scheduler": None if scheduler is None else scheduler.state_dict()}, folder / "trainer.pt")
+    torch.save({"optimizer": None if optimizer is None else _state_dict(optimizer, "optimizer"),
+                "scheduler": None if scheduler is None else _state_dict(scheduler, "scheduler")},
+               folder / "trainer.pt")
     if value_head is not None:
         torch.save(_state_dict(value_head, "value_head"), folder / "value_head.pt")
     if drafter is not None:
@@ -144,11 +169,24 @@ def _write_pieces(folder: Path, model, tokenizer, optimizer, scheduler, value_he
             torch.save(_state_dict(drafter, "drafter"), folder / "drafter" / "state.pt")
 
 
+def _link_history(folder: Path, files: Sequence[Path]) -> None:
+    """Hard links (free, and immune to the store replacing or deleting its files later: both make
+    a new inode or drop a name); a copy where the store sits on another file system."""
+    if not files:
+        return
+    folder.mkdir()
+    for f in files:
+        try:
+            os.link(f, folder / f.name)
+        except OSError:
+            shutil.copy2(f, folder / f.name)
+
+
 def _state_dict(obj, what: str) -> dict:
-    if isinstance(obj, torch.nn.Module):
-        return obj.state_dict()
     if isinstance(obj, dict):
         return obj
+    if isinstance(obj, torch.nn.Module) or hasattr(obj, "state_dict"):
+        return obj.state_dict()
     raise ValueError(f"{what} must be a torch module or a state dict, got {type(obj).__name__}")
 
 
@@ -157,6 +195,14 @@ def _json_text(value, what: str) -> str:
         return json.dumps(value, indent=1, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint {what} must be plain JSON (no NaN): {e}") from None
+
+
+def _jsonl_text(records: Sequence[dict]) -> str:
+    """metrics.jsonl's own format (rl_integration.metrics.MetricsLog): a NaN loss is a record too."""
+    try:
+        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint metrics must be JSON records: {e}") from None
 
 
 def _config_text(config) -> str:
@@ -192,17 +238,19 @@ def _write_rng(path: Path) -> None:
     torch.save(capture_rng(), path)
 
 
-def _write_manifest(folder: Path, epoch: int) -> None:
+def _write_manifest(folder: Path, step: int) -> None:
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        files[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"format": FORMAT, "version": VERSION, "epoch": epoch, "created": time.time(), "files": files}
+        name = path.relative_to(folder).as_posix()
+        linked = name.startswith(HISTORY + "/")  # size only (module docstring)
+        files[name] = {"bytes": path.stat().st_size, "sha256": None if linked else _sha256(path)}
+    manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
 
 def _publish(tmp: Path, final: Path) -> Path:
     old = None
-    if final.exists():  # the same epoch again (say after a resume): move the old one aside first
+    if final.exists():  # the same step again (say after a resume): move the old one aside first
         old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{_host()}.{os.getpid()}.old.",
                                     suffix=TMP_SUFFIX))
         os.rename(final, old / final.name)
@@ -217,7 +265,7 @@ def _publish(tmp: Path, final: Path) -> Path:
 
 
 def list_checkpoints(root) -> list[tuple[int, Path]]:
-    """(epoch, folder) of every `epoch-N` folder under root, oldest first, complete or not."""
+    """(step, folder) of every `step-N` folder under root, oldest first, complete or not."""
     try:
         entries = list(os.scandir(root))
     except (FileNotFoundError, NotADirectoryError):
@@ -250,7 +298,7 @@ def check_complete(folder, verify: bool = True) -> Optional[str]:
             return f"checkpoint {folder} lacks {name}"
         if size != meta.get("bytes"):
             return f"checkpoint {folder}: {name} has {size} bytes, the manifest says {meta.get('bytes')}"
-        if verify and _sha256(path) != meta.get("sha256"):
+        if verify and meta.get("sha256") is not None and _sha256(path) != meta["sha256"]:
             return f"checkpoint {folder}: {name} does not match its sha256 in the manifest (damaged)"
     return None
 
@@ -266,7 +314,7 @@ def read_manifest(folder) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"checkpoint {folder}: {MANIFEST} is unreadable ({e})") from None
     ours = isinstance(manifest, dict) and manifest.get("format") == FORMAT
-    if not ours or not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("epoch"), int):
+    if not ours or not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("step"), int):
         raise ValueError(f"checkpoint {folder}: {MANIFEST} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise ValueError(f"checkpoint {folder} has format version {manifest.get('version')!r}; this spectail "
@@ -288,12 +336,18 @@ def load_checkpoint(folder, verify: bool = True) -> Checkpoint:
         drafter = _load_tensors(folder, "drafter/state.pt")
     elif (folder / "drafter").is_dir():
         drafter = folder / "drafter"
-    optional = {name: _load_tensors(folder, name) if (folder / name).is_file() else None for name in ("value_head.pt",)}
+    value_head = _load_tensors(folder, "value_head.pt") if (folder / "value_head.pt").is_file() else None
     config = _load_text(folder, "run.yaml", yaml.safe_load) if (folder / "run.yaml").is_file() else None
-    return Checkpoint(folder=folder, epoch=manifest["epoch"], manifest=manifest, optimizer=trainer.get("optimizer"),
-                      scheduler=trainer.get("scheduler"), value_head=optional["value_head.pt"], drafter=drafter,
+    metrics = _load_text(folder, METRICS, _parse_jsonl) if (folder / METRICS).is_file() else None
+    history = sorted(folder / n for n in manifest["files"] if n.startswith(HISTORY + "/"))
+    return Checkpoint(folder=folder, step=manifest["step"], manifest=manifest, optimizer=trainer.get("optimizer"),
+                      scheduler=trainer.get("scheduler"), value_head=value_head, drafter=drafter,
                       rng=_load_tensors(folder, "rng.pt"), state=_load_text(folder, "state.json", json.loads),
-                      config=config)
+                      config=config, metrics=metrics, history=history)
+
+
+def _parse_jsonl(text: str) -> list:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _load_text(folder: Path, name: str, parse):
@@ -317,14 +371,32 @@ def prune(root, keep: int) -> list[Path]:
     """Delete the checkpoints older than the newest `keep` complete ones; returns what went.
     Nothing goes while fewer than `keep` are complete."""
     checkpoints = list_checkpoints(root)
-    complete = [(e, p) for e, p in checkpoints if check_complete(p, verify=False) is None]
+    complete = [(s, p) for s, p in checkpoints if check_complete(p, verify=False) is None]
     if len(complete) < keep:
         return []
     oldest_kept = complete[-keep][0]
-    doomed = [p for e, p in checkpoints if e < oldest_kept]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-    return doomed
+    return _remove(p for s, p in checkpoints if s < oldest_kept)
+
+
+def discard_after(root, step: int) -> list[Path]:
+    """Delete the checkpoints of steps after `step` (a run resumed from an earlier one makes them
+    another timeline's); returns what went."""
+    return _remove(p for s, p in list_checkpoints(root) if s > step)
+
+
+def _remove(folders: Iterable[Path]) -> list[Path]:
+    """Rename each folder to a temporary name, then delete it: a kill in between leaves a
+    temporary (removed by the next save), never a half-deleted checkpoint."""
+    gone = []
+    for p in folders:
+        aside = p.parent / f".{p.name}.{_host()}.{os.getpid()}.gone{TMP_SUFFIX}"
+        try:
+            os.rename(p, aside)
+        except OSError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        gone.append(p)
+    return gone
 
 
 def remove_stale_temporaries(root) -> None:

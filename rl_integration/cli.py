@@ -4,8 +4,11 @@
         the embedded GRPO demo: a tiny policy (warm-started once, cached) learns to add
         numbers; the config is RunConfig's defaults, spelled out in examples/demo.yaml, and
         --compare is on (the plain engine runs beside spectail every step)
-    spectail train --config FILE [key=value ...] [--compare] [--out DIR]
-        any run; key=value are dotted overrides (trainer.steps=3 rollout.engine.spec=null)
+    spectail train --config FILE [key=value ...] [--compare] [--out DIR] [--resume auto|DIR]
+        any run; key=value are dotted overrides (trainer.steps=3 rollout.engine.spec=null);
+        trainer.save_every=N writes output.dir/checkpoints/step-N folders, and --resume continues
+        from the newest complete one (auto: in output.dir, if there is one; DIR: that checkpoint,
+        or the newest in that folder) with the same tokens (docs/checkpoints.md)
 
 Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
 metrics.png and config.yaml.
@@ -16,6 +19,7 @@ bad config or input, 1 when the run failed or a comparison found different token
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Optional, Sequence
@@ -37,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--compare", action="store_true",
                            help="also run the plain engine each step: speedup and token identity")
         p.add_argument("--out", help="output folder (output.dir)")
+        p.add_argument("--resume", metavar="auto|DIR",
+                       help="continue from a checkpoint (trainer.resume): auto = the newest complete one in "
+                            "output.dir, if any; DIR = a checkpoint folder, or the newest in it")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
@@ -65,6 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         overrides.append(f"output.dir={args.out}")
     if args.quiet:
         overrides.append("output.progress=false")
+    if args.resume:
+        overrides.append(f"trainer.resume={json.dumps(args.resume)}")  # quoted: any path stays a string
     try:
         cfg = load_config(getattr(args, "config", None), overrides)
         start = time.perf_counter()

@@ -295,6 +295,10 @@ class TrainerSection:
     device: str = "cpu"
     num_threads: Optional[int] = None  # torch threads for the optimizer steps (null: every usable core)
     ppo: PPOSection = field(default_factory=PPOSection)
+    # checkpoints (rl_integration/resume.py, docs/checkpoints.md): output.dir/checkpoints/step-N
+    save_every: int = 0  # save after every this many steps, and after the last (0: never)
+    keep_checkpoints: Optional[int] = 2  # the newest this many are kept (null: all)
+    resume: Optional[str] = None  # "auto": the newest complete checkpoint in output.dir, if any; or a folder
 
     RENAMED: ClassVar[dict] = {"epochs": "steps", "prompts_per_epoch": "prompts_per_step"}
     RENAMED_WHY: ClassVar[str] = STEP_WORDS
@@ -315,6 +319,25 @@ class RunConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     output: OutputSection = field(default_factory=OutputSection)
+
+
+# What a resumed run may set differently from its checkpoint's run.yaml (rl_integration/resume.py):
+# keys that change neither the samples nor the updates, only speed, placement, output or how
+# long the run goes on, plus locations whose content is checked instead (the data set by its
+# fingerprint, the initial policy by its hash when the KL reference needs it). A dotted key
+# covers its subkeys. Every other key is refused, naming it. Drafts, batching and threads of
+# the rollout change the engine's logprobs by float rounding only (the tokens stay; DESIGN.md);
+# the trainer's arithmetic (its device, threads, micro-batches) is refused.
+RESUME_MAY_CHANGE = (
+    "trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume", "output",
+    "policy.cache_dir", "policy.checkpoint", "task.parquet.path",
+    "rollout.backend", "rollout.num_workers", "rollout.chunk_tokens", "rollout.num_cpus_per_worker",
+    "rollout.num_gpus_per_worker", "rollout.ray_address", "rollout.engine.max_batch_size",
+    "rollout.engine.max_num_batched_tokens", "rollout.engine.num_threads", "rollout.engine.spec", "rollout.history",
+    "rollout.drafter",
+)
+# ... except these, which change the samples (lenience accepts history tokens the policy did not sample)
+RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
 
 
 # ------------------------------------------------------------------------------ loading and checking
@@ -440,6 +463,11 @@ def _validate_trainer(tr: TrainerSection) -> None:
     _need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
     _need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
     _need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
+    _need(tr.save_every >= 0, "trainer.save_every", "must be >= 0 (0: no checkpoints)", tr.save_every)
+    _need(tr.keep_checkpoints is None or tr.keep_checkpoints >= 1, "trainer.keep_checkpoints",
+          "must be >= 1 or null (keep all)", tr.keep_checkpoints)
+    _need(tr.resume is None or bool(tr.resume.strip()), "trainer.resume",
+          "must be null, 'auto' or a checkpoint folder", tr.resume)
 
 
 def _is_device(name: str) -> bool:

@@ -108,6 +108,15 @@ class GRPOTrainer:
     def parameters(self):
         return list(self.model.parameters())
 
+    def state_dict(self) -> dict:
+        """What a resumed run's trainer needs besides the policy's weights: the optimizer's
+        moments and step counts, and the optimizer-step counter (it seeds the minibatch order)."""
+        return {"optimizer": self.opt.state_dict(), "scheduler": None, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+
     def advantages(self, batch, rewards) -> torch.Tensor:
         return group_advantages(rewards, batch.group_index, scale=self.cfg.scale_rewards, eps=self.cfg.adv_eps)
 

@@ -97,6 +97,15 @@ class PPOTrainer(GRPOTrainer):
     def parameters(self):
         return list(self.model.parameters()) + list(self.value_head.parameters())
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "value_head": self.value_head.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("value_head") is None:
+            raise ValueError("a PPO run resumes only from a checkpoint with a value head (value_head.pt)")
+        self.value_head.load_state_dict(state["value_head"])
+        super().load_state_dict(state)
+
     def advantages(self, batch, rewards) -> torch.Tensor:
         return torch.as_tensor(rewards, dtype=torch.float32)  # the step's scores; GAE makes advantages
 

@@ -231,6 +231,28 @@ class RolloutClient:
         self.step += 1
         return out
 
+    # ---- resuming -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What a resumed run's client needs (plain JSON), taken between steps: the step counter
+        (it seeds the noise), the next group id, and what the in-process engine's draft budget
+        learnt (speed only; Ray workers' budgets start afresh). The history store's files are
+        the checkpoint's business (rl_integration/resume.py)."""
+        if self._pending:
+            raise ValueError(f"RolloutClient.state_dict: step {self.step} has responses not yet written to the "
+                             "history (call end_step first)")
+        controller = _controller(self.backend)
+        return {"step": self.step, "next_group": self._next_group,
+                "controller": None if controller is None else controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self._next_group = int(state["step"]), int(state["next_group"])
+        self._calls.clear()
+        self._pending.clear()
+        controller = _controller(self.backend)
+        if controller is not None and state.get("controller") is not None:
+            controller.load_state_dict(state["controller"])
+
     # ---- weights and lifetime -----------------------------------------------------------------
 
     def update_weights(self, model) -> None:
@@ -246,6 +268,11 @@ class RolloutClient:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _controller(backend):
+    """The in-process engine's draft budget (None for Ray, vLLM or no speculation)."""
+    return getattr(getattr(backend, "engine", None), "controller", None)
 
 
 def _first_samples(keys: Sequence[str], n: int) -> list[int]:

@@ -31,7 +31,7 @@ import yaml
 from rollout import threads
 
 from . import metrics as M
-from . import online_drafter
+from . import online_drafter, resume
 from .config import RunConfig, validate
 from .config_loader import to_dict
 from .dataset import Problem, encode_prompts, load_parquet_dataset
@@ -81,13 +81,13 @@ def compare_tokens(spec_batch, plain_batch) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(spec_batch.completion_ids, plain_batch.completion_ids)) if a != b]
 
 
-def make_trainer(cfg: RunConfig, model, pad_id: int):
+def make_trainer(cfg: RunConfig, model, pad_id: int, ref_model=None):
     from .grpo import GRPOTrainer
     from .ppo import PPOTrainer
 
     cls = GRPOTrainer if cfg.trainer.algorithm == "grpo" else PPOTrainer
     r = cfg.rollout
-    return cls(model, cfg.trainer, r.temperature, r.top_k, r.top_p, pad_id)
+    return cls(model, cfg.trainer, r.temperature, r.top_k, r.top_p, pad_id, ref_model=ref_model)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -95,10 +95,11 @@ def make_trainer(cfg: RunConfig, model, pad_id: int):
 
 def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str], None] = print,
           on_step_end: Optional[Callable[[int, torch.nn.Module], Optional[dict]]] = None) -> list[dict]:
-    """Run `cfg.trainer.steps` steps; returns the per-step metrics records.
-    on_step_end(step, model): called after the step's optimizer updates (an evaluation, a
-    checkpoint); the dict it returns, if any, joins the step's metrics record."""
+    """Run `cfg.trainer.steps` steps (from a checkpoint when trainer.resume says so); returns the
+    per-step metrics records. on_step_end(step, model): called after the step's optimizer
+    updates (an evaluation, ...); the dict it returns, if any, joins the step's metrics record."""
     validate(cfg)
+    run_config = to_dict(cfg)  # as given: config.yaml and each checkpoint's run.yaml
     progress = cfg.output.progress if progress is None else progress
     tr, out_dir = cfg.trainer, cfg.output.dir
     train_threads = threads.trainer_threads(tr.num_threads)
@@ -106,8 +107,20 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     problems = load_problems(cfg)
     reward = resolve_reward(cfg.task)
     check_reward(reward, problems[0])
-    model, tokenizer, folder = load_policy(cfg, progress)
+    fingerprint = resume.data_fingerprint(problems)
+    ckpt = resume.find(cfg, tr.resume)
+    resume.remove_output_temporaries(out_dir)
+    if ckpt is not None:
+        resume.check(ckpt, cfg, fingerprint)
+        model, tokenizer, reference = resume.load_models(ckpt, cfg, lambda: load_policy(cfg, progress))
+        folder = None
+    else:
+        model, tokenizer, folder = load_policy(cfg, progress)
+        reference = None
     model = model.to(tr.device)
+    reference = reference.to(tr.device) if reference is not None else None
+    saved_state = {"data_sha256": fingerprint, "reference_sha256": ckpt.state.get("reference_sha256") if ckpt else (
+        resume.weights_sha256(model) if tr.kl_coef > 0 else None)}
     torch.manual_seed(tr.seed)
     prompts = encode_prompts(tokenizer, problems, cfg.policy.chat_template)
     for i, ids in enumerate(prompts):
@@ -117,28 +130,32 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     history_dir = cfg.rollout.history.dir or os.path.join(out_dir, "history")
-    source = model if cfg.rollout.backend == "local" else folder
+    if ckpt is not None:
+        resume.restore_history(ckpt, history_dir)
+        resume.resume_drafter(ckpt, cfg)
+    # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
+    source = model if cfg.rollout.backend == "local" or folder is None else folder
     drafter = online_drafter.start(cfg, folder, progress)  # the drafter's first head, in cfg.rollout.engine
 
     client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
     plain = (RolloutClient(cfg, source, stop_token_ids=eos, progress=progress, plain=True)
              if cfg.output.compare else None)
-    trainer = make_trainer(cfg, model, pad_id)
+    trainer = make_trainer(cfg, model, pad_id, reference)
     order = list(range(len(problems)))
     random.Random(tr.seed).shuffle(order)
     log = M.MetricsLog(out_dir)
     compare = cfg.output.compare
-    if cfg.rollout.noise == "per_sample" and tr.steps > 1:
-        echo("WARNING: rollout.noise=per_sample: every step reuses each sample's noise, and the weights are "
-             "trained on those draws, so later steps' samples lean towards what was rewarded before (the "
-             "README's noise study measured lower reward); per_step is the unbiased default")
-    lenience = cfg.rollout.engine.spec.lenience if cfg.rollout.engine.spec else None
-    if lenience is not None:
-        echo(f"WARNING: rollout.engine.spec.lenience={lenience}: history tokens are accepted leniently, so samples "
-             "are BIASED (not exact samples of the policy); see lenient_tokens in metrics.jsonl")
+    first = 0
+    if ckpt is not None:
+        first = resume.restore(ckpt, trainer, client, log, cfg)
+        if plain is not None:
+            plain.load_state_dict({"step": first, "next_group": 0})
+        echo(f"resuming from {ckpt.folder}: {first} step(s) done, {max(tr.steps - first, 0)} to go")
+    _warn(cfg, echo)
     echo(M.table_header(compare))
+    resume.restore_rng_last(ckpt)
     try:
-        for step in range(tr.steps):
+        for step in range(first, tr.steps):
             start = step * tr.prompts_per_step
             idx = [order[(start + j) % len(order)] for j in range(tr.prompts_per_step)]
             _label(client, f"step {step} rollout")
@@ -171,8 +188,11 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             if on_step_end is not None:
                 record.update(on_step_end(step, model) or {})
             log.append(record)
-            if step == 0:
-                M.atomic_write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            if step == first:
+                M.atomic_write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(run_config, sort_keys=False))
+            if resume.due(tr, step):
+                resume.save(cfg, run_config, step + 1, model, tokenizer, trainer, client, log.records, saved_state,
+                            drafter=drafter)
             if cfg.output.plot:
                 from .plots import plot_metrics
                 plot_metrics(log.records, os.path.join(out_dir, "metrics.png"))
@@ -182,6 +202,17 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
         if plain is not None:
             plain.shutdown()
     return log.records
+
+
+def _warn(cfg: RunConfig, echo) -> None:
+    if cfg.rollout.noise == "per_sample" and cfg.trainer.steps > 1:
+        echo("WARNING: rollout.noise=per_sample: every step reuses each sample's noise, and the weights are "
+             "trained on those draws, so later steps' samples lean towards what was rewarded before (the "
+             "README's noise study measured lower reward); per_step is the unbiased default")
+    lenience = cfg.rollout.engine.spec.lenience if cfg.rollout.engine.spec else None
+    if lenience is not None:
+        echo(f"WARNING: rollout.engine.spec.lenience={lenience}: history tokens are accepted leniently, so samples "
+             "are BIASED (not exact samples of the policy); see lenient_tokens in metrics.jsonl")
 
 
 def _label(client: RolloutClient, text: str) -> None:

@@ -54,6 +54,9 @@ NUM_BINS = len(CONFIDENCE_EDGES) + 2
 # proposing and bookkeeping, which the step timings cannot attribute to single tokens.
 MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
+# An attempt that finds no draft costs proposing time but no forward slot: charged this share of
+# a token's price, so a step asks only a few requests while nothing is found.
+FAILED_ATTEMPT = 0.25
 
 
 def level(evidence: int) -> int:
@@ -76,6 +79,11 @@ class StepPlan:
     threshold: float
     lookahead: float
     offers: list
+
+    @property
+    def drafts(self) -> bool:
+        """Some proposer may draft more than exploration's one token this step."""
+        return any(o.most > 0 for o in self.offers)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,22 @@ class AdaptiveController:
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
+
+    def state_dict(self) -> dict:
+        """What it learnt (rates, step cost, exploration credit) as plain JSON: a resumed run's
+        engine drafts as the uninterrupted one's would (exactly so with a fixed min_draft_prob)."""
+        def pairs(d):
+            return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
+        return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
+                "credit": self.credit, "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        def table(items):
+            return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
+        self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
+        self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
+        self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
+                             anchor=[float(x) for x in state["cost"]["anchor"]])
 
     # ---- the price -----------------------------------------------------------------------
 
@@ -208,6 +232,7 @@ class AdaptiveController:
         offer = max(offers, key=lambda o: o.top)
         draft = offer.proposer.propose(req, 1)
         if draft is None or not draft.tokens:
+            self.credit -= FAILED_ATTEMPT * price
             return None
         self.credit -= price
         return draft.cut(1)

@@ -224,7 +224,8 @@ class Engine:
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        emitted = self._verify(rows, logits, observers, hidden)
+        drafting = plan is not None and plan.drafts
+        emitted = self._verify(rows, logits, drafting, observers, hidden)
         return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
@@ -267,7 +268,7 @@ class Engine:
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, observers: Sequence = (),
+    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool, observers: Sequence = (),
                 hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted. Observers of hidden states get, once per step, the
@@ -285,7 +286,7 @@ class Engine:
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                        logprobs[row.first_logit:row.first_logit + n])
+                                        logprobs[row.first_logit:row.first_logit + n], drafting)
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
@@ -293,8 +294,9 @@ class Engine:
             p.observe_hidden(spans, hidden)
         return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> int:
-        """ys, lps: the exact samples at the row's last fed token and at each draft token."""
+    def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
+        """ys, lps: the exact samples at the row's last fed token and at each draft token;
+        drafting: whether the step's budget let any proposer draft."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -316,6 +318,8 @@ class Engine:
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
+            if mine is None and p.catches_up and not drafting:
+                continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
 

@@ -40,6 +40,7 @@ import collections
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,7 @@ from .atomic_file import TMP_SUFFIX, atomic_path
 from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of
 from .history_index import HistoryIndex, Key
 
-__all__ = ["HistoryRecord", "HistoryStore", "SCHEMA", "KEY_COLUMNS"]
+__all__ = ["HistoryRecord", "HistoryStore", "SCHEMA", "KEY_COLUMNS", "restore_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,10 @@ class HistoryStore:
         """Steps that have a file, ascending (a file may still turn out unreadable)."""
         return sorted(self._open())
 
+    def files(self) -> list[Path]:
+        """The store's files, oldest step first (what a checkpoint links to restore it later)."""
+        return [self._files[s].path for s in sorted(self._open())]
+
     def total_bytes(self) -> int:
         return sum(f.size for f in self._open().values())
 
@@ -277,6 +282,41 @@ class HistoryStore:
             self._bad[step] = signature
             rows = {}
         self._index.put(step, rows)
+
+
+def restore_files(root_dir: Union[str, os.PathLike], files: Sequence[Union[str, os.PathLike]]) -> None:
+    """Make `root_dir` hold exactly these step files (a checkpoint's links, rl_integration/resume.py):
+    the store's other files and temporaries go, each missing one is hard-linked in (copied across
+    file systems) under a temporary name and renamed into place. Call it before a HistoryStore
+    opens the folder."""
+    root = Path(root_dir)
+    want = {Path(f).name: Path(f) for f in files}
+    bad = [n for n in want if not _FILE_RE.match(n)]
+    if bad:
+        raise ValueError(f"not history store files: {bad}")
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in _scandir(root):
+        ours = _FILE_RE.match(entry.name) or (entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX))
+        if ours and not (entry.name in want and _same_file(entry.path, want[entry.name])):
+            os.unlink(entry.path)
+    for name, src in want.items():
+        dst = root / name
+        if dst.exists():
+            continue
+        tmp = root / f".{name}.{os.getpid()}.restore{TMP_SUFFIX}"
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    _fsync_dir(root)
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _signature(path: Path) -> Optional[tuple]:

@@ -60,6 +60,9 @@ class Proposer:
     batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
         what a batched draft position costs (`position_cost`) is charged to its tokens when the
         controller decides how many positions are worth drafting.
+    catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
+        which `propose` and `finish` do too; the engine then skips it in steps that draft nothing,
+        so a budget that has switched speculation off costs no bookkeeping per token.
     """
 
     name = "base"
@@ -67,6 +70,7 @@ class Proposer:
     wants_lookahead = False
     wants_hidden = False
     batched = False
+    catches_up = False
 
     def prepare(self, requests: Sequence[Request], offer, plan) -> None:
         """Once per step, before any `propose` (batched proposers only): the requests that are

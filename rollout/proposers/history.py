@@ -95,6 +95,8 @@ class HistoryProposer(Proposer):
             st.probs = [math.exp(lp) for lp in lps]
         return st.probs[st.ptr : st.ptr + n]
 
+    catches_up = True
+
     def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         if req.history:
             self._sync(req)

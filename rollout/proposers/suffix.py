@@ -259,6 +259,8 @@ class SuffixProposer(Proposer):
         evidence = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
         return Draft(tokens, self, evidence=evidence, confidence=confidence)
 
+    catches_up = True  # (while no step drafts, siblings see a member's tokens once it is asked or ends)
+
     def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         self._sync(req)  # siblings see the new tokens from now on
 

@@ -29,3 +29,7 @@ def tiny_run(tmp_path_factory):
     overrides = TINY_RUN + [f"policy.cache_dir={cache}"]
     load_policy(load_config(None, overrides), progress=False)
     return overrides
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ray: needs Ray (skipped cleanly when it is not installed)")
