@@ -78,13 +78,15 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION ?= 0.32.0
 ARCTIC_VERSION ?= 0.3.0
+# Ray workers that hold a vLLM engine run .venv-vllm's python: the same Ray as the main environment
+RAY_VERSION ?= $(shell $(BIN)/python -c "import ray; print(ray.__version__)" 2>/dev/null)
 
 .PHONY: venv-vllm test-vllm bench-vllm
 
 venv-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): tools/venv-vllm.sh
-	bash tools/venv-vllm.sh $(VLLM_VENV) $(PY) $(VLLM_VERSION) $(ARCTIC_VERSION) $(TORCH_VERSION)
+	bash tools/venv-vllm.sh $(VLLM_VENV) $(PY) $(VLLM_VERSION) $(ARCTIC_VERSION) $(TORCH_VERSION) $(RAY_VERSION)
 	touch $(VLLM_STAMP)
 
 # Skipped (exit 0, with the reason) when the environment cannot be created on this machine.
@@ -95,3 +97,12 @@ test-vllm:
 
 bench-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m rollout.bench --peer vllm
+
+# The demo's per-step table on the vLLM engine, suffix speculation on and off (docs/guarantees.md)
+.PHONY: bench-vllm-demo gpu-vllm-demo
+bench-vllm-demo: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m rl_integration.bench_vllm_demo --out bench_results/vllm_demo_cpu.json
+
+# The same on a GPU, in under 10 minutes once .venv-vllm exists (tools/gpu-vllm-demo.sh)
+gpu-vllm-demo:
+	bash tools/gpu-vllm-demo.sh

@@ -97,7 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if speedups:
             print(f"rollout speedup over the plain engine: {sum(speedups) / len(speedups):.2f}x mean, "
                   + ("tokens identical in every step" if identical else
-                     "tokens differ where the lenient mode accepted them (biased by design)"))
+                     "tokens differ where that is expected (the lenient mode: biased by design; vLLM: "
+                     "lossless in distribution only, docs/guarantees.md)"))
     return 0
 
 

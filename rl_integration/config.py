@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
+from rollout.vllm_config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
 
@@ -243,6 +244,7 @@ class RolloutSection:
     """How rollouts run. `engine` is the engine's own EngineConfig (rollout/config.py): its
     fields, and its `spec` (speculation; null turns it off), are checked where they are defined."""
 
+    name: Literal["spectail", "vllm"] = "spectail"  # the engine (verl: actor_rollout_ref.rollout.name)
     backend: Literal["local", "ray"] = "local"
     num_workers: int = 1  # ray only
     engine: EngineConfig = field(default_factory=demo_engine)
@@ -259,6 +261,7 @@ class RolloutSection:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
+    vllm: VllmConfig = field(default_factory=VllmConfig)  # name: vllm only (rollout/vllm_config.py)
 
     RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
     RENAMED_WHY: ClassVar[str] = STEP_WORDS
@@ -372,7 +375,8 @@ def _need(ok: bool, key: str, msg: str, value) -> None:
 
 # where the classes whose validate() the run config calls sit in it
 _SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "EngineConfig": "rollout.engine",
-             "SpecConfig": "rollout.engine.spec", "DrafterSpec": "rollout.engine.spec.drafter"}
+             "SpecConfig": "rollout.engine.spec", "DrafterSpec": "rollout.engine.spec.drafter",
+             "VllmConfig": "rollout.vllm"}
 
 
 def _wrap(check, key: str) -> None:
@@ -424,6 +428,11 @@ def _validate_rollout(r: RolloutSection) -> None:
     _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")
     _validate_drafter(r.drafter)
+    _wrap(r.vllm.validate, "rollout.vllm")
+    if r.name == "vllm" and r.engine.spec is not None:
+        raise ValueError("config key 'rollout.engine.spec' must be null when rollout.name is 'vllm': spectail's "
+                         "proposers do not run inside vLLM, whose own speculation is rollout.vllm.speculation "
+                         "(ngram | suffix); add rollout.engine.spec=null")
     spec = r.engine.spec
     lenience = None if spec is None else spec.lenience
     _need(lenience is None or ("history" in spec.proposers and r.history.enabled), "rollout.engine.spec.lenience",

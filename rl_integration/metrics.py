@@ -19,7 +19,7 @@ Definitions (per generate call; a step's record sums or recomputes them over its
     drafter_accepted_share  accepted["drafter"] / generated_tokens: the tokens the draft head wrote
     drafter_train_steps, drafter_version   the online drafter's optimizer steps and head version
         (per step, with drafter_train_seconds, drafter_seconds (its time inside the rollout),
-        drafter_share_of_rollout_seconds (that over rollout_seconds) and drafter_sim_acceptance (its exact
+        drafter_share (that over rollout_seconds) and drafter_sim_acceptance (its exact
         simulated per-token acceptance on the step's rollout): rl_integration/online_drafter.py)
     reward_mean           mean reward of the call's samples (None until rewards are recorded)
     lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased

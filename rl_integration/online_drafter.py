@@ -56,6 +56,12 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
     return OnlineDrafter(d, OnlineState())
 
 
+def live_head(drafter: Optional[OnlineDrafter], client):
+    """The head the local engine drafts with (None: no drafter, none set, or the Ray backend)."""
+    proposer = _proposer(client) if drafter is not None else None
+    return proposer.head if proposer is not None else None
+
+
 def _proposer(client):
     from drafter.proposer import DrafterProposer
 
@@ -82,7 +88,7 @@ def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> d
         out = client.backend.drafter_metrics()
     seconds = batch.step_stats.get("rollout_seconds") or 0.0
     if seconds > 0 and "drafter_seconds" in out:
-        out["drafter_share_of_rollout_seconds"] = out["drafter_seconds"] / seconds
+        out["drafter_share"] = out["drafter_seconds"] / seconds
     if drafter.cfg.train.reward_beta > 0:
         from .grpo import group_advantages
 
@@ -105,17 +111,3 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, lr=t.lr, ttt_steps=t.ttt_steps,
                        reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)
-
-
-def export_head(drafter: Optional[OnlineDrafter], client, folder) -> Optional[str]:
-    """Export the local engine's current head into `folder` (for a checkpoint); None when there is
-    no drafter or no head in this process (on Ray the head lives on the workers)."""
-    if drafter is None:
-        return None
-    from drafter.export import export
-
-    proposer = _proposer(client)
-    if proposer is None or proposer.head is None:
-        return None
-    export(proposer.head, folder)
-    return folder

@@ -196,9 +196,8 @@ def restore(ckpt: Checkpoint, trainer, client, log, cfg: RunConfig) -> int:
 
 
 def resume_drafter(ckpt: Optional[Checkpoint], cfg: RunConfig) -> None:
-    """HOOK for the online drafter (rollout.drafter, being wired on branch drafter2): a resumed
-    run starts from the head the checkpoint saved, through rollout.drafter.path (call this before
-    the drafter starts). Nothing to do until a checkpoint holds a drafter/ folder."""
+    """A resumed run starts from the head the checkpoint saved, through rollout.drafter.path
+    (call this before the drafter starts)."""
     drafter = getattr(cfg.rollout, "drafter", None)
     if ckpt is not None and isinstance(ckpt.drafter, Path) and drafter is not None:
         drafter.path = os.fspath(ckpt.drafter)
@@ -228,12 +227,18 @@ def save(cfg: RunConfig, run_config: dict, steps_done: int, model, tokenizer, tr
 
 
 def drafter_folder(drafter, client, scratch: Path) -> Optional[Path]:
-    """The head the run trains, exported into `scratch` (drafter/export.py): the checkpoint copies
-    the folder to drafter/ and resume_drafter() starts the resumed run from it. None: nothing to
-    save (no drafter, or its head lives on Ray workers)."""
-    from .online_drafter import export_head
+    """The head the run trains, exported into `scratch` (drafter/export.py), which the checkpoint
+    copies to drafter/ and resume_drafter() starts a resumed run from. None: no drafter, or no
+    head in this process (on Ray the head lives on the workers: a resumed run starts afresh)."""
+    from .online_drafter import live_head
 
-    return export_head(drafter, client, scratch)
+    head = live_head(drafter, client)
+    if head is None:
+        return None
+    from drafter.export import export
+
+    export(head, scratch)
+    return scratch
 
 
 OUTPUT_FILES = ("metrics.jsonl", "metrics.png", "config.yaml")  # what the loop writes into output.dir

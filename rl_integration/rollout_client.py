@@ -119,10 +119,11 @@ class RolloutClient:
         if backend is None:
             if model is None:
                 raise ValueError("RolloutClient needs a model (a transformers model or a checkpoint folder)")
-            backend = build_backend(config, model, self.engine_config, progress)
+            backend = build_backend(config, model, self.engine_config, progress, plain=plain)
         self.backend = backend
         self.step = 0
         self._calls: dict[int, list[dict]] = {}  # step -> the metrics record of each generate call
+        self._update_seconds: dict[int, list[float]] = {}  # step -> seconds of each weight update
         self._pending: dict[int, dict] = {}  # step -> (prompt key, sample index) -> HistoryRecord
         self._next_group = 0
 
@@ -216,6 +217,8 @@ class RolloutClient:
         step = self.step if step is None else step
         out = M.aggregate(self._calls.get(step, []))
         out["step"] = step
+        updates = self._update_seconds.get(step, [])
+        out["weight_update_seconds"] = sum(updates) / len(updates) if updates else None  # per update, mean
         return out
 
     def call_records(self, step: Optional[int] = None) -> list[dict]:
@@ -258,7 +261,9 @@ class RolloutClient:
     def update_weights(self, model) -> None:
         """Push the trainer's weights (a module or a state dict, Hugging Face names)."""
         sd = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        start = time.perf_counter()
         self.backend.update_weights({k: v.detach() for k, v in sd.items()})
+        self._update_seconds.setdefault(self.step, []).append(time.perf_counter() - start)
 
     def shutdown(self) -> None:
         self.backend.shutdown()
@@ -286,11 +291,25 @@ def _first_samples(keys: Sequence[str], n: int) -> list[int]:
     return out
 
 
-def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
-    """The RolloutBackend that rollout.backend names, running `model` (a checkpoint folder, a
-    transformers model or a (Hugging Face config, state dict) pair; a Ray backend puts in-memory
-    weights in the object store once) with engine config `eng_cfg`."""
+def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False, plain: bool = False):
+    """The RolloutBackend that rollout.backend and rollout.name name, running `model` (a checkpoint
+    folder, a transformers model or a (Hugging Face config, state dict) pair; a Ray backend puts
+    in-memory weights in the object store once) with engine config `eng_cfg`. plain: vLLM without
+    its own speculation (the reference run of --compare)."""
+    vllm = None
+    if cfg.name == "vllm":
+        import dataclasses
+
+        vllm = dataclasses.replace(cfg.vllm, speculation=None) if plain else cfg.vllm
     if cfg.backend == "local":
+        if vllm is not None:
+            from rollout.vllm_backend import VllmBackend, import_vllm
+            try:
+                import_vllm()
+            except ImportError as e:
+                raise ValueError(f"rollout.name is 'vllm' with rollout.backend 'local': {e} (or rollout.backend=ray: "
+                                 "its workers run .venv-vllm's python)") from None
+            return VllmBackend(model, eng_cfg, vllm)
         from rollout.backend import LocalBackend
         return LocalBackend(model, eng_cfg, progress=progress)
     try:
@@ -299,6 +318,9 @@ def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False):
         raise ValueError(f"rollout.backend is 'ray' but the Ray backend cannot be imported ({e}); "
                          "install spectail[ray]") from None
     extra = {} if cfg.chunk_tokens is None else {"chunk_tokens": cfg.chunk_tokens}
+    if vllm is not None:  # vLLM actors (worker class, its options, the Python that has vLLM)
+        from scheduler.vllm_worker import ray_options
+        extra.update(ray_options(vllm))
     return RayRolloutBackend(model, eng_cfg, num_workers=cfg.num_workers,
                              num_cpus_per_worker=cfg.num_cpus_per_worker,
                              num_gpus_per_worker=cfg.num_gpus_per_worker, address=cfg.ray_address, **extra)

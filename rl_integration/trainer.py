@@ -167,7 +167,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             if plain is not None:
                 _label(plain, f"step {step} plain")
                 ref = plain.generate([prompts[i] for i in idx], step=step)
-                extra = _compare_record(batch, ref, echo)
+                extra = _compare_record(batch, ref, echo, exact=cfg.rollout.name == "spectail")
             with threads.using(train_threads):
                 stats = trainer.step(batch, rewards)
             client.update_weights(model)
@@ -220,10 +220,12 @@ def _label(client: RolloutClient, text: str) -> None:
         client.backend.desc = text
 
 
-def _compare_record(batch, ref, echo) -> dict:
+def _compare_record(batch, ref, echo, exact: bool = True) -> dict:
+    """exact: the engine promises the same tokens with speculation on and off (spectail's does;
+    vLLM's rejection sampling is lossless in distribution only, docs/guarantees.md)."""
     bad = compare_tokens(batch, ref)
     spec_s, plain_s = batch.step_stats["rollout_seconds"], ref.step_stats["rollout_seconds"]
-    lenient = batch.step_stats.get("lenient_tokens", 0) > 0
+    lenient = batch.step_stats.get("lenient_tokens", 0) > 0 or not exact
     if bad and not lenient:
         i = bad[0]
         msg = (f"!!! spec-vs-plain MISMATCH in step {batch.step}: {len(bad)} of {len(batch)} samples differ "

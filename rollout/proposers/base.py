@@ -55,22 +55,22 @@ class Proposer:
     prior: the acceptance rate the controller assumes before it has seen any of its drafts.
     wants_lookahead: the engine keeps the target's samples past a rejected draft token on the
         request (`req.lookahead`) only when some proposer reads them.
+    catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
+        which `propose` and `finish` do too; the engine then skips it in steps that draft nothing,
+        so a budget that has switched speculation off costs no bookkeeping per token.
     wants_hidden: the engine asks the forward for the final hidden state of every fed token and
         hands them over (`observe_hidden`); False costs nothing. May change between steps.
     batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
         what a batched draft position costs (`position_cost`) is charged to its tokens when the
         controller decides how many positions are worth drafting.
-    catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
-        which `propose` and `finish` do too; the engine then skips it in steps that draft nothing,
-        so a budget that has switched speculation off costs no bookkeeping per token.
     """
 
     name = "base"
     prior = 0.5
     wants_lookahead = False
+    catches_up = False
     wants_hidden = False
     batched = False
-    catches_up = False
 
     def prepare(self, requests: Sequence[Request], offer, plan) -> None:
         """Once per step, before any `propose` (batched proposers only): the requests that are

@@ -7,7 +7,10 @@ each time resumed with `--resume auto` (the next kill comes in the resumed proce
 run to the end. After every kill nothing on disk is corrupt; at the end every step's tokens and
 rewards (those of the killed processes too), the metrics records, the history store and the
 final weights are those of an uninterrupted run, bitwise: the draft budget is fixed
-(min_draft_prob), so the resumed engine drafts exactly as the uninterrupted one did.
+(min_draft_prob) and the online drafter off, so the resumed engine drafts exactly as the
+uninterrupted one did (a resumed drafter starts from the checkpoint's head but not from its
+feature buffer, so it drafts differently: the same tokens, other speculation counters;
+test_resume.py checks that its head is saved and picked up).
 
 The kills come from tests/rl_integration/kill_points.py, which wraps the run's functions from
 outside (production code has no fault hooks). The Ray variant (Ray group) kills the driver in
@@ -38,10 +41,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEMO = os.path.join(ROOT, "examples", "demo.yaml")
 STEPS = 4
 KILL_RUN = ["rollout.n=4", f"trainer.steps={STEPS}", "trainer.save_every=1", "trainer.keep_checkpoints=2",
-            "rollout.engine.spec.min_draft_prob=0.3", "output.plot=false",
-            "rollout.drafter.enabled=false"]  # the drafter trains for a time budget: its figures are not bitwise
+            "rollout.engine.spec.min_draft_prob=0.3", "rollout.drafter.enabled=false", "output.plot=false"]
 CHAIN = [("rollout", 1), ("optimizer", 1), ("history", 1), ("metrics", 1), ("checkpoint", 1), ("prune", 2)]
-TIMED = ("seconds", "per_second")  # metrics that are wall times, the only ones that may differ
+TIMED = ("seconds", "per_second")  # wall times: the only metrics that may differ
 
 
 def spectail(tiny_run, out, record, *extra, kill=None, env=None):

@@ -1,21 +1,28 @@
 """The vLLM backend against transformers and spectail's engine, on one shared vLLM engine (a start
-costs tens of seconds): logprobs, weight updates without restart, refused bad updates, seeds.
-Runs where vLLM is installed (`make test-vllm` creates .venv-vllm and runs these)."""
+costs tens of seconds): logprobs, weight updates without restart, refused bad updates, seeds,
+chunked continuation, lengths. The engine is started from the in-memory model (written to a
+temporary folder first). Runs where vLLM is installed (`make test-vllm` creates .venv-vllm)."""
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environment: `make test-vllm` "
                            "creates .venv-vllm and runs tests/vllm there")
 
-from rollout import Engine, EngineConfig, SamplingParams  # noqa: E402
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
+from rollout.request import make_requests  # noqa: E402
 from rollout.sampling import token_logprobs  # noqa: E402
 from rollout.vllm_backend import VllmBackend  # noqa: E402
+from rollout.vllm_config import VllmConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
 VOCAB = 128
 # head_dim 32: the smallest head size vLLM's CPU attention implements (vllm/v1/attention/backends/cpu_attn.py)
 SHAPE = dict(vocab=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
 CONFIG = EngineConfig(max_batch_size=8, max_model_len=128, max_num_batched_tokens=256, num_threads=1)
+EAGER = VllmConfig(compile=False)  # a faster start
 PROMPTS = [[3, 17, 42, 5, 9], [7, 7, 8, 100, 2, 64, 11], [1, 2, 3], [90, 80, 70, 60, 50, 40]]
 
 
@@ -25,12 +32,13 @@ def models():
 
 
 @pytest.fixture(scope="module")
-def backend(models, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vllm-ckpt")
-    models[0].save_pretrained(folder)
-    b = VllmBackend(folder, CONFIG, compile=False)
+def backend(models):
+    b = VllmBackend(models[0], CONFIG, EAGER)  # in memory: saved to a temporary folder, removed at shutdown
+    folder = b.folder
+    assert (folder / "config.json").is_file()
     yield b
     b.shutdown()
+    assert not folder.exists()
 
 
 def greedy_spectail(model, n=12):
@@ -117,18 +125,73 @@ def test_bad_generate_input_is_refused(backend):
     with pytest.raises(ValueError, match="seeds has 2 entries for 1 prompts"):
         backend.generate([[1, 2]], SamplingParams(max_tokens=2), seeds=[0, 1])
     with pytest.raises(ValueError, match="max_model_len"):
-        backend.generate([[1, 2]], SamplingParams(max_tokens=500), seeds=[0])
+        backend.generate([[1] * 128], SamplingParams(max_tokens=2), seeds=[0])
+    with pytest.raises(ValueError, match="groups"):
+        backend.generate([[1, 2]], SamplingParams(max_tokens=2), seeds=[0], groups=[[1]])
     assert len(backend.generate([[1, 2]], SamplingParams(max_tokens=2), seeds=[0])[0].token_ids) == 2
 
 
+def test_seeded_prompts_longer_than_one_steps_token_budget(backend, models):
+    """8 prompts of 100 tokens (800 > max_num_batched_tokens 256): vLLM must not prefill a seeded
+    request in parts (its CPU generator cannot be rewound, which killed the engine)."""
+    backend.update_weights(models[0])
+    prompts = [[(7 * i + j) % VOCAB for j in range(100)] for i in range(8)]
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    outs = backend.generate(prompts, params, seeds=list(range(8)))
+    assert all(len(o.token_ids) == 8 for o in outs)
+    again = backend.generate(prompts, params, seeds=list(range(8)))
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
+def test_max_model_len_ends_a_request_with_length_as_in_spectail(backend, models):
+    backend.update_weights(models[0])
+    prompt = list(range(1, 121))
+    out = backend.generate([prompt], SamplingParams(temperature=0.0, max_tokens=50), seeds=[0])[0]
+    engine = Engine.from_pretrained(models[0], EngineConfig(max_batch_size=8, max_model_len=128))
+    ref = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=50), seeds=[0])[0]
+    assert out.finish_reason == ref.finish_reason == "length" and len(out.token_ids) == 128 - 120
+    assert out.token_ids == ref.token_ids
+
+
+def test_chunks_continue_a_request(backend, models):
+    """run(max_new_tokens=k) pauses every request after k tokens; continuing it gives the
+    unchunked greedy tokens, and sampled chunks draw fresh noise (a later chunk does not replay
+    the first chunk's draws)."""
+    backend.update_weights(models[0])
+    greedy = SamplingParams(temperature=0.0, max_tokens=20)
+    reqs = make_requests(VOCAB, CONFIG.max_model_len, PROMPTS, greedy, [0, 1, 2, 3])
+    calls = 0
+    while any(r.finish_reason is None for r in reqs):
+        info = backend.run([r for r in reqs if r.finish_reason is None], max_new_tokens=6)
+        calls += 1
+        assert info.engine_steps > 0 and info.fed_tokens > 0
+    assert calls == 4 and [r.output_ids for r in reqs] == greedy_spectail(models[0], n=20)
+    assert all(r.forward_passes == 20 - 4 for r in reqs)  # every chunk's first token comes from its prefill
+    sampled = SamplingParams(temperature=1.0, max_tokens=12)
+    (r,) = make_requests(VOCAB, CONFIG.max_model_len, [[5]], sampled, [77])
+    backend.run([r], max_new_tokens=6)
+    assert r.finish_reason is None and len(r.output_ids) == 6
+    (fresh,) = make_requests(VOCAB, CONFIG.max_model_len, [[5] + r.output_ids], sampled, [77])
+    backend.run([fresh], max_new_tokens=6)
+    backend.run([r], max_new_tokens=6)
+    assert r.finish_reason == "length" and len(r.output_ids) == 12 and len(r.logprobs) == 12
+    assert r.output_ids[6:] != fresh.output_ids  # position 6 of seed 77 is not position 0 of seed 77
+
+
 def test_start_failures_are_clear(tmp_path, models):
+    scratch = set(Path(tempfile.gettempdir()).glob("spectail-vllm-ckpt-*"))
     (tmp_path / "foo").mkdir()
     (tmp_path / "foo" / "config.json").write_text('{"architectures": ["FooForCausalLM"]}')
     with pytest.raises(ValueError, match="unsupported architecture.*FooForCausalLM"):
         VllmBackend(tmp_path / "foo", CONFIG)
     with pytest.raises(ValueError, match="no config.json"):
         VllmBackend(tmp_path / "missing", CONFIG)
+    with pytest.raises(ValueError, match="head size is 16.*does not implement"):
+        VllmBackend(tiny_hf_model("llama", vocab=VOCAB, hidden_size=32, num_attention_heads=2), CONFIG, EAGER)
+    with pytest.raises(ValueError, match="EngineConfig.spec.*must be None for vLLM"):
+        VllmBackend(models[0], EngineConfig(spec=SpecConfig()), EAGER)
     models[0].save_pretrained(tmp_path / "llama")
     too_long = EngineConfig(max_batch_size=8, max_model_len=100_000, num_threads=1)  # past max_position_embeddings
     with pytest.raises(RuntimeError, match="vLLM failed to start"):
-        VllmBackend(tmp_path / "llama", too_long, compile=False)
+        VllmBackend(tmp_path / "llama", too_long, EAGER)
+    assert set(Path(tempfile.gettempdir()).glob("spectail-vllm-ckpt-*")) == scratch  # nothing left behind
