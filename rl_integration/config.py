@@ -229,9 +229,11 @@ class DrafterSection:
     rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
     window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
     start from (null: the embedded policy's cached warm start, trained on first use for at most
-    warm_start_s seconds; a checkpoint policy starts from a fresh head)."""
+    warm_start_s seconds; a checkpoint policy starts from a fresh head). Off by default: on a CPU
+    its own cost and training time do not yet pay for its drafts after the first step
+    (docs/results.md)."""
 
-    enabled: bool = True
+    enabled: bool = False
     kind: Literal["attention", "mlp"] = "attention"
     window: Optional[int] = 64
     path: Optional[str] = None

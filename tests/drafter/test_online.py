@@ -86,12 +86,13 @@ def test_the_run_config_turns_the_drafter_on(tmp_path, policy):
     head = DraftHead.for_policy(policy, HeadConfig(), seed=1)
     export(head, tmp_path / "head")
     cfg = load_config(None, ["policy.source=checkpoint", f"policy.checkpoint={tmp_path}",
-                             f"rollout.drafter.path={tmp_path / 'head'}", "rollout.drafter.train.idle_slice_s=0.5"])
+                             "rollout.drafter.enabled=true", f"rollout.drafter.path={tmp_path / 'head'}",
+                             "rollout.drafter.train.idle_slice_s=0.5"])
     drafter = start(cfg, None, progress=False)
     spec = cfg.rollout.engine.spec
     assert drafter is not None and spec.proposers[-1] == "drafter" and spec.drafter.path == str(tmp_path / "head")
     assert spec.drafter.idle_slice_s == 0.5 and spec.drafter.window == cfg.rollout.drafter.window
-    off = load_config(None, ["rollout.drafter.enabled=false"])
+    off = load_config(None, [])  # off by default
     assert start(off, None) is None and "drafter" not in off.rollout.engine.spec.proposers
     with pytest.raises(ValueError, match="rollout.drafter.train.lr"):
         load_config(None, ["rollout.drafter.train.lr=0"])
