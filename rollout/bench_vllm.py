@@ -17,10 +17,7 @@ core (vLLM's processes use about two cores even with one OpenMP thread, so it ru
 own wait policy (spectail's passive waiting is not passed on to it).
 
 Prints every run with the load average before and after it, then min / median / best tokens/s
-per row, the transformers row, and last the ratios spectail / vLLM; writes JSON (--out). Each
-engine run also counts the CPU seconds of every process of that engine (vLLM's: its driver and
-engine-core processes, busy-polling included): tokens per CPU-second is the figure that a loaded
-machine moves least, since a process pinned to a shared core gets a share of it per thread.
+per row, the transformers row, and last the ratios spectail / vLLM; writes JSON (--out).
 Figures taken on a shared machine say so: compare ratios from one run, never across runs.
 """
 from __future__ import annotations
@@ -143,12 +140,12 @@ def spectail_engine(folder: str, dtype: str, threads: int, spec, batch: int, max
 
 def run_spectail(engine: Engine, prompts, lengths) -> dict:
     params = [SamplingParams(temperature=1.0, max_tokens=n) for n in lengths]
-    start, cpu = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
     outs = engine.generate(prompts, params, seeds=list(range(len(prompts))))
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    seconds = time.perf_counter() - start
     if [len(o.token_ids) for o in outs] != lengths:
         raise RuntimeError("spectail's engine did not produce the requested lengths")
-    return {"seconds": seconds, "cpu_seconds": cpu, "proposed": sum(sum(o.stats["proposed"].values()) for o in outs),
+    return {"seconds": seconds, "proposed": sum(sum(o.stats["proposed"].values()) for o in outs),
             "accepted": sum(sum(o.stats["accepted"].values()) for o in outs)}
 
 
@@ -174,12 +171,8 @@ def measured(run, useful: int, **labels) -> dict:
     res = run()
     after = os.getloadavg()
     rec = {**labels, **res, "tokens_per_second": useful / res["seconds"], "load_before": before, "load_after": after}
-    cpu = ""
-    if res.get("cpu_seconds"):
-        rec["tokens_per_cpu_second"] = useful / res["cpu_seconds"]
-        cpu = f"{rec['tokens_per_cpu_second']:9.1f} tok/CPU-s"
     print(f"round {rec.get('round', 0)} {rec['dtype']:8} {rec['threads']}t {rec['engine']:8} {rec['config']:6}"
-          f"{rec['seconds']:8.2f}s{rec['tokens_per_second']:9.1f} tok/s{cpu}   load {before[0]:.2f} -> {after[0]:.2f}",
+          f"{rec['seconds']:8.2f}s{rec['tokens_per_second']:9.1f} tok/s   load {before[0]:.2f} -> {after[0]:.2f}",
           flush=True)
     return rec
 
@@ -255,16 +248,12 @@ def torch_threads(n: int):
 
 
 def summarise(records: list) -> list[dict]:
-    rows, cpu = {}, {}
+    rows = {}
     for rec in records:
         key = (rec["dtype"], rec["threads"], rec["engine"], rec["config"])
         rows.setdefault(key, []).append(rec["tokens_per_second"])
-        if "tokens_per_cpu_second" in rec:
-            cpu.setdefault(key, []).append(rec["tokens_per_cpu_second"])
     return [{"dtype": d, "threads": t, "engine": e, "config": c, "runs": len(v), "min": min(v),
-             "median": statistics.median(v), "best": max(v),
-             "cpu_median": statistics.median(cpu[(d, t, e, c)]) if (d, t, e, c) in cpu else None}
-            for (d, t, e, c), v in rows.items()]
+             "median": statistics.median(v), "best": max(v)} for (d, t, e, c), v in rows.items()]
 
 
 def ratios(summary: list[dict]) -> list[dict]:
@@ -275,27 +264,22 @@ def ratios(summary: list[dict]) -> list[dict]:
             continue
         mine = by.get((dtype, threads, "spectail", PAIRS[config]))
         if mine is not None:
-            cpu = mine["cpu_median"] / v["cpu_median"] if mine["cpu_median"] and v["cpu_median"] else None
             out.append({"dtype": dtype, "threads": threads, "vllm": config, "spectail": PAIRS[config],
-                        "median_ratio": mine["median"] / v["median"], "best_ratio": mine["best"] / v["best"],
-                        "cpu_median_ratio": cpu})
+                        "median_ratio": mine["median"] / v["median"], "best_ratio": mine["best"] / v["best"]})
     return out
 
 
 def print_report(summary: list[dict], rats: list[dict], failed: dict) -> None:
-    print(f"\n{'dtype':9}{'thr':>4} {'engine':9}{'config':7}{'runs':>5}{'min':>9}{'median':>9}{'best':>9}"
-          f"{'per CPU-s':>10}  tok/s")
+    print(f"\n{'dtype':9}{'thr':>4} {'engine':9}{'config':7}{'runs':>5}{'min':>9}{'median':>9}{'best':>9}  tok/s")
     for s in sorted(summary, key=lambda s: (s["dtype"], s["threads"], s["config"], s["engine"])):
-        cpu = f"{s['cpu_median']:10.1f}" if s["cpu_median"] else f"{'-':>10}"
         print(f"{s['dtype']:9}{s['threads']:>4} {s['engine']:9}{s['config']:7}{s['runs']:>5}"
-              f"{s['min']:9.1f}{s['median']:9.1f}{s['best']:9.1f}{cpu}")
+              f"{s['min']:9.1f}{s['median']:9.1f}{s['best']:9.1f}")
     for key, why in failed.items():
         print(f"vLLM {key}: did not run: {why}")
-    print("\nspectail / vLLM tokens/s (median, best; median tokens per CPU-second of all the engine's processes):")
+    print("\nspectail / vLLM tokens/s (median, best):")
     for r in rats:
-        cpu = f"{r['cpu_median_ratio']:.2f}x" if r["cpu_median_ratio"] else "-"
         print(f"  {r['dtype']:9}{r['threads']}t  spectail {r['spectail']:6} / vLLM {r['vllm']:6}  "
-              f"{r['median_ratio']:.2f}x  {r['best_ratio']:.2f}x  {cpu}")
+              f"{r['median_ratio']:.2f}x  {r['best_ratio']:.2f}x")
 
 
 def parse(argv) -> argparse.Namespace:

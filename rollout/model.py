@@ -16,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention
 from .batch import ForwardBatch
 from .kv_cache import KVCache
-from .linear import Projection, packs_on, projection, weights_version
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -95,9 +93,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, as transformers does (torch's
-        # fused rms_norm gives the bits of transformers' pow-mean-rsqrt in float32).
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        # Normalise in float32 and cast back before the weight, as transformers does.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,8 +107,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Weights only (Hugging Face names); the computation is `run_layer` with packed projections."""
-
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
@@ -120,7 +117,35 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.window = window
+        self.cfg, self.window = cfg, window
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int, masks: dict):
+        cfg, n = self.cfg, x.shape[0]
+        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache.write(layer, batch.token_slots, batch.positions, k, v)
+
+        out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
+        # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
+        # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
+        # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
+        expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
+        for g, group in enumerate(batch.groups):
+            rows, length = group.num_rows, group.max_row_len
+            grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
+            grid[group.pad_index] = q[group.token_index]
+            grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+            keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
+            if expand > 1:
+                keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
+            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
+                                               enable_gqa=expand == 1 and cfg.num_heads != cfg.num_kv_heads)
+            out[group.token_index] = o.transpose(1, 2).reshape(rows * length, -1)[group.pad_index]
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -131,6 +156,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
 
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
@@ -140,6 +168,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def forward(self, x, cos, sin, batch, cache, layer, masks):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer, masks)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -147,52 +179,6 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in cfg.sliding_windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
-@dataclass
-class LayerKernels:
-    """A layer's projections as they run (rollout/linear.py): fused and packed on the CPU."""
-
-    qkv: Projection
-    o: Projection
-    gate_up: Projection
-    down: Projection
-
-
-@dataclass
-class Kernels:
-    version: tuple  # linear.weights_version of the model they were built from
-    layers: list[LayerKernels]
-    lm_head: Projection
-
-
-@dataclass
-class Step:
-    """What every layer of one forward shares."""
-
-    batch: ForwardBatch
-    cache: KVCache
-    cos: torch.Tensor
-    sin: torch.Tensor
-    grids: list  # attention.Grid of each attention group
-    write_index: torch.Tensor
-
-
-def run_layer(cfg: ModelConfig, layer: DecoderLayer, k: LayerKernels, x: torch.Tensor, i: int,
-              step: Step) -> torch.Tensor:
-    """One decoder layer over the batch's tokens x [N, d], writing its keys and values at cache layer i."""
-    n, attn = x.shape[0], layer.self_attn
-    q, key, value = k.qkv(layer.input_layernorm(x))
-    q = q.view(n, cfg.num_heads, cfg.head_dim)
-    key = key.view(n, cfg.num_kv_heads, cfg.head_dim)
-    if cfg.qk_norm:
-        q, key = attn.q_norm(q), attn.k_norm(key)
-    q, key = rotate(q, step.cos, step.sin), rotate(key, step.cos, step.sin)
-    step.cache.write(i, step.write_index, key, value.reshape(n, cfg.num_kv_heads, cfg.head_dim))
-    o = attention.attend(q, step.grids, step.cache, i, attn.window)
-    x = k.o(o, residual=x)[0]
-    gate, up = k.gate_up(layer.post_attention_layernorm(x))
-    return k.down(F.silu(gate) * up, residual=x)[0]
 
 
 class CausalLM(nn.Module):
@@ -207,46 +193,30 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_scaling = rope_scaling
-        self._kernels: Optional[Kernels] = None
-
-    def kernels(self) -> Kernels:
-        """The packed projections of the current weights, rebuilt when any weight changed."""
-        version = weights_version(self)
-        if self._kernels is None or self._kernels.version != version:
-            p = self.lm_head.weight
-            pack = packs_on(p.device, p.dtype)
-            layers = [LayerKernels(
-                projection([a.q_proj, a.k_proj, a.v_proj], pack), projection([a.o_proj], pack),
-                projection([m.gate_proj, m.up_proj], pack), projection([m.down_proj], pack))
-                for a, m in ((layer.self_attn, layer.mlp) for layer in self.model.layers)]
-            self._kernels = Kernels(version, layers, projection([self.lm_head], pack))
-        return self._kernels
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logits [M, V] float32 for the tokens in batch.logit_index, final hidden states
         [H, d] for those in batch.hidden_index, which defaults to the logit rows)."""
-        kernels = self.kernels()
         x = self.model.embed_tokens(batch.token_ids)
         freqs = batch.positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        grids = attention.plan(batch.groups, self.cfg.num_heads, self.cfg.num_kv_heads, x.dtype, cache,
-                               set(self.cfg.sliding_windows))
-        step = Step(batch, cache, cos, sin, grids, cache.write_index(batch.token_slots, batch.positions))
-        for i, (layer, k) in enumerate(zip(self.model.layers, kernels.layers)):
-            x = run_layer(self.cfg, layer, k, x, i, step)
+        masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
+                 for w in set(self.cfg.sliding_windows)}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, cache, i, masks)
         hidden = self.model.norm(x[batch.logit_index])
-        logits = kernels.lm_head(hidden)[0].float()
+        logits = self.lm_head(hidden).float()
         if batch.hidden_index is not None:
             hidden = self.model.norm(x[batch.hidden_index])
         return logits, hidden
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
-        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads, self.cfg.head_dim,
-                       p.dtype, p.device)
+        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads,
+                       self.cfg.head_dim, p.dtype, p.device)
 
     # ---- weights -------------------------------------------------------------------------
 
@@ -303,7 +273,6 @@ class CausalLM(nn.Module):
         with torch.no_grad():
             for p, t in checked:
                 p.copy_(t)
-        self.kernels()  # repack now, so the next forward does not pay for it
         return len(checked)
 
 

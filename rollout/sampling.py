@@ -37,18 +37,9 @@ which may round differently in the last bit on CPU and CUDA (that changes a toke
 an exact near-tie of two scores).
 
 Speed: on CPU the [M, V] work runs in row chunks of about half a million elements, so the
-int64/float64 scratch stays in cache and no big temporary is allocated. `sample` never builds
-the full noise tensor, and takes the two logarithms only where they can decide the argmax:
-G is a non-decreasing function of the 32-bit hash x (u grows with x, E = -log u falls, G =
--log E grows), so `_bucket_bounds` tabulates, for each value of x's top 16 bits, G at the top
-of that bucket plus a margin far above any rounding of the logarithms. z + bound >= z + G for
-every token; the few tokens of largest bound get exact scores, and when every other token's
-bound is below the best of those, no other token can beat or tie it: the argmax (first index
-on ties, as torch.argmax) is among them. Otherwise the row is scored in full. Every value
-that decides is computed by the same operations as `gumbel_noise`, elementwise (torch's log
-gives an element the same bits wherever it sits), so the token is bit for bit
-argmax(processed + gumbel_noise(...)). Every step is elementwise
-or a per-row reduction (argmax, log_softmax), none of which mixes rows.
+int64/float64 scratch stays in cache and no big temporary is allocated; `sample` fuses the
+noise into the argmax per chunk and never builds the full noise tensor. Every step is
+elementwise or a per-row reduction (argmax, log_softmax), none of which mixes rows.
 """
 from __future__ import annotations
 
@@ -77,11 +68,6 @@ _CPU_CHUNK_ELEMENTS = 1 << 19
 # top-k / top-p first rank only this many of each row's largest logits, then this many,
 # then the whole row (see _top_k_top_p).
 _TOP_CANDIDATES = (64, 4096)
-_BUCKET_BITS = 16  # the hash's top bits that index the table of noise bounds
-_CANDIDATES = 8  # tokens per row whose noise is computed exactly (see _noisy_argmax)
-# Added to each tabulated bound: thousands of float32 ulps of G (|G| < 23), so a logarithm
-# that is not monotone by a few ulps cannot make a bound fall below the noise it bounds.
-_BOUND_MARGIN = 1e-3
 
 
 # --------------------------------------------------------------------------------- hashing
@@ -138,10 +124,14 @@ def _scratch(rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Te
     return x, torch.empty_like(x), torch.empty(rows, vocab_size, dtype=torch.float64, device=device)
 
 
-def _hash_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor, x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """The 32-bit hash x of every (row, token), written into x [m, V] int64 (tmp: scratch).
+def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
+                      out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E).
 
-    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys."""
+    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. Everything is in place on the
+    scratch buffers: this is the hot loop of every engine step."""
+    m = out.shape[0]
+    x, tmp, u = (s[:m] for s in scratch)
     torch.bitwise_xor(a, hv, out=x)
     # first half of _mix32
     x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
@@ -151,40 +141,12 @@ def _hash_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor, x: torch.Tensor, 
     # second half of _mix32
     x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=tmp))
     x.mul_(_C2).bitwise_and_(_M32)
-    return x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
-
-
-def _log_e_of_hash_(x: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """log(E) into out (float32, x's shape) from hashes x, where E = -log(u) ~ Exp(1) and
-    G = -log(E). u: float64 scratch of x's shape. Elementwise: any subset of x gives the
-    same bits for its elements as the whole."""
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
     # u = (x + 1/2) / 2**32: exact in float64 (x < 2**32), never 0 nor 1
     u.copy_(x).mul_(_TWO_POW_M32).add_(_TWO_POW_M33)
     u.log_()  # log u in [-22.9, -1.2e-10]; float64 so that E = -log u keeps its digits near u = 1
     out.copy_(u)  # to float32: E's relative precision is all G needs
     return out.neg_().log_()
-
-
-def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
-                      out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E).
-
-    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. In place on the scratch buffers."""
-    m = out.shape[0]
-    x, tmp, u = (s[:m] for s in scratch)
-    return _log_e_of_hash_(_hash_(a, b, hv, x, tmp), u, out)
-
-
-@functools.lru_cache(maxsize=8)
-def _bucket_bounds(device: torch.device) -> torch.Tensor:
-    """[2**16] float32: for each value h of a hash's top 16 bits, an upper bound on G for
-    every hash in that bucket: G at the bucket's largest hash, plus _BOUND_MARGIN. Computed
-    by the noise's own operations on this device. Cached: read-only here."""
-    top = (torch.arange(1 << _BUCKET_BITS, dtype=torch.int64, device=device) << (32 - _BUCKET_BITS)) \
-        | ((1 << (32 - _BUCKET_BITS)) - 1)
-    log_e = _log_e_of_hash_(top, torch.empty(top.shape, dtype=torch.float64, device=device),
-                            torch.empty(top.shape, dtype=torch.float32, device=device))
-    return log_e.neg_().add_(_BOUND_MARGIN)
 
 
 def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int) -> torch.Tensor:
@@ -342,13 +304,13 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
         scratch = _scratch(rows, vocab_size, device)
         noise = torch.empty(rows, vocab_size, dtype=torch.float32, device=device)
 
-    # rows at T = 1 without top-k / top-p are their own z (division by 1 is exact): no copy
-    plain = bool(((temperature == 1) & ((top_k <= 0) | (top_k >= vocab_size)) & (top_p >= 1)).all())
     for r0, r1 in chunks:
-        z = logits[r0:r1] if plain else process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
+        z = process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
         if any_random:
-            x, tmp, _ = (buf[: r1 - r0] for buf in scratch)
-            tok = _noisy_argmax(z, _hash_(a[r0:r1], b[r0:r1], hv, x, tmp), tmp, noise[: r1 - r0])
+            log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
+            # z + G == z - log(E) exactly (G = -log E and IEEE a + (-b) == a - b), so this is
+            # bit-for-bit argmax(process_logits(...) + gumbel_noise(...)).
+            tok = torch.sub(z, log_e, out=log_e).argmax(dim=-1)
             if any_greedy:
                 tok = torch.where(greedy[r0:r1], z.argmax(dim=-1), tok)
         else:
@@ -356,39 +318,6 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
         tokens[r0:r1] = tok
         logprobs[r0:r1] = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
     return tokens, logprobs
-
-
-def _noisy_argmax(z: torch.Tensor, x: torch.Tensor, tmp: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """argmax(z + G) per row (first index on ties) from the hashes x, taking the logarithms of
-    G only for each row's _CANDIDATES tokens of largest bound, and for a whole row only when
-    one of its other tokens could still reach the best of them (rare). tmp: int64 scratch,
-    bound: float32 scratch, both of z's shape. Bit for bit the argmax of the full computation
-    (see the module docstring); NaN scores take the full computation, as torch's argmax does."""
-    m, vocab_size = z.shape
-    if vocab_size <= 4 * _CANDIDATES:
-        return _exact_scores(z, x).argmax(dim=-1)
-    torch.bitwise_right_shift(x, 32 - _BUCKET_BITS, out=tmp)
-    torch.index_select(_bucket_bounds(z.device), 0, tmp.view(-1), out=bound.view(-1))
-    bound.add_(z)  # >= z + G for every token
-    top, cols = bound.topk(_CANDIDATES, dim=-1, sorted=False)
-    scores = _exact_scores(z.gather(1, cols), x.gather(1, cols))
-    best = scores.max(dim=-1, keepdim=True).values
-    # the first of the candidates that reach the best score
-    token = torch.where(scores == best, cols, vocab_size).min(dim=-1).values
-    # every token left out has a bound <= the least candidate bound: if that is below the best
-    # score, none of them can reach it (NaN compares false: such rows take the full path)
-    unsettled = (top.min(dim=-1).values < best[:, 0]).logical_not_().nonzero().flatten()
-    if unsettled.numel():
-        token[unsettled] = _exact_scores(z[unsettled], x[unsettled]).argmax(dim=-1)
-    return token
-
-
-def _exact_scores(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """z + G elementwise, exactly as `sample` scores a token: z - log(E) (G = -log E, and IEEE
-    a + (-b) == a - b)."""
-    log_e = _log_e_of_hash_(x, torch.empty(x.shape, dtype=torch.float64, device=x.device),
-                            torch.empty(x.shape, dtype=torch.float32, device=x.device))
-    return torch.sub(z, log_e, out=log_e)
 
 
 def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple[torch.Tensor, ...]:

@@ -8,9 +8,7 @@ OPTIONS_JSON: {"folder", "dtype", "threads", "speculation", "max_batch", "max_mo
 Then one JSON object per line on stdin, one answer per line on the original stdout (vLLM's own
 logging goes to stdout, so it is moved to stderr first):
     {"cmd": "generate", "prompts": [[ids]], "max_tokens": [n], "seeds": [s], "temperature": T}
-        -> {"seconds", "cpu_seconds", "lengths", "proposed", "accepted"}
-cpu_seconds: CPU time of this process and every process under it (vLLM's engine core) during
-the generate call, busy-polling included: what the rollout cost the machine.
+        -> {"seconds", "lengths", "proposed", "accepted"}
     {"cmd": "exit"}
 The first answer, after a warm-up generate, is {"ready": true, "startup_seconds", "warmup_seconds"}
 or {"error": "..."}.
@@ -31,33 +29,16 @@ def _channel():
     return answers
 
 
-def _cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its descendants, living ones included."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me] + me.children(recursive=True):
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # a process that ended between listing and reading
-            pass
-    return total
-
-
 def _generate(backend, msg: dict) -> dict:
     from rollout import SamplingParams
 
     params = [SamplingParams(temperature=float(msg.get("temperature", 1.0)), max_tokens=int(n))
               for n in msg["max_tokens"]]
-    cpu = _cpu_seconds()
     outs = backend.generate(msg["prompts"], params, seeds=msg["seeds"])
-    cpu = _cpu_seconds() - cpu
     proposed = sum(sum(o.stats["proposed"].values()) for o in outs)
     accepted = sum(sum(o.stats["accepted"].values()) for o in outs)
-    return {"seconds": backend.metrics()["rollout_seconds"], "cpu_seconds": cpu,
-            "lengths": [len(o.token_ids) for o in outs], "proposed": proposed, "accepted": accepted}
+    return {"seconds": backend.metrics()["rollout_seconds"], "lengths": [len(o.token_ids) for o in outs],
+            "proposed": proposed, "accepted": accepted}
 
 
 def serve(opts: dict, commands, answers) -> int:

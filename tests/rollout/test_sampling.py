@@ -416,66 +416,6 @@ def test_sampling_tensors_from_params():
     assert top_p.tolist() == pytest.approx([0.9, 1.0, 1.0])
 
 
-# ------------------------------------------------------------ the bounded argmax is exact
-
-def full_argmax(z, seeds, positions):
-    """The definition, computed for every token: argmax(z + G), first index on ties."""
-    return (z + gumbel_noise(seeds, positions, z.shape[1])).argmax(-1)
-
-
-@pytest.mark.parametrize("candidates", [1, 2, 8])
-def test_bounded_argmax_equals_the_full_one(candidates, monkeypatch):
-    """Few candidates force the whole-row fallback often; flat, peaked, tied and -inf rows."""
-    monkeypatch.setattr(sampling, "_CANDIDATES", candidates)
-    g = torch.Generator().manual_seed(9)
-    m, vocab = 64, 2000
-    z = torch.randn(m, vocab, generator=g) * torch.tensor([0.01, 0.5, 3.0, 30.0]).repeat(m // 4)[:, None]
-    z[5] = 0.0  # all tied: the noise alone decides
-    z[6, 100:] = float("-inf")  # most tokens dropped
-    z[7, 3] = 1000.0  # one certain token
-    seeds = torch.randint(0, 2**62, (m,), generator=g)
-    positions = torch.randint(0, 1000, (m,), generator=g)
-    ones, zeros = torch.ones(m), torch.zeros(m, dtype=torch.int64)
-    tokens, _ = sample(z, seeds, positions, ones, zeros, ones)
-    assert torch.equal(tokens, full_argmax(z, seeds, positions))
-    assert tokens[7] == 3 and tokens[6] < 100
-
-
-def test_nan_rows_are_decided_as_torch_argmax_decides():
-    z = torch.randn(4, 500, generator=torch.Generator().manual_seed(1))
-    z[1, 17] = float("nan")
-    seeds, positions = torch.arange(4), torch.zeros(4, dtype=torch.int64)
-    ones, zeros = torch.ones(4), torch.zeros(4, dtype=torch.int64)
-    tokens, _ = sample(z, seeds, positions, ones, zeros, ones)
-    assert torch.equal(tokens, full_argmax(z, seeds, positions)) and tokens[1] == 17
-
-
-def test_bucket_bounds_bound_the_noise():
-    """Every hash's G is at most its bucket's bound: bucket edges, and a million hashes."""
-    device = torch.device("cpu")
-    bounds = sampling._bucket_bounds(device)
-    low = torch.arange(1 << 16, dtype=torch.int64) << 16
-    some = torch.randint(0, 2**32, (1 << 20,), generator=torch.Generator().manual_seed(4))
-    x = torch.cat([low, low | 0xFFFF, low | 0x8000, some])
-    noise = -sampling._log_e_of_hash_(x, torch.empty(x.shape, dtype=torch.float64), torch.empty(x.shape))
-    assert (noise <= bounds[x >> 16]).all()
-    assert (bounds[x >> 16] - noise).min() < 2e-3  # and tight where it can be: the bucket tops
-
-
-def test_rows_the_bounds_cannot_settle_are_scored_in_full(monkeypatch):
-    """With a loose (constant) bound the candidates are just the largest logits, so the winner
-    is often elsewhere: the whole-row fallback must find it."""
-    loose = sampling._bucket_bounds(torch.device("cpu")).max().expand(1 << 16).contiguous()
-    monkeypatch.setattr(sampling, "_bucket_bounds", lambda device: loose)
-    g = torch.Generator().manual_seed(2)
-    z = torch.randn(40, 3000, generator=g) * 0.1
-    seeds, positions = torch.randint(0, 2**62, (40,), generator=g), torch.zeros(40, dtype=torch.int64)
-    ones, zeros = torch.ones(40), torch.zeros(40, dtype=torch.int64)
-    tokens, _ = sample(z, seeds, positions, ones, zeros, ones)
-    assert torch.equal(tokens, full_argmax(z, seeds, positions))
-    assert (tokens != z.topk(sampling._CANDIDATES, -1).indices[:, 0]).any()  # the fallback did decide some
-
-
 @pytest.mark.parametrize("p", [1e-46, 5e-324])
 def test_a_top_p_that_rounds_to_zero_keeps_the_top_token(p):
     """float32(p) == 0: nothing reaches the mass, yet the top token must stay (found by fuzzing:

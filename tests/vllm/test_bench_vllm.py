@@ -28,6 +28,5 @@ def test_quick_bench_runs_both_engines_and_prints_the_ratio(tmp_path):
     assert all(r["load_before"] and r["load_after"] and r["tokens_per_second"] > 0 for r in report["records"])
     (ratio,) = report["ratios"]
     assert ratio["vllm"] == "plain" and ratio["spectail"] == "plain" and ratio["median_ratio"] > 0
-    assert ratio["cpu_median_ratio"] > 0  # both engines' CPU seconds were counted
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     assert lines[-2].strip().startswith("float32") and lines[-2].rstrip().endswith("x")  # the ratio, then "wrote"
