@@ -144,6 +144,8 @@ COLUMNS = (  # (header, width, record key, format)
     ("tok/fwd", 7, "accepted_per_verify", "{:.2f}"),
     ("reused", 7, "reused_tokens", "{:d}"),
     ("train_s", 7, "train_seconds", "{:.1f}"),
+)
+DRAFTER_COLUMNS = (  # shown when the online drafter is on
     ("drafter", 7, "drafter_accepted_share", "{:.0%}"),
     ("dr_tr_s", 7, "drafter_train_seconds", "{:.1f}"),
 )
@@ -154,17 +156,17 @@ COMPARE_COLUMNS = (
 )
 
 
-def _columns(compare: bool):
-    return COLUMNS + (COMPARE_COLUMNS if compare else ())
+def _columns(compare: bool, drafter: bool):
+    return COLUMNS + (DRAFTER_COLUMNS if drafter else ()) + (COMPARE_COLUMNS if compare else ())
 
 
-def table_header(compare: bool = False) -> str:
-    return " ".join(h.rjust(w) for h, w, _, _ in _columns(compare))
+def table_header(compare: bool = False, drafter: bool = False) -> str:
+    return " ".join(h.rjust(w) for h, w, _, _ in _columns(compare, drafter))
 
 
-def table_row(record: dict, compare: bool = False) -> str:
+def table_row(record: dict, compare: bool = False, drafter: bool = False) -> str:
     cells = []
-    for _, w, key, fmt in _columns(compare):
+    for _, w, key, fmt in _columns(compare, drafter):
         v = record.get(key)
         if isinstance(v, bool):
             text = "yes" if v else "NO"

@@ -152,7 +152,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             plain.load_state_dict({"step": first, "next_group": 0})
         echo(f"resuming from {ckpt.folder}: {first} step(s) done, {max(tr.steps - first, 0)} to go")
     _warn(cfg, echo)
-    echo(M.table_header(compare))
+    echo(M.table_header(compare, drafter is not None))
     resume.restore_rng_last(ckpt)
     try:
         for step in range(first, tr.steps):
@@ -196,7 +196,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             if cfg.output.plot:
                 from .plots import plot_metrics
                 plot_metrics(log.records, os.path.join(out_dir, "metrics.png"))
-            echo(M.table_row(record, compare))
+            echo(M.table_row(record, compare, drafter is not None))
     finally:
         client.shutdown()
         if plain is not None:
