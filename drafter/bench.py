@@ -22,17 +22,16 @@ The demo's modules are imported here only (rl_integration sits above drafter).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, sampling, threads
 from rollout.batch import ForwardBatch
+from rollout.bench import save_report
 from rollout.seeds import prompt_key, sample_seed
 
 from .draft import Chain, draft_chains
@@ -215,9 +214,7 @@ def main(argv=None) -> int:
         result = engine_bench(args)
         for line in ratios(result):
             print(line, flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}; load average {os.getloadavg()}", file=sys.stderr)
+    save_report({**result, "load_average_after": os.getloadavg()}, args.out)
     return 0
 
 

@@ -19,9 +19,9 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from rollout import EngineConfig, SamplingParams, SpecConfig
+from rollout.bench import save_report
 from rollout.config import DrafterSpec
 from rollout.seeds import prompt_key, sample_seed
 
@@ -90,9 +90,7 @@ def main(argv=None) -> int:
           f"{s['on']['rollout_seconds']['median']:.2f}; worker_busy_fraction off/on: "
           f"{s['off']['worker_busy_fraction']['median']:.3f} / {s['on']['worker_busy_fraction']['median']:.3f}; "
           f"drafter_train_steps per rollout with training: {s['on']['drafter_train_steps']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}; load average {os.getloadavg()}", file=sys.stderr)
+    save_report({**result, "load_average_after": os.getloadavg()}, args.out)
     return 0
 
 
