@@ -162,20 +162,7 @@ class Engine:
         max_steps: after this many forwards every running request pauses and those never admitted
         are returned as they came: a chunk that keeps every slot busy to its end (more requests
         than slots refill the slots freed inside it)."""
-        if keep is not None:
-            check_keys(keep, len(requests))
-        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
-            raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
-        for r in requests:
-            if r.finish_reason is None:
-                r.num_cached, r.slot = 0, -1
-                r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
-                self._finish_if_done(r)
-        # Longest expected first (LPT): a request's old response predicts its length, and a long
-        # request admitted late is what stretches a rollout's tail. Requests without one keep their
-        # order, ahead of the rest (they may be long). Order never changes a token.
-        waiting = deque(sorted((r for r in requests if r.finish_reason is None),
-                               key=lambda r: -len(r.history) if r.history else -math.inf))
+        waiting = self._admit(requests, max_new_tokens, keep, max_steps)
         if self.controller is not None:
             self.controller.new_run()
             if self.controller.priced and not self.controller.cost.profiled:
@@ -198,6 +185,23 @@ class Engine:
             if gc_was_on:
                 gc.enable()
         return self.last_run
+
+    def _admit(self, requests: list[Request], max_new_tokens: Optional[int], keep, max_steps) -> deque:
+        """Check run's arguments, reset the requests' run state, and queue the unfinished ones."""
+        if keep is not None:
+            check_keys(keep, len(requests))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be None or an integer >= 1, got {max_steps!r}")
+        for r in requests:
+            if r.finish_reason is None:
+                r.num_cached, r.slot = 0, -1
+                r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
+                self._finish_if_done(r)
+        # Longest expected first (LPT): a request's old response predicts its length, and a long
+        # request admitted late is what stretches a rollout's tail. Requests without one keep their
+        # order, ahead of the rest (they may be long). Order never changes a token.
+        return deque(sorted((r for r in requests if r.finish_reason is None),
+                            key=lambda r: -len(r.history) if r.history else -math.inf))
 
     def _abandon(self, requests: list[Request]) -> None:
         """A run that raised: every request leaves, so proposers keep nothing of it (the caller
