@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout import EngineConfig, SamplingParams, SpecConfig
 from tests.conftest import tiny_hf_model
+from tests.rollout.test_engine import engine  # the same tiny engine
 
 VOCAB = 101
 SPEC = SpecConfig(proposers=("ngram", "suffix"), max_draft_tokens=3, min_draft_prob=0.0)
@@ -16,10 +17,6 @@ SPEC = SpecConfig(proposers=("ngram", "suffix"), max_draft_tokens=3, min_draft_p
 def hf():
     return tiny_hf_model("llama", vocab=VOCAB, seed=7)
 
-
-def engine(hf, **kw):
-    kw.setdefault("max_model_len", 96)
-    return Engine.from_pretrained(hf, EngineConfig(**kw))
 
 
 def workload(n=6, seed=3):
