@@ -68,7 +68,9 @@ class VllmRolloutWorker:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
         return self._guarded(self.backend.update_weights, weights)
 
-    def run_chunk(self, work: list[dict]) -> list[dict]:
+    def run_chunk(self, work: list[dict], drafter=None) -> list[dict]:
+        """drafter: the scheduler's newest draft-head version (scheduler/worker.py); spectail's
+        proposers do not run inside vLLM, so it is ignored (None unless a drafter is on)."""
         return self._guarded(self._run_chunk, work)
 
     def _guarded(self, fn, *args):

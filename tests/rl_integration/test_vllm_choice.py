@@ -105,3 +105,16 @@ def test_each_steps_record_has_the_seconds_of_its_weight_updates():
     client.update_weights(model)
     record = client.end_step()
     assert record["weight_update_seconds"] > 0 and client.step_metrics()["weight_update_seconds"] is None
+
+
+def test_a_vllm_worker_answers_every_call_the_scheduler_makes_of_a_worker():
+    """The scheduler drives both kinds of Ray worker through one pool: each method it calls must
+    take the spectail worker's arguments (a chunk carries the drafter's newest version too)."""
+    import inspect
+
+    from scheduler.worker import RolloutWorker
+
+    for name in ("run_chunk", "update_weights", "ping"):
+        ours = list(inspect.signature(getattr(RolloutWorker, name)).parameters)
+        theirs = list(inspect.signature(getattr(vllm_worker.VllmRolloutWorker, name)).parameters)
+        assert theirs == ours, name
