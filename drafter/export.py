@@ -99,16 +99,23 @@ def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtyp
     meta = config.get("spectail_drafter") if isinstance(config, dict) else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "head" not in meta:
         raise ValueError(f"{folder}/{CONFIG} has no spectail_drafter section of format {FORMAT}")
+    cfg, hidden, vocab = _head_config(meta, policy, f"{folder}/{CONFIG}")
+    return head_from_tensors(cfg, hidden, vocab, load_file(str(folder / WEIGHTS)), policy, dtype, device, str(folder))
+
+
+def _head_config(meta: dict, policy: CausalLM, where: str) -> tuple[HeadConfig, int, int]:
+    """(head config, hidden size, vocabulary) that a folder's config or a head state describes,
+    checked against the policy (ValueError naming `where`)."""
     hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
     if (hidden, vocab) != (policy.cfg.hidden_size, policy.cfg.vocab_size):
-        raise ValueError(f"{folder}: draft head made for hidden size {hidden} and vocabulary {vocab}, "
+        raise ValueError(f"{where}: draft head made for hidden size {hidden} and vocabulary {vocab}, "
                          f"the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
     try:
         cfg = HeadConfig(**meta["head"])
         cfg.validate()
     except (TypeError, KeyError) as e:
-        raise ValueError(f"{folder}/{CONFIG}: bad spectail_drafter.head: {e}") from None
-    return head_from_tensors(cfg, hidden, vocab, load_file(str(folder / WEIGHTS)), policy, dtype, device, str(folder))
+        raise ValueError(f"{where}: bad draft head config: {e}") from None
+    return cfg, hidden, vocab
 
 
 def head_state(head: DraftHead) -> dict:
@@ -122,15 +129,7 @@ def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = Non
     """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
         raise ValueError(f"not a drafter head state of format {FORMAT}")
-    hidden, vocab = int(state["hidden_size"]), int(state["vocab_size"])
-    if (hidden, vocab) != (policy.cfg.hidden_size, policy.cfg.vocab_size):
-        raise ValueError(f"draft head state made for hidden size {hidden} and vocabulary {vocab}, "
-                         f"the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
-    try:
-        cfg = HeadConfig(**state["head"])
-        cfg.validate()
-    except (TypeError, KeyError) as e:
-        raise ValueError(f"bad draft head config in its state: {e}") from None
+    cfg, hidden, vocab = _head_config(state, policy, "draft head state")
     return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, "draft head state")
 
 
