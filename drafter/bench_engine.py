@@ -120,10 +120,10 @@ def one_run(name: str, engine: tuple, work: dict, well_formed=None) -> tuple[dic
     dp = DrafterProposer.of(eng)
     before = dict(dp.stats) if dp is not None else {}
     rec.reset()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outs = eng.generate(work["prompts"], work["params"], seeds=work["seeds"], drafts=work["drafts"],
                         groups=work["groups"], draft_logprobs=work["draft_lps"])
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(len(o.token_ids) for o in outs)
     run = eng.last_run
     proposed, accepted = {}, {}
@@ -132,7 +132,7 @@ def one_run(name: str, engine: tuple, work: dict, well_formed=None) -> tuple[dic
             proposed[k] = proposed.get(k, 0) + v
         for k, v in o.stats["accepted"].items():
             accepted[k] = accepted.get(k, 0) + v
-    res = {"seconds": seconds, "engine_steps": run.steps, "generated_tokens": tokens,
+    res = {"seconds": seconds, "cpu_seconds": cpu, "engine_steps": run.steps, "generated_tokens": tokens,
            "tokens_per_forward": tokens / (sum(o.stats["forward_passes"] for o in outs) + len(outs)),
            "proposed": proposed, "accepted": accepted}
     if dp is not None:
@@ -180,9 +180,10 @@ def run_step(engines: dict, work: dict, reps: int, well_formed_fn) -> tuple[dict
 
 
 def summarize_runs(runs: list) -> dict:
-    secs = [r["seconds"] for r in runs]
-    out = {k: v for k, v in runs[-1].items() if k not in ("seconds", "drafts")}
-    out.update(seconds_min=min(secs), seconds_median=statistics.median(secs), seconds=secs)
+    secs, cpu = [r["seconds"] for r in runs], [r["cpu_seconds"] for r in runs]
+    out = {k: v for k, v in runs[-1].items() if k not in ("seconds", "cpu_seconds", "drafts")}
+    out.update(seconds_min=min(secs), seconds_median=statistics.median(secs), seconds=secs,
+               cpu_seconds_min=min(cpu), cpu_seconds_median=statistics.median(cpu), cpu_seconds=cpu)
     return out
 
 
@@ -276,7 +277,7 @@ def engine_bench(args) -> dict:
 
 
 def ratios(result: dict) -> list[str]:
-    lines = []
+    lines = [f"load average {result['loadavg']}"]
     for ep in ("step0", "step1"):
         r = result[ep]
         b, d = r["B_default"], r["D_default_drafter"]
@@ -285,6 +286,8 @@ def ratios(result: dict) -> list[str]:
             for n in CONFIGS))
         lines.append(f"{ep}: D vs B {b['seconds_min'] / d['seconds_min']:.2f}x (min), "
                      f"{statistics.median(b['seconds']) / statistics.median(d['seconds']):.2f}x (median); "
+                     f"CPU s {b['cpu_seconds_min'] / d['cpu_seconds_min']:.2f}x (min), "
+                     f"{b['cpu_seconds_median'] / d['cpu_seconds_median']:.2f}x (median); "
                      f"D vs A {r['A_plain']['seconds_min'] / d['seconds_min']:.2f}x; drafter in D: per-token "
                      f"{d['drafter']['per_token_acceptance']:.3f}, share {d['drafter']['share_of_rollout']:.2f}; "
                      f"in C: per-token {r['C_drafter']['drafter']['per_token_acceptance']:.3f}; no-copy tok/fwd "

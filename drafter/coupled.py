@@ -13,7 +13,7 @@ needs none.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -43,10 +43,13 @@ class CoupledSampler:
         self.device = device
         self._block: tuple = (-1, 0, {}, None)  # (first step, steps, chain -> its first row, noise [rows, V])
 
-    def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool) -> tuple[list[int], list[float]]:
-        """Tokens (and margins, NaN unless asked) of chains `live` at their step-th draft
-        position; logits [len(live), V] float32, in the order of `live`."""
-        index = None if len(live) == len(self.ks) else torch.tensor(live).to(self.device)
+    def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool,
+              index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[int], list[float]]:
+        """Tokens (a device tensor and a list) and margins (NaN unless asked) of chains `live` at
+        their step-th draft position; logits [len(live), V] float32, in the order of `live`;
+        index: `live` as a device tensor (None: every chain is live)."""
+        if index is None and len(live) != len(self.ks):
+            index = torch.tensor(live).to(self.device)
 
         def pick(t):
             return t if index is None else t[index]
@@ -60,23 +63,29 @@ class CoupledSampler:
                 greedy = torch.tensor([self.greedy[i] for i in live], device=self.device)
                 scores = torch.where(greedy[:, None], z, scores)
         if not margins:
-            return scores.argmax(dim=-1).tolist(), [float("nan")] * len(live)
+            tokens = scores.argmax(dim=-1)
+            return tokens, tokens.tolist(), [float("nan")] * len(live)
         best, tokens = scores.max(dim=-1)  # the first maximal index, as argmax
         if scores.shape[-1] < 2:
-            return tokens.tolist(), [float("inf")] * len(live)
+            return tokens, tokens.tolist(), [float("inf")] * len(live)
         second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
-        return tokens.tolist(), (best - second).tolist()
+        return tokens, tokens.tolist(), (best - second).tolist()
 
     def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
-        """G(seed, first + step, .) of the live chains: [len(live), V] float32."""
+        """G(seed, first + step, .) of the live chains: [len(live), V] float32. Made for a block
+        of positions of the chains live at its first one, no further than the longest chain."""
         start, block, rows, noise = self._block
         if noise is None or not start <= step < start + block or any(i not in rows for i in live):
-            block = max(1, min(NOISE_BLOCK, NOISE_ELEMENTS // max(1, len(live) * vocab)))
+            reach = max(self.ks[i] for i in live) - step
+            block = max(1, min(NOISE_BLOCK, reach, NOISE_ELEMENTS // max(1, len(live) * vocab)))
             index = torch.tensor(live).to(self.device)
             seeds = self.seeds[index].repeat_interleave(block)
             positions = (self.first[index] + step).repeat_interleave(block) + torch.arange(
                 block, device=self.device).repeat(len(live))
-            start, rows = step, {i: n * block for n, i in enumerate(live)}
-            noise = sampling.gumbel_noise(seeds, positions, vocab)
+            start, rows = step, {i: n for n, i in enumerate(live)}
+            noise = sampling.gumbel_noise(seeds, positions, vocab).view(len(live), block, vocab)
             self._block = (start, block, rows, noise)
-        return noise[torch.tensor([rows[i] + step - start for i in live]).to(self.device)]
+        at = noise[:, step - start]
+        if len(rows) == len(live):  # the same chains as at the block's start
+            return at
+        return at[torch.tensor([rows[i] for i in live]).to(self.device)]

@@ -59,7 +59,10 @@ class ChainDraft:
 def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], chains: Sequence[Chain],
                  margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None) -> list[ChainDraft]:
     """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards.
-    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False."""
+    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False.
+    After the first position a forward's rows are made on the device from the previous one's
+    (Rows.advance): the draft tokens and output features never leave it, the host only says
+    which chains go on."""
     if not chains:
         return []
     _check(chains, cache)
@@ -70,20 +73,23 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
                       cache)
     out, logits = head.forward_rows(policy, cache, rows)
     sampler = CoupledSampler(chains, device)
-    live = list(range(len(chains)))
+    live, index = list(range(len(chains))), None
     for s in range(max(c.k for c in chains)):
-        toks, gaps = sampler.draft(logits, live, s, margins)
-        for i, t, g in zip(live, toks, gaps):
+        toks, picked, gaps = sampler.draft(logits, live, s, margins, index)
+        for i, t, g in zip(live, picked, gaps):
             drafts[i].tokens.append(t)
             drafts[i].margins.append(g)
         going = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop
                  and (keep is None or keep(i, drafts[i]))]
         if not going:
             break
-        live = [live[n] for n in going]
-        feats = out if len(going) == len(out) else out[torch.tensor(going, device=device)]
-        rows = Rows.build([chains[i].slot for i in live], [chains[i].start + len(chains[i].tokens) + s for i in live],
-                          [[drafts[i].tokens[-1]] for i in live], feats, device, cache)
+        step = None
+        if len(going) < len(live):
+            live = [live[n] for n in going]
+            step = torch.tensor(going).to(device)
+            index = torch.tensor(live).to(device)
+            toks, out = toks[step], out[step]
+        rows = rows.advance(step, going, toks, out, cache)
         out, logits = head.forward_rows(policy, cache, rows)
     return drafts
 

@@ -253,7 +253,7 @@ class DraftHead(nn.Module):
         x = self.inputs(policy, rows.tokens, rows.feats)
         layer, packed = self.layers[0], self.packed()
         if self.kind != "attention":
-            out = layer.feed_forward(x[rows.last], packed.gate_up)
+            out = layer.feed_forward(x if rows.all_last else x[rows.last], packed.gate_up)
             return out, self.logits(policy, out)
         attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
         heads, kv = cfg.num_heads, cfg.num_kv_heads

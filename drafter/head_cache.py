@@ -77,63 +77,94 @@ def _attention(q, keys, values, masked) -> torch.Tensor:
 @dataclass
 class Rows:
     """New head rows of some requests, packed: every row is written, each request's last row is
-    attended from. lo, hi: the slot range of the requests; kv_len: cache rows read per slot."""
+    attended from. lo, hi: the slot range of the requests; kv_len: cache rows read per slot.
+    `build` makes a chain's first rows (ragged catch-up rows); `advance` the next draft
+    position's (one row per live request) from the tensors of the previous one, on the device,
+    so a draft position builds no index on the host beyond the slot range."""
 
     tokens: torch.Tensor  # [N] x_{j+1}
     feats: torch.Tensor  # [N, d] h_j
-    slots: torch.Tensor  # [N]
     positions: torch.Tensor  # [N] j
-    last: torch.Tensor  # [C] index of each request's last row
-    write_index: torch.Tensor  # [N * kv_heads] rows of the flattened cache the new keys go to
+    last: Optional[torch.Tensor]  # [C] index of each request's last row; None: every row is one
+    write_index: Optional[torch.Tensor]  # [N * kv_heads] rows of the flattened cache the new keys go to
     masked: Optional[torch.Tensor]  # [hi - lo, kv_len] bool: cache rows a query must not see
     grid_index: Optional[torch.Tensor]  # [C] slot - lo
-    lo: int
-    hi: int
-    kv_len: int
-
+    slots: list  # [C] each request's slot (host ints)
+    ends: list  # [C] each request's last position (host ints)
+    lo: int = 0
+    hi: int = 0
+    kv_len: int = 0
     dense: bool = False  # request i holds slot lo + i: the grid is the queries themselves
 
     @property
     def all_last(self) -> bool:
-        return self.last.shape[0] == self.tokens.shape[0]
+        return self.last is None
+
+    @property
+    def last_positions(self) -> torch.Tensor:
+        return self.positions if self.last is None else self.positions[self.last]
 
     @staticmethod
     def build(slots: Sequence[int], starts: Sequence[int], tokens: Sequence[Sequence[int]], feats: torch.Tensor,
               device, cache: Optional[HeadCache]) -> Rows:
         """Request i writes rows starts[i] .. starts[i] + len(tokens[i]) - 1 of slot slots[i];
         feats holds their features, request by request. cache None: a head without attention."""
-        flat_tokens, flat_slots, flat_pos, last, write = [], [], [], [], []
-        heads, kept = (cache.k.shape[1], cache.rows_kept) if cache is not None else (0, 1)
-        ring = cache is not None and cache.window is not None
-        for slot, start, ids in zip(slots, starts, tokens):
-            flat_tokens.extend(ids)
-            flat_slots.extend([slot] * len(ids))
-            flat_pos.extend(range(start, start + len(ids)))
-            last.append(len(flat_tokens) - 1)
-            base = slot * heads * kept
-            write.extend(base + h * kept + (p % kept if ring else p)
-                         for p in range(start, start + len(ids)) for h in range(heads))
-
-        ends = [s + len(ids) - 1 for s, ids in zip(starts, tokens)]
-        lo, hi = min(slots), max(slots) + 1
-        qpos = [0] * (hi - lo)  # a grid row of no request sees row 0 only
-        for slot, end in zip(slots, ends):
-            qpos[slot - lo] = end
-        parts = (flat_tokens, flat_slots, flat_pos, last, write, qpos, [s - lo for s in slots])
+        lens = [len(ids) for ids in tokens]
+        flat = [x for ids in tokens for x in ids]
+        n, c = len(flat), len(lens)
         # one host-to-device copy for all of them (split into views)
-        t = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(device).split(
-            [len(part) for part in parts])
-        rows = Rows(t[0], feats, t[1], t[2], t[3], t[4], None, t[6], lo, hi, 0,
-                    dense=list(slots) == list(range(lo, hi)))
+        t = torch.tensor(flat + list(slots) + list(starts) + lens, dtype=torch.int64).to(device).split([n, c, c, c])
+        ends = [s + m - 1 for s, m in zip(starts, lens)]
+        if n == c:  # one row per request: no gather
+            positions, last = t[2], None
+        else:
+            lens_t = t[3]
+            first = torch.cumsum(lens_t, 0) - lens_t
+            positions = torch.arange(n, device=device) + torch.repeat_interleave(t[2] - first, lens_t, output_size=n)
+            last = first + lens_t - 1
+        rows = Rows(t[0], feats, positions, last, None, None, None, list(slots), ends)
         if cache is None:
             return rows
+        row_slots = t[1] if n == c else torch.repeat_interleave(t[1], t[3], output_size=n)
+        return rows.place(cache, row_slots, t[1])
+
+    def advance(self, keep: Optional[torch.Tensor], kept: Sequence[int], tokens: torch.Tensor, feats: torch.Tensor,
+                cache: Optional[HeadCache]) -> Rows:
+        """The next position's rows: request kept[n] (an index into this one's requests; keep
+        the same as a device tensor, None: all of them) writes one row after its last, fed
+        tokens[n] and feats[n]."""
+        positions = self.last_positions + 1
+        slots, ends = self.slots, self.ends
+        if keep is not None:
+            positions = positions[keep]
+            slots, ends = [slots[i] for i in kept], [ends[i] for i in kept]
+        rows = Rows(tokens, feats, positions, None, None, None, None, slots, [e + 1 for e in ends])
+        if cache is None:
+            return rows
+        slot_t = torch.tensor(slots, dtype=torch.int64).to(positions.device)
+        return rows.place(cache, slot_t, slot_t)
+
+    def place(self, cache: HeadCache, row_slots: torch.Tensor, req_slots: torch.Tensor) -> Rows:
+        """Where the rows go in the cache and what each query sees."""
+        heads, kept = cache.k.shape[1], cache.rows_kept
+        ring = cache.window is not None
+        device = row_slots.device
+        cell = torch.remainder(self.positions, kept) if ring else self.positions
+        self.write_index = ((row_slots * (heads * kept) + cell)[:, None]
+                            + torch.arange(0, heads * kept, kept, device=device)).reshape(-1)
+        self.lo, self.hi = min(self.slots), max(self.slots) + 1
+        self.dense = self.slots == list(range(self.lo, self.hi))
+        self.kv_len = min(kept, max(self.ends) + 1)
+        q = self.last_positions
+        if not self.dense:  # a grid row of no request sees row 0 only
+            self.grid_index = req_slots - self.lo
+            q = torch.zeros(self.hi - self.lo, dtype=torch.int64, device=device).index_copy_(0, self.grid_index, q)
         # A query at position p sees positions <= p (full), or (p - window, p] (ring: row i holds
         # position p - ((p - i) mod R)).
-        rows.kv_len = min(kept, max(ends) + 1)
-        keys, q = torch.arange(rows.kv_len, device=device), t[5][:, None]
+        keys, q = torch.arange(self.kv_len, device=device), q[:, None]
         if ring:
             back = torch.remainder(q - keys[None, :], kept)  # how far behind p the row's position is
-            rows.masked = (back >= cache.window) | (back > q)
+            self.masked = (back >= cache.window) | (back > q)
         else:
-            rows.masked = keys[None, :] > q
-        return rows
+            self.masked = keys[None, :] > q
+        return self

@@ -76,11 +76,12 @@ class EngineOracle(DraftHead):
 
     def forward_rows(self, policy, cache, rows: Rows):
         seqs = self.__dict__.setdefault("seqs", {})
-        for tok, slot, pos in zip(rows.tokens.tolist(), rows.slots.tolist(), rows.positions.tolist()):
+        last = list(range(len(rows.slots))) if rows.all_last else rows.last.tolist()
+        row_slots = [s for s, a, b in zip(rows.slots, [-1] + last, last) for _ in range(b - a)]
+        for tok, slot, pos in zip(rows.tokens.tolist(), row_slots, rows.positions.tolist()):
             seqs.setdefault(slot, {})[pos + 1] = tok
         outs = []
-        for i in rows.last.tolist():
-            slot, pos = int(rows.slots[i]), int(rows.positions[i])
+        for slot, pos in zip(rows.slots, rows.last_positions.tolist()):
             seq = [1] + [seqs[slot][p] for p in range(1, pos + 2)]
             outs.append(sequence_features(policy, [seq])[0][-1])
         out = torch.stack(outs).to(self.fc.weight.dtype)
