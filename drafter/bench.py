@@ -5,7 +5,8 @@
     python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
                                        (imported only for this: scheduler sits above drafter)
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
-                            [--kinds attention,mlp] [--out bench_results/drafter_offline.json]
+                            [--kinds attention,mlp] [--shapes 256:4:2,128:2:1] [--window 64]
+                            [--out bench_results/drafter_offline.json]
 
 The offline benchmark:
 
@@ -26,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -129,6 +131,26 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     return out
 
 
+def parse_shapes(text: Optional[str], args) -> list[dict]:
+    """"ffn:heads:kv_heads,..." (an empty field: the policy's) -> HeadConfig keyword sets; None:
+    the one shape of --intermediate / --heads / --kv-heads."""
+    if not text:
+        return [dict(intermediate_size=args.intermediate, num_heads=args.heads, num_kv_heads=args.kv_heads)]
+    shapes = []
+    for part in text.split(","):
+        fields = part.split(":")
+        if len(fields) != 3 or not all(f == "" or f.isdigit() for f in fields):
+            raise ValueError(f"--shapes: {part!r} is not ffn:heads:kv_heads (integers, empty for the policy's)")
+        shapes.append({k: int(f) if f else None for k, f in zip(("intermediate_size", "num_heads", "num_kv_heads"),
+                                                                 fields)})
+    return shapes
+
+
+def shape_name(shape: dict) -> str:
+    return ":".join("" if shape[k] is None else str(shape[k]) for k in ("intermediate_size", "num_heads",
+                                                                          "num_kv_heads"))
+
+
 def offline(args) -> dict:
     from rollout.model import CausalLM
 
@@ -149,10 +171,9 @@ def offline(args) -> dict:
     result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "rollout_seconds": rollout_s,
               "train_tokens": sum(len(r.token_ids) for r in train_rolls),
               "response_len": {"median": lengths[len(lengths) // 2], "max": lengths[-1]}, "heads": {}}
-    for kind in args.kinds:
-        shape = dict(window=args.window, intermediate_size=args.intermediate, num_heads=args.heads,
-                     num_kv_heads=args.kv_heads)
-        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, **shape),
+    for kind, shape in [(k, s) for k in args.kinds for s in args.shapes]:
+        name = kind if len(args.shapes) == 1 else f"{kind}-{shape_name(shape)}"
+        head, _, report = warm_start(policy, train_rolls, HeadConfig(kind=kind, window=args.window, **shape),
                                      TrainConfig(decay="cosine", num_threads=args.threads),
                                      time_budget_s=args.train_seconds, max_steps=args.train_steps)
         head.eval()
@@ -160,9 +181,9 @@ def offline(args) -> dict:
                  "same_prompts_new_seeds": simulated_acceptance(head, policy, test_rolls),
                  "new_prompts": simulated_acceptance(head, policy, fresh_rolls),
                  "cost": time_steps(policy, head, 64, args.ctx, args.reps)}
-        result["heads"][kind] = entry
+        result["heads"][name] = entry
         sim = entry["same_prompts_new_seeds"]
-        print(f"{kind:9s} params {entry['parameters']:>8d}  "
+        print(f"{name:9s} params {entry['parameters']:>8d}  "
               f"trained {report['steps']} steps in {report['seconds']:.1f}s  "
               f"per-token acceptance {sim['per_token_acceptance']:.3f} (first {sim['first_token_acceptance']:.3f}), "
               f"tokens/forward at k=8 {sim['by_k'][8]['tokens_per_forward']:.2f}; new prompts "
@@ -188,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--intermediate", type=int, default=None, help="the head's feed-forward size")
     ap.add_argument("--heads", type=int, default=None, help="the head's attention heads (default: the policy's)")
     ap.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
+    ap.add_argument("--shapes", default=None, help="offline: several head shapes on the same rollouts, "
+                    "'ffn:heads:kv_heads,...' (an empty field: the policy's), instead of the three above")
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
@@ -202,6 +225,10 @@ def main(argv=None) -> int:
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     args.kinds = [k for k in args.kinds.split(",") if k]
+    try:
+        args.shapes = parse_shapes(args.shapes, args)
+    except ValueError as e:
+        ap.error(str(e))
     if args.offline:
         args.reps = args.reps or 30
         args.out = args.out or "bench_results/drafter_offline.json"

@@ -240,8 +240,8 @@ def engine_bench(args) -> dict:
     task = TaskConfig(num_problems=args.prompts, seed=0)
     policy = CausalLM.from_pretrained(folder)
     d = RunConfig().rollout.drafter  # the demo's drafter: its warm start, cached beside the policy
-    head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window),
-                policy, dtype=torch.float32)
+    head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window,
+                                           layer=d.shape()), policy, dtype=torch.float32)
     problems = make_problems(task)
     prompts = [tok(p.prompt)["input_ids"] for p in problems]
     eos = tok.eos_token_id

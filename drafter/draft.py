@@ -57,9 +57,11 @@ class ChainDraft:
 
 
 def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], chains: Sequence[Chain],
-                 margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None) -> list[ChainDraft]:
+                 margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None,
+                 proceed: Optional[Callable[[list[int]], bool]] = None) -> list[ChainDraft]:
     """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards.
-    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False.
+    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False;
+    all end when proceed(the chains that would go on) is False (the next forward does not pay).
     After the first position a forward's rows are made on the device from the previous one's
     (Rows.advance): the draft tokens and output features never leave it, the host only says
     which chains go on."""
@@ -81,7 +83,7 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
             drafts[i].margins.append(g)
         going = [n for n, i in enumerate(live) if chains[i].k > s + 1 and drafts[i].tokens[-1] not in chains[i].stop
                  and (keep is None or keep(i, drafts[i]))]
-        if not going:
+        if not going or (proceed is not None and not proceed([live[n] for n in going])):
             break
         step = None
         if len(going) < len(live):

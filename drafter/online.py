@@ -33,13 +33,17 @@ from .warm_start import steps_for_passes
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    """kind, window: a fresh head's, when the engine has none. lr, ttt_steps, reward_beta,
+    """kind, window, intermediate_size, num_heads, num_kv_heads: a fresh head's (None: the
+    policy's), when the engine has none. lr, ttt_steps, reward_beta,
     batch_tokens, num_threads: the trainer's (drafter/trainer.py), at a constant rate.
     max_passes: a call stops after reading its data about this many times (more would only fit
     the head to these few responses), or when its time is up."""
 
     kind: str = "attention"
     window: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
     lr: float = 1e-3
     ttt_steps: int = 3
     reward_beta: float = 0.0
@@ -119,5 +123,6 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
 
 
 def _fresh_head(proposer: DrafterProposer, cfg: OnlineConfig) -> DraftHead:
-    return DraftHead.for_policy(proposer.model, HeadConfig(kind=cfg.kind, window=cfg.window), dtype=torch.float32,
-                                seed=cfg.seed)
+    shape = HeadConfig(kind=cfg.kind, window=cfg.window, intermediate_size=cfg.intermediate_size,
+                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads)
+    return DraftHead.for_policy(proposer.model, shape, dtype=torch.float32, seed=cfg.seed)

@@ -41,6 +41,7 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
+from .budget import Pace, worth_another_position, worth_drafting
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -74,6 +75,9 @@ class DrafterProposer(Proposer):
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None
         self.policy_version = 0
         self.cost = StepCost()  # seconds of one draft position = fixed + per request x requests
+        self.pace = Pace()  # the engine's seconds per emitted token
+        self.priced = True  # False: a fixed min_draft_prob, whose drafts must not depend on timings
+        self.active = 0  # requests with state here: none means the engine is between rollouts
         self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
         self.off_reason: Optional[str] = None
 
@@ -86,6 +90,7 @@ class DrafterProposer(Proposer):
         slots = engine_config.max_batch_size if engine_config is not None else 64
         max_len = engine_config.max_model_len if engine_config is not None else 2048
         p = cls(model, d, slots, max_len, min(d.max_positions or spec.max_draft_tokens, spec.max_draft_tokens))
+        p.priced = spec.min_draft_prob is None
         if d.path is not None:
             p.load(d.path, version=0)
         return p
@@ -176,6 +181,7 @@ class DrafterProposer(Proposer):
             st = sp.req.proposer_state.get(self.name)
             if st is None:
                 st = sp.req.proposer_state[self.name] = _State()
+                self.active += 1
             if sp.start < st.known:  # the request is re-fed from an earlier position
                 st.written = min(st.written, sp.start)
             elif sp.start > st.known:
@@ -190,18 +196,24 @@ class DrafterProposer(Proposer):
             store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
     def prepare(self, requests: Sequence[Request], offer, plan) -> None:
-        """Draft for every decoding request at once; `propose` hands the drafts out. A chain
-        stops where the controller would cut it anyway: once the chance that its next token is
-        reached and accepted (by the controller's rates for its evidence and each token's
-        confidence) falls under the plan's threshold."""
+        """Draft for every decoding request at once; `propose` hands the drafts out. The head
+        runs only for requests where its draft is expected to beat the copy proposers' by more
+        than its rows cost (drafter/budget.py). A chain stops where the controller would cut it
+        anyway: once the chance that its next token is reached and accepted (by the controller's
+        rates for its evidence and each token's confidence) falls under the plan's threshold; and
+        all stop once another position would cost more than its tokens are worth."""
+        start = time.perf_counter()
+        self.pace.tick(start)
         if self.head is None or not requests:
             return
-        start = time.perf_counter()
+        spe = self.pace.seconds_per_emitted() if self.priced else None
+        per_request = self.cost.fit()[1]
         chains, states = [], []
         for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
-            if chain is not None and copy_value(req, plan, chain.k) < expected_run(offer.top, chain.k):
+            if chain is not None and worth_drafting(offer.table[level(st.run)][0], chain.k,
+                                                    copy_value(req, plan, chain.k), plan.threshold, per_request, spe):
                 chains.append(chain)
                 states.append(st)
         if not chains:
@@ -213,7 +225,11 @@ class DrafterProposer(Proposer):
             reach[i] *= rows[i][confidence_bin(1.0 - math.exp(-d.margins[-1]))]
             return reach[i] >= plan.threshold
 
-        drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep)
+        def proceed(going: list[int]) -> bool:
+            return worth_another_position([reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
+                                          self.position_cost(len(going)), spe)
+
+        drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep, proceed=proceed)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
         self._count(drafts, time.perf_counter() - start)
@@ -256,6 +272,7 @@ class DrafterProposer(Proposer):
 
     def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         st = req.proposer_state.get(self.name)
+        self.pace.count(len(emitted))
         if st is None:
             return
         st.draft = None
@@ -268,6 +285,11 @@ class DrafterProposer(Proposer):
         st = req.proposer_state.get(self.name)
         if st is not None and self.buffer is not None and req.slot >= 0 and (req.finish_reason or req.paused):
             self._collect(req, st)
+        if st is not None:
+            self.active -= 1
+            if self.active <= 0:
+                self.active = 0
+                self.pace.idle()
         super().finish(req)
 
     def _collect(self, req: Request, st: _State) -> None:

@@ -229,16 +229,26 @@ class DrafterSection:
     rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
     window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
     start from (null: the embedded policy's cached warm start, trained on first use for at most
-    warm_start_s seconds; a checkpoint policy starts from a fresh head). Off by default: on a CPU
-    its own cost and training time do not yet pay for its drafts after the first step
+    warm_start_s seconds; a checkpoint policy starts from a fresh head). intermediate_size,
+    num_heads, num_kv_heads: a fresh head's decoder layer (null: the policy's); narrower than
+    the policy's layer by default, since every draft position pays for it. Off by default: on a
+    CPU its own cost and training time do not yet pay for its drafts after the first step
     (docs/results.md)."""
 
     enabled: bool = False
     kind: Literal["attention", "mlp"] = "attention"
     window: Optional[int] = 64
+    intermediate_size: Optional[int] = 128
+    num_heads: Optional[int] = 2
+    num_kv_heads: Optional[int] = 1
     path: Optional[str] = None
     warm_start_s: float = 300.0
     train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
+
+    def shape(self) -> dict:
+        """The head's layer sizes as drafter.head.HeadConfig keywords."""
+        return {"intermediate_size": self.intermediate_size, "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads}
 
 
 @dataclass
@@ -445,6 +455,11 @@ def _validate_drafter(d: DrafterSection) -> None:
     t = d.train
     _need(d.warm_start_s >= 0, "rollout.drafter.warm_start_s", "must be >= 0", d.warm_start_s)
     _need(d.window is None or d.window >= 1, "rollout.drafter.window", "must be >= 1 or null (all rows)", d.window)
+    for name, v in d.shape().items():
+        _need(v is None or (isinstance(v, int) and v >= 1), f"rollout.drafter.{name}", "must be >= 1 or null "
+              "(the policy's)", v)
+    _need(not (d.num_heads and d.num_kv_heads) or d.num_heads % d.num_kv_heads == 0, "rollout.drafter.num_heads",
+          f"must be a multiple of rollout.drafter.num_kv_heads ({d.num_kv_heads})", d.num_heads)
     _need(t.between_steps_s >= 0, "rollout.drafter.train.between_steps_s", "must be >= 0 (0: no training "
           "between steps)", t.between_steps_s)
     _need(t.idle_slice_s > 0, "rollout.drafter.train.idle_slice_s", "must be > 0", t.idle_slice_s)

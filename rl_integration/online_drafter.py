@@ -45,7 +45,7 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
         from .demo.policy import load_or_warm_start_drafter
 
         path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
-                                          window=d.window)
+                                          window=d.window, layer=d.shape())
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
     t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
     drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind, window=d.window,
@@ -108,6 +108,7 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     t = drafter.cfg.train
     if proposer is None or t.between_steps_s <= 0:
         return {}
-    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, lr=t.lr, ttt_steps=t.ttt_steps,
+    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, **drafter.cfg.shape(), lr=t.lr,
+                       ttt_steps=t.ttt_steps,
                        reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)

@@ -39,7 +39,8 @@ def run(args) -> dict:
     _, tok, folder, make_problems, _ = demo_policy()
     run_cfg = RunConfig()
     d = run_cfg.rollout.drafter
-    head = load_or_warm_start_drafter(folder, run_cfg.task.embedded, d.kind, d.warm_start_s, window=d.window)
+    head = load_or_warm_start_drafter(folder, run_cfg.task.embedded, d.kind, d.warm_start_s, window=d.window,
+                                      layer=d.shape())
     spec = run_cfg.rollout.engine.spec
     spec = SpecConfig(proposers=spec.proposers + ("drafter",), max_draft_tokens=spec.max_draft_tokens,
                       drafter=DrafterSpec(path=head, window=d.window, idle_slice_s=args.slice, lr=d.train.lr,

@@ -238,14 +238,21 @@ DRAFTER_FORMAT = 1  # bump when the head's warm-start recipe changes
 DRAFTER_PROMPTS, DRAFTER_SAMPLES, DRAFTER_STEPS, DRAFTER_PASSES = 64, 8, 800, 20.0
 
 
-def drafter_folder(policy_folder: str, kind: str = "attention", window: Optional[int] = None) -> str:
-    """Where the warm-started draft head of a cached policy lives: beside its weights."""
+def drafter_folder(policy_folder: str, kind: str = "attention", window: Optional[int] = None,
+                   layer: Optional[dict] = None) -> str:
+    """Where the warm-started draft head of a cached policy lives: beside its weights. layer:
+    HeadConfig's intermediate_size / num_heads / num_kv_heads (None or missing: the policy's)."""
     shape = kind if window is None or kind != "attention" else f"{kind}-w{window}"
+    sizes = [(tag, (layer or {}).get(key)) for tag, key in (("f", "intermediate_size"), ("h", "num_heads"),
+                                                           ("k", "num_kv_heads"))]
+    if any(v is not None for _, v in sizes):
+        shape += "-" + "".join(f"{tag}{v}" for tag, v in sizes if v is not None)
     return os.path.join(policy_folder, f"drafter-{shape}-v{DRAFTER_FORMAT}")
 
 
 def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: str = "attention",
-                               seconds: float = 300.0, progress: bool = True, window: Optional[int] = None) -> str:
+                               seconds: float = 300.0, progress: bool = True, window: Optional[int] = None,
+                               layer: Optional[dict] = None) -> str:
     """The folder of the policy's warm-started draft head (drafter.export format), trained on
     first use: the policy samples DRAFTER_PROMPTS problems x DRAFTER_SAMPLES at T = 1 (problems
     of the task's distribution, drawn apart from the RL prompts) and the head trains on them for
@@ -257,7 +264,7 @@ def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: s
     from drafter.warm_start import load_or_warm_start
     from rollout.model import CausalLM
 
-    folder = drafter_folder(policy_folder, kind, window)
+    folder = drafter_folder(policy_folder, kind, window, layer)
     policy = CausalLM.from_pretrained(policy_folder)
 
     def rollouts():
@@ -265,7 +272,8 @@ def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: s
             print(f"spectail: warm-starting the draft head ({kind}) for {policy_folder}", flush=True)
         return sample_rollouts(policy, policy_folder, task_cfg)
 
-    load_or_warm_start(folder, policy, rollouts, HeadConfig(kind=kind, window=window), TrainConfig(decay="cosine"),
+    load_or_warm_start(folder, policy, rollouts, HeadConfig(kind=kind, window=window, **(layer or {})),
+                       TrainConfig(decay="cosine"),
                        time_budget_s=seconds, max_steps=DRAFTER_STEPS, max_passes=DRAFTER_PASSES)
     return folder
 

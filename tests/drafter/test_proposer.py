@@ -60,7 +60,9 @@ def test_outputs_are_identical_with_the_drafter_on_and_off(dtype, policy, policy
         assert [x for o in out for x in o.logprobs] == pytest.approx([x for o in ref for x in o.logprobs], abs=1e-5)
         proposed = sum(o.stats["proposed"].get("drafter", 0) for o in out)
         accepted = sum(o.stats["accepted"].get("drafter", 0) for o in out)
-        assert proposed > 50 and 0 < accepted < proposed  # a random head: some land, some do not
+        # a random head: some land, some do not (beside the copies it drafts only where it is
+        # expected to beat them, which a random head seldom is)
+        assert proposed > (50 if len(proposers) == 1 else 20) and 0 < accepted < proposed
     # in chunks (paused requests leave and come back, their rows re-fed): the same tokens
     eng = engine(pol, head=head)
     reqs = eng.make_requests(prompts, params, seeds)
@@ -232,3 +234,7 @@ def test_the_head_skips_requests_a_copy_draft_wins(policy):
     assert prepared([]) == 2  # nothing to copy: both drafted
     assert prepared([5, 6]) == 2  # a sure 2-token copy is worth less than 4 head tokens at 0.9
     assert prepared([5, 6, 7, 8, 9]) == 0  # a sure 4-token copy: the head cannot do better
+    # at evidence level 0 the drafter lands 0.6 (0.9 at other levels): its expected 4-token run
+    # (1.3) loses to a sure 2-token copy, though its best rate's (3.1) would not
+    drafter_offer = Offer(dp, [[0.6] * NUM_BINS] + [[0.9] * NUM_BINS for _ in range(LEVELS - 1)], 0.9, 4)
+    assert prepared([5]) == 2 and prepared([5, 6]) == 0

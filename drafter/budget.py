@@ -1,0 +1,85 @@
+"""What the head's work is worth against what it costs, in the engine's own currency.
+
+The controller (rollout/controller.py) values a draft token by the chance that it is reached and
+accepted, in emitted tokens, and grants it when that beats the step's threshold (what its verify
+slot costs, in emitted tokens). The head adds a cost the controller sees only as a whole: each
+draft position is a batched forward, `fixed + per_request x n` seconds for n requests (measured
+by the proposer). Two decisions in `DrafterProposer.prepare` weigh that cost against the tokens it
+buys, converted at the engine's measured seconds per emitted token (`Pace`):
+
+- `worth_drafting`: whether to run the head for a request at all. Where a copy proposer (history,
+  suffix, n-gram) already offers a draft worth about as much as the head's would be expected to
+  be (the drafter's rate at the request's evidence level), the head's draft would not win, or win
+  too little to pay for the request's rows in every position: it is not run for that request.
+- `worth_another_position`: whether the next draft position pays: the tokens the still-live
+  chains are expected to add there (each chain's chance of reaching it times the drafter's rate,
+  less the verify slot's price) against one more batched forward.
+
+Before the pace is measured (the first steps of a run) neither decision uses the head's cost:
+the request is drafted when the head is expected to beat the copies, and positions follow the
+controller's cut alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from rollout.controller import AdaptiveController
+
+DECAY = 0.9  # weight of the older steps in the pace
+
+
+@dataclass
+class Pace:
+    """Seconds per emitted token of the engine this proposer runs in, measured between two of its
+    `prepare` calls (one engine step, the head's own time included, as the controller counts it)
+    over the tokens the step emitted (counted in `observe`). `idle()` forgets the last mark, so
+    the gap between two rollouts is not taken for a step."""
+
+    sums: list = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens
+    mark: Optional[float] = None
+    emitted: int = 0
+
+    def tick(self, now: float) -> None:
+        if self.mark is not None and self.emitted > 0:
+            self.sums = [self.sums[0] * DECAY + (now - self.mark), self.sums[1] * DECAY + self.emitted]
+        self.mark, self.emitted = now, 0
+
+    def count(self, tokens: int) -> None:
+        self.emitted += tokens
+
+    def idle(self) -> None:
+        self.mark, self.emitted = None, 0
+
+    def seconds_per_emitted(self) -> Optional[float]:
+        return self.sums[0] / self.sums[1] if self.sums[1] > 0 else None
+
+
+def expected_value(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
+    """(tokens the controller would grant, their expected accepted run) of a k-token draft whose
+    every token lands with `rate`."""
+    return AdaptiveController.cut([rate] * k, threshold, lookahead)
+
+
+def worth_drafting(rate: float, k: int, copy: float, threshold: float, per_request_s: float,
+                   seconds_per_emitted: Optional[float]) -> bool:
+    """Run the head for a request: its expected run at `rate` beats the best copy draft's
+    (`copy`, expected accepted tokens) by more than the request's rows in the head's positions
+    cost, in emitted tokens (that cost is left out while the pace is unknown)."""
+    n, value = expected_value(rate, k, threshold)
+    if n == 0:
+        return False
+    cost = 0.0 if seconds_per_emitted is None else per_request_s * n / seconds_per_emitted
+    return value - copy > cost
+
+
+def worth_another_position(reach: Sequence[float], rates: Sequence[float], threshold: float, position_s: float,
+                           seconds_per_emitted: Optional[float]) -> bool:
+    """Run one more batched position for the chains going on: reach[i] is chain i's chance of
+    having been accepted so far, rates[i] the drafter's rate for its next token. Each token is
+    worth its chance of landing less its verify slot's price (the threshold); together they must
+    pay for the forward. Always, while the pace is unknown."""
+    if seconds_per_emitted is None:
+        return True
+    gain = sum(max(0.0, r * a - threshold) for r, a in zip(reach, rates))
+    return gain * seconds_per_emitted >= position_s

@@ -1,0 +1,56 @@
+"""The head's budget: the pace it converts seconds with, which requests and positions pay, and an
+engine whose drafter prices its head (no fixed min_draft_prob) still emits the plain tokens."""
+import pytest
+
+from drafter.budget import Pace, worth_another_position, worth_drafting
+from drafter.head import DraftHead, HeadConfig
+from drafter.proposer import DrafterProposer
+from rollout import Engine, EngineConfig, SpecConfig
+from tests.drafter.test_proposer import workload
+
+
+def test_pace_is_seconds_over_emitted_tokens_and_skips_idle_gaps():
+    pace = Pace()
+    assert pace.seconds_per_emitted() is None
+    pace.tick(10.0)
+    pace.count(4)
+    pace.tick(10.2)  # 0.2 s for 4 tokens
+    assert pace.seconds_per_emitted() == pytest.approx(0.05)
+    pace.idle()
+    pace.count(2)
+    pace.tick(99.0)  # after a gap between rollouts: only a new mark
+    assert pace.seconds_per_emitted() == pytest.approx(0.05)
+    pace.count(10)
+    pace.tick(99.1)
+    assert pace.seconds_per_emitted() == pytest.approx((0.2 * 0.9 + 0.1) / (4 * 0.9 + 10))
+
+
+def test_a_request_is_drafted_when_its_gain_over_the_copy_pays_for_its_rows():
+    # rate 0.9, k 4: expected run 3.1 (all four tokens beat the threshold 0.1)
+    assert worth_drafting(0.9, 4, 0.0, 0.1, 0.0, None)
+    assert not worth_drafting(0.9, 4, 3.2, 0.1, 0.0, None)  # the copy is worth more
+    assert worth_drafting(0.9, 4, 2.0, 0.1, 0.001, 0.01)  # gain 1.1 tokens > 4 rows x 0.1 token
+    assert not worth_drafting(0.9, 4, 2.0, 0.1, 0.003, 0.01)  # 4 rows x 0.3 token > 1.1
+    assert not worth_drafting(0.05, 4, 0.0, 0.1, 0.0, None)  # no token beats the threshold
+
+
+def test_another_position_pays_when_its_tokens_outweigh_the_forward():
+    reach, rates = [0.9, 0.5, 0.05], [0.9, 0.9, 0.9]
+    gain = (0.81 - 0.1) + (0.45 - 0.1)  # the third chain's token is not worth its slot
+    assert worth_another_position(reach, rates, 0.1, gain * 0.01 * 0.99, 0.01)
+    assert not worth_another_position(reach, rates, 0.1, gain * 0.01 * 1.01, 0.01)
+    assert worth_another_position(reach, rates, 0.1, 1e9, None)  # before the pace is known
+
+
+def test_a_priced_drafter_changes_no_token(policy):
+    prompts, params, seeds = workload(n=10, seed=4)
+    ref = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96)).generate(prompts, params, seeds)
+    spec = SpecConfig(proposers=("suffix", "drafter"), max_draft_tokens=5)  # priced: min_draft_prob None
+    eng = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96, spec=spec))
+    dp = DrafterProposer.of(eng)
+    dp.set_head(DraftHead.for_policy(policy, HeadConfig(intermediate_size=16, num_heads=2, num_kv_heads=1), seed=2), 1)
+    for _ in range(2):
+        out = eng.generate(prompts, params, seeds)
+        assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert dp.pace.seconds_per_emitted() is not None and dp.active == 0 and dp.pace.mark is None
+    assert dp.stats["steps"] > 0
