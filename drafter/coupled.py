@@ -29,15 +29,15 @@ class CoupledSampler:
     """For chains with .seed, .position (of their first draft), .k, .temperature, .top_k, .top_p."""
 
     def __init__(self, chains: Sequence, device):
-        def col(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        self.seeds = col([int(c.seed) for c in chains], torch.int64)
-        self.first = col([int(c.position) for c in chains], torch.int64)
-        self.temperature = col([float(c.temperature) for c in chains], torch.float32)
-        self.top_k = col([int(c.top_k) for c in chains], torch.int64)
-        self.top_p = col([float(c.top_p) for c in chains], torch.float32)
+        n = len(chains)
+        ints = torch.tensor([int(c.seed) for c in chains] + [int(c.position) for c in chains]
+                            + [int(c.top_k) for c in chains], dtype=torch.int64).to(device)
+        self.seeds, self.first, self.top_k = ints[:n], ints[n:2 * n], ints[2 * n:]
         self.plain = all(float(c.temperature) == 1.0 and int(c.top_k) == 0 and float(c.top_p) == 1.0 for c in chains)
+        if not self.plain:  # (only processed logits read them)
+            floats = torch.tensor([float(c.temperature) for c in chains] + [float(c.top_p) for c in chains],
+                                  dtype=torch.float32).to(device)
+            self.temperature, self.top_p = floats[:n], floats[n:]
         self.greedy = [float(c.temperature) == 0 for c in chains]
         self.ks = [int(c.k) for c in chains]
         self.device = device

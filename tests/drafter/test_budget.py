@@ -52,5 +52,5 @@ def test_a_priced_drafter_changes_no_token(policy):
     for _ in range(2):
         out = eng.generate(prompts, params, seeds)
         assert [o.token_ids for o in out] == [o.token_ids for o in ref]
-    assert dp.pace.seconds_per_emitted() is not None and dp.active == 0 and dp.pace.mark is None
-    assert dp.stats["steps"] > 0
+    # every request left: the next run's first step is not timed against this one's last
+    assert dp.active == 0 and dp.pace.mark is None
