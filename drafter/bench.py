@@ -209,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--intermediate", type=int, default=None, help="the head's feed-forward size")
     ap.add_argument("--heads", type=int, default=None, help="the head's attention heads (default: the policy's)")
     ap.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
+    ap.add_argument("--layer", default=None, help="engine mode: the warm-started head's layer, 'ffn:heads:kv_heads' "
+                    "(default: rollout.drafter's)")
     ap.add_argument("--shapes", default=None, help="offline: several head shapes on the same rollouts, "
                     "'ffn:heads:kv_heads,...' (an empty field: the policy's), instead of the three above")
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")

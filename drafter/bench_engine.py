@@ -1,6 +1,6 @@
 """The drafter in the engine on the demo: four engines on the same prompts, seeds and weights.
 
-    python -m drafter.bench [--prompts 64] [--samples 8] [--reps 2] [--train-seconds 5]
+    python -m drafter.bench [--prompts 64] [--samples 8] [--reps 2] [--train-seconds 5] [--layer 128:2:1]
                             [--out bench_results/drafter_engine.json]
 
 A plain engine, B today's default proposers (history, suffix, lookahead), C the drafter alone,
@@ -232,7 +232,7 @@ def engine_bench(args) -> dict:
     from rl_integration.demo.task import extract_answer
     from rollout.model import CausalLM
 
-    from .bench import demo_policy, time_steps
+    from .bench import demo_policy, parse_shapes, time_steps
     from .export import load
 
     t0 = time.perf_counter()
@@ -240,8 +240,9 @@ def engine_bench(args) -> dict:
     task = TaskConfig(num_problems=args.prompts, seed=0)
     policy = CausalLM.from_pretrained(folder)
     d = RunConfig().rollout.drafter  # the demo's drafter: its warm start, cached beside the policy
+    layer = parse_shapes(args.layer, args)[0] if args.layer else d.shape()
     head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window,
-                                           layer=d.shape()), policy, dtype=torch.float32)
+                                           layer=layer), policy, dtype=torch.float32)
     problems = make_problems(task)
     prompts = [tok(p.prompt)["input_ids"] for p in problems]
     eos = tok.eos_token_id
@@ -251,7 +252,8 @@ def engine_bench(args) -> dict:
                 is not None for o in outs]
 
     engines = make_engines(policy, head)
-    result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "reps": args.reps}
+    result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "reps": args.reps,
+              "head": {"parameters": head.num_parameters(), **layer}}
     w0 = step_work(prompts, args.samples, 0, eos)
     result["step0"], outs0 = run_step(engines, w0, args.reps, well_formed)
     result["step0"]["simulation_check"] = check_simulation(engines["C_drafter"], w0, policy, head)

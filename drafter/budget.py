@@ -21,6 +21,7 @@ controller's cut alone.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -53,6 +54,27 @@ class Pace:
 
     def seconds_per_emitted(self) -> Optional[float]:
         return self.sums[0] / self.sums[1] if self.sums[1] > 0 else None
+
+
+@dataclass
+class PositionClock:
+    """Times the draft positions after a chain's first, the ones `worth_another_position` decides
+    about: the first also writes the catch-up rows and sets up the sampler, a cost of the step
+    whatever its length. `mark(n, go)` where draft_chains asks whether n chains go on (the end of
+    a position); `positions(end)`: (chains, seconds) of every position run after a mark."""
+
+    marks: list = field(default_factory=list)
+
+    def mark(self, n: int, go: bool) -> bool:
+        self.marks.append((time.perf_counter(), n, go))
+        return go
+
+    def positions(self, end: float) -> list[tuple[int, float]]:
+        out = []
+        for j, (t, n, go) in enumerate(self.marks):
+            if go:
+                out.append((n, (self.marks[j + 1][0] if j + 1 < len(self.marks) else end) - t))
+        return out
 
 
 def expected_value(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> tuple[int, float]:

@@ -41,7 +41,7 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Pace, worth_another_position, worth_drafting
+from .budget import Pace, PositionClock, worth_another_position, worth_drafting
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -129,20 +129,24 @@ class DrafterProposer(Proposer):
             self._profile()
 
     def _profile(self) -> None:
-        """Time one draft position for one request and for a full batch, so the controller has a
-        cost before the first real step. Rows are written at position 0 of the slots: every
-        request rewrites its slot from row 0 after a new head (the generation changed)."""
+        """Time a draft position after the first for one request and for a full batch, so the
+        controller has a cost before the first real step. Rows are written from position 0 of
+        the slots: every request rewrites its slot from row 0 after a new head (the generation
+        changed)."""
         d = self.model.cfg.hidden_size
         dtype, device = self.model.lm_head.weight.dtype, self.model.lm_head.weight.device
+        k = max(1, min(3, self.max_positions, self.max_len - 1))
         for n in sorted({1, self.num_slots}):
             chains = [Chain(slot=i, start=0, tokens=[0], feats=torch.zeros(1, d, dtype=dtype, device=device),
-                            seed=i, position=0, k=1) for i in range(n)]
+                            seed=i, position=0, k=k) for i in range(n)]
             seconds = []
             for _ in range(2):
-                start = time.perf_counter()
-                draft_chains(self.head, self.model, self.cache, chains, margins=True)
-                seconds.append(time.perf_counter() - start)
-            self.cost.add_profile(n, min(seconds))
+                clock = PositionClock()
+                draft_chains(self.head, self.model, self.cache, chains,
+                             proceed=lambda going, clock=clock: clock.mark(len(going), True))
+                seconds += [s for _, s in clock.positions(time.perf_counter())]
+            if seconds:
+                self.cost.add_profile(n, min(seconds))
         self.gen += 1
 
     def position_cost(self, n: int) -> float:
@@ -225,20 +229,24 @@ class DrafterProposer(Proposer):
             reach[i] *= rows[i][confidence_bin(1.0 - math.exp(-d.margins[-1]))]
             return reach[i] >= plan.threshold
 
+        clock = PositionClock()
+
         def proceed(going: list[int]) -> bool:
-            return worth_another_position([reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
-                                          self.position_cost(len(going)), spe)
+            return clock.mark(len(going), worth_another_position(
+                [reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
+                self.position_cost(len(going)), spe))
 
         drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep, proceed=proceed)
+        end = time.perf_counter()
+        for n, seconds in clock.positions(end):
+            self.cost.observe(n, seconds)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-        self._count(drafts, time.perf_counter() - start)
+        self._count(drafts, end - start)
 
     def _count(self, drafts: list[ChainDraft], seconds: float) -> None:
-        """The step's figures, and a point of the position cost: seconds per position against
-        requests drafting per position."""
+        """The step's figures (seconds: all of prepare, for the head's share of the rollout)."""
         positions, tokens = max(len(d.tokens) for d in drafts), sum(len(d.tokens) for d in drafts)
-        self.cost.observe(tokens / positions, seconds / positions)
         s = self.stats
         s["seconds"] += seconds
         s["positions"] += positions

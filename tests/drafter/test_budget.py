@@ -2,7 +2,7 @@
 engine whose drafter prices its head (no fixed min_draft_prob) still emits the plain tokens."""
 import pytest
 
-from drafter.budget import Pace, worth_another_position, worth_drafting
+from drafter.budget import Pace, PositionClock, worth_another_position, worth_drafting
 from drafter.head import DraftHead, HeadConfig
 from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SpecConfig
@@ -54,3 +54,11 @@ def test_a_priced_drafter_changes_no_token(policy):
         assert [o.token_ids for o in out] == [o.token_ids for o in ref]
     # every request left: the next run's first step is not timed against this one's last
     assert dp.active == 0 and dp.pace.mark is None
+
+
+def test_the_clock_times_each_position_run_after_a_mark():
+    clock = PositionClock(marks=[(1.0, 5, True), (1.5, 3, True), (1.75, 2, False)])
+    assert clock.positions(9.0) == [(5, 0.5), (3, 0.25)]  # nothing ran after the refused mark
+    clock = PositionClock(marks=[(1.0, 5, True)])
+    assert clock.positions(1.25) == [(5, 0.25)]  # the last position ended with the call
+    assert clock.mark(4, False) is False and clock.marks[-1][1:] == (4, False)
