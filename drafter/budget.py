@@ -83,16 +83,16 @@ def expected_value(rate: float, k: int, threshold: float, lookahead: float = 0.0
     return AdaptiveController.cut([rate] * k, threshold, lookahead)
 
 
-def worth_drafting(rate: float, k: int, copy: float, threshold: float, per_request_s: float,
-                   seconds_per_emitted: Optional[float]) -> bool:
-    """Run the head for a request: its expected run at `rate` beats the best copy draft's
-    (`copy`, expected accepted tokens) by more than the request's rows in the head's positions
-    cost, in emitted tokens (that cost is left out while the pace is unknown)."""
+def copy_limit(rate: float, k: int, threshold: float, per_request_s: float,
+               seconds_per_emitted: Optional[float]) -> float:
+    """The head is run for a request when the best copy draft's expected accepted run is below
+    this: its own expected run at `rate` less what the request's rows in the head's positions
+    cost, in emitted tokens (that cost is left out while the pace is unknown). 0: never."""
     n, value = expected_value(rate, k, threshold)
     if n == 0:
-        return False
+        return 0.0
     cost = 0.0 if seconds_per_emitted is None else per_request_s * n / seconds_per_emitted
-    return value - copy > cost
+    return max(0.0, value - cost)
 
 
 def worth_another_position(reach: Sequence[float], rates: Sequence[float], threshold: float, position_s: float,

@@ -41,7 +41,7 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Pace, PositionClock, worth_another_position, worth_drafting
+from .budget import Pace, PositionClock, copy_limit, worth_another_position
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -216,8 +216,10 @@ class DrafterProposer(Proposer):
         for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
-            if chain is not None and worth_drafting(offer.table[level(st.run)][0], chain.k,
-                                                    copy_value(req, plan, chain.k), plan.threshold, per_request, spe):
+            if chain is None:
+                continue
+            limit = copy_limit(offer.table[level(st.run)][0], chain.k, plan.threshold, per_request, spe)
+            if limit > 0 and copy_value(req, plan, chain.k, enough=limit) < limit:
                 chains.append(chain)
                 states.append(st)
         if not chains:
@@ -327,13 +329,15 @@ class DrafterProposer(Proposer):
         return {}
 
 
-def copy_value(req: Request, plan, cap: int) -> float:
+def copy_value(req: Request, plan, cap: int, enough: float = math.inf) -> float:
     """The best expected accepted run among the step's unbatched proposers' drafts for req (what
-    the controller's `choose` computes): where it reaches the most a drafter draft of `cap`
-    tokens could be worth, `choose` never takes the drafter's, so the head need not draft it."""
+    the controller's `choose` computes), or the first that reaches `enough` (the look-ups stop
+    there: the head is not run for req either way)."""
     best = 0.0
     for o in plan.offers:
         n = min(o.most, cap)
+        if best >= enough:
+            break
         if o.proposer.batched or n == 0 or expected_run(o.top, n) <= best:
             continue
         draft = o.proposer.propose(req, n)

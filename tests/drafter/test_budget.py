@@ -2,7 +2,7 @@
 engine whose drafter prices its head (no fixed min_draft_prob) still emits the plain tokens."""
 import pytest
 
-from drafter.budget import Pace, PositionClock, worth_another_position, worth_drafting
+from drafter.budget import Pace, PositionClock, copy_limit, worth_another_position
 from drafter.head import DraftHead, HeadConfig
 from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SpecConfig
@@ -26,12 +26,12 @@ def test_pace_is_seconds_over_emitted_tokens_and_skips_idle_gaps():
 
 
 def test_a_request_is_drafted_when_its_gain_over_the_copy_pays_for_its_rows():
-    # rate 0.9, k 4: expected run 3.1 (all four tokens beat the threshold 0.1)
-    assert worth_drafting(0.9, 4, 0.0, 0.1, 0.0, None)
-    assert not worth_drafting(0.9, 4, 3.2, 0.1, 0.0, None)  # the copy is worth more
-    assert worth_drafting(0.9, 4, 2.0, 0.1, 0.001, 0.01)  # gain 1.1 tokens > 4 rows x 0.1 token
-    assert not worth_drafting(0.9, 4, 2.0, 0.1, 0.003, 0.01)  # 4 rows x 0.3 token > 1.1
-    assert not worth_drafting(0.05, 4, 0.0, 0.1, 0.0, None)  # no token beats the threshold
+    # rate 0.9, k 4: expected run 3.0951 (all four tokens beat the threshold 0.1)
+    assert copy_limit(0.9, 4, 0.1, 0.0, None) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561)
+    # its 4 rows cost 4 x 0.1 emitted token
+    assert copy_limit(0.9, 4, 0.1, 0.001, 0.01) == pytest.approx(3.0951 - 0.4)
+    assert copy_limit(0.9, 4, 0.1, 0.01, 0.01) == 0.0  # 4 rows x 1 token: never worth it
+    assert copy_limit(0.05, 4, 0.1, 0.0, None) == 0.0  # no token beats the threshold
 
 
 def test_another_position_pays_when_its_tokens_outweigh_the_forward():
