@@ -11,6 +11,8 @@ buys, converted at the engine's measured seconds per emitted token (`Pace`):
   suffix, n-gram) already offers a draft worth about as much as the head's would be expected to
   be (the drafter's rate at the request's evidence level), the head's draft would not win, or win
   too little to pay for the request's rows in every position: it is not run for that request.
+- `worth_running`: whether the head runs this step at all: the drafted requests' expected gains
+  over their copies against the whole step's head cost (first position, then each further one).
 - `worth_another_position`: whether the next draft position pays: the tokens the still-live
   chains are expected to add there (each chain's chance of reaching it times the drafter's rate,
   less the verify slot's price) against one more batched forward.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from rollout.controller import AdaptiveController
 
@@ -93,6 +95,20 @@ def copy_limit(rate: float, k: int, threshold: float, per_request_s: float,
         return 0.0
     cost = 0.0 if seconds_per_emitted is None else per_request_s * n / seconds_per_emitted
     return max(0.0, value - cost)
+
+
+def worth_running(gains: Sequence[tuple[float, int]], first_s: float, position_s: Callable[[int], float],
+                  seconds_per_emitted: Optional[float]) -> bool:
+    """Run the head this step at all: gains[i] = (request i's expected run over its best copy
+    draft, in tokens; the draft positions it would fill). Together they must pay for the first
+    position (catch-up rows, set-up) and each further one, run for the requests still drafting
+    there. Always, while the pace is unknown."""
+    if seconds_per_emitted is None or not gains:
+        return seconds_per_emitted is None
+    cost = first_s
+    for p in range(1, max(n for _, n in gains)):
+        cost += position_s(sum(1 for _, n in gains if n > p))
+    return sum(g for g, _ in gains) * seconds_per_emitted >= cost
 
 
 def worth_another_position(reach: Sequence[float], rates: Sequence[float], threshold: float, position_s: float,

@@ -41,7 +41,7 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Pace, PositionClock, copy_limit, worth_another_position
+from .budget import Pace, PositionClock, copy_limit, expected_value, worth_another_position, worth_running
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -74,7 +74,8 @@ class DrafterProposer(Proposer):
         self.store: Optional[torch.Tensor] = None  # [slots, max_len, d] features
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None
         self.policy_version = 0
-        self.cost = StepCost()  # seconds of one draft position = fixed + per request x requests
+        self.cost = StepCost()  # seconds of a draft position after the first = fixed + per request x requests
+        self.first_cost = StepCost()  # the same of a chain's first position (catch-up rows, set-up)
         self.pace = Pace()  # the engine's seconds per emitted token
         self.priced = True  # False: a fixed min_draft_prob, whose drafts must not depend on timings
         self.active = 0  # requests with state here: none means the engine is between rollouts
@@ -125,12 +126,12 @@ class DrafterProposer(Proposer):
         self.head, self.head_version, self.off_reason = head.eval(), int(version), None
         self.gen += 1
         if fresh:
-            self.cost = StepCost()
+            self.cost, self.first_cost = StepCost(), StepCost()
             self._profile()
 
     def _profile(self) -> None:
-        """Time a draft position after the first for one request and for a full batch, so the
-        controller has a cost before the first real step. Rows are written from position 0 of
+        """Time a chain's first draft position and one after it, for one request and for a full
+        batch, so the controller has a cost before the first real step. Rows are written from position 0 of
         the slots: every request rewrites its slot from row 0 after a new head (the generation
         changed)."""
         d = self.model.cfg.hidden_size
@@ -139,12 +140,15 @@ class DrafterProposer(Proposer):
         for n in sorted({1, self.num_slots}):
             chains = [Chain(slot=i, start=0, tokens=[0], feats=torch.zeros(1, d, dtype=dtype, device=device),
                             seed=i, position=0, k=k) for i in range(n)]
-            seconds = []
+            seconds, first = [], []
             for _ in range(2):
-                clock = PositionClock()
+                clock, begin = PositionClock(), time.perf_counter()
                 draft_chains(self.head, self.model, self.cache, chains,
                              proceed=lambda going, clock=clock: clock.mark(len(going), True))
-                seconds += [s for _, s in clock.positions(time.perf_counter())]
+                end = time.perf_counter()
+                first.append((clock.marks[0][0] if clock.marks else end) - begin)
+                seconds += [s for _, s in clock.positions(end)]
+            self.first_cost.add_profile(n, min(first))
             if seconds:
                 self.cost.add_profile(n, min(seconds))
         self.gen += 1
@@ -212,17 +216,21 @@ class DrafterProposer(Proposer):
             return
         spe = self.pace.seconds_per_emitted() if self.priced else None
         per_request = self.cost.fit()[1]
-        chains, states = [], []
+        chains, states, gains = [], [], []
         for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
             if chain is None:
                 continue
-            limit = copy_limit(offer.table[level(st.run)][0], chain.k, plan.threshold, per_request, spe)
-            if limit > 0 and copy_value(req, plan, chain.k, enough=limit) < limit:
+            rate = offer.table[level(st.run)][0]
+            limit = copy_limit(rate, chain.k, plan.threshold, per_request, spe)
+            copy = copy_value(req, plan, chain.k, enough=limit) if limit > 0 else limit
+            if copy < limit:
                 chains.append(chain)
                 states.append(st)
-        if not chains:
+                n, value = expected_value(rate, chain.k, plan.threshold)
+                gains.append((value - copy, n))
+        if not chains or not worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe):
             return
         rows = [offer.table[level(st.run)] for st in states]
         reach = [1.0] * len(chains)
@@ -238,8 +246,10 @@ class DrafterProposer(Proposer):
                 [reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
                 self.position_cost(len(going)), spe))
 
+        begin = time.perf_counter()
         drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep, proceed=proceed)
         end = time.perf_counter()
+        self.first_cost.observe(len(chains), (clock.marks[0][0] if clock.marks else end) - begin)
         for n, seconds in clock.positions(end):
             self.cost.observe(n, seconds)
         for c, st, d in zip(chains, states, drafts):

@@ -2,7 +2,7 @@
 engine whose drafter prices its head (no fixed min_draft_prob) still emits the plain tokens."""
 import pytest
 
-from drafter.budget import Pace, PositionClock, copy_limit, worth_another_position
+from drafter.budget import Pace, PositionClock, copy_limit, worth_another_position, worth_running
 from drafter.head import DraftHead, HeadConfig
 from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SpecConfig
@@ -62,3 +62,15 @@ def test_the_clock_times_each_position_run_after_a_mark():
     clock = PositionClock(marks=[(1.0, 5, True)])
     assert clock.positions(1.25) == [(5, 0.25)]  # the last position ended with the call
     assert clock.mark(4, False) is False and clock.marks[-1][1:] == (4, False)
+
+
+def test_the_head_runs_a_step_only_when_the_gains_pay_for_all_its_positions():
+    gains = [(3.0, 3), (1.0, 1)]  # positions 2 and 3 run for the first request only
+
+    def position_s(n):
+        return 0.001 + 0.0005 * n
+
+    cost = 0.004 + 2 * position_s(1)  # first position, then two more for one request
+    assert worth_running(gains, 0.004, position_s, cost / 4 * 1.01)
+    assert not worth_running(gains, 0.004, position_s, cost / 4 * 0.99)
+    assert worth_running(gains, 1e9, position_s, None) and not worth_running([], 0.0, position_s, 1.0)
