@@ -276,6 +276,9 @@ class DrafterProposer(Proposer):
         if st.gen != self.gen:
             st.written, st.gen = 0, self.gen
         start = min(st.written, q - 1)
+        window = self.head.cfg.window if self.head is not None else None
+        if window is not None:  # the chain's first query sees rows q - window .. q - 1: none below is ever read
+            start = max(start, q - window)
         p = len(req.prompt_ids)
         ids = req.prompt_ids[start + 1:] + req.output_ids if start + 1 < p else req.output_ids[start + 1 - p:]
         return Chain(slot=req.slot, start=start, tokens=ids, feats=self.store[req.slot, start:q],

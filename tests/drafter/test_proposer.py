@@ -100,11 +100,13 @@ def test_an_oracle_head_is_accepted_everywhere(policy64):
     assert proposed > 60 and sum(o.stats["accepted"]["drafter"] for o in out) == proposed
 
 
-def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts):
+@pytest.mark.parametrize("window", [None, 3])
+def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts, window):
     """For a fixed head the engine accepts, at every draft, min(run, k) where run is the
-    simulated accepted run of a chain starting at the same position (drafter/simulate.py)."""
+    simulated accepted run of a chain starting at the same position (drafter/simulate.py).
+    With a window, a request's rows older than the window are never written (nor read)."""
     rolls, _ = rollouts
-    head, _, _ = warm_start(policy64, rolls, max_steps=25, time_budget_s=60.0)
+    head, _, _ = warm_start(policy64, rolls, HeadConfig(window=window), max_steps=25, time_budget_s=60.0)
     prompts, params, seeds = workload(10, seed=5)
     eng = engine(policy64, head=head, batch=4)
     dp = DrafterProposer.of(eng)
