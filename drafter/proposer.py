@@ -215,9 +215,19 @@ class DrafterProposer(Proposer):
         if self.head is None or not requests:
             return
         spe = self.pace.seconds_per_emitted() if self.priced else None
+        try:
+            chains, states, gains = self._candidates(requests, offer, plan, spe)
+            if chains and worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe):
+                self._draft(chains, [offer.table[level(st.run)] for st in states], states, plan, spe)
+        finally:  # the look-ups count too, drafted or not
+            self.stats["seconds"] += time.perf_counter() - start
+
+    def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, list, list]:
+        """(chains, their states, (expected gain over the copies, positions)) of the requests the
+        head is worth running for, in slot order (the head reads its cache in place)."""
         per_request = self.cost.fit()[1]
         chains, states, gains = [], [], []
-        for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
+        for req in sorted(requests, key=lambda r: r.slot):
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
             if chain is None:
@@ -230,9 +240,11 @@ class DrafterProposer(Proposer):
                 states.append(st)
                 n, value = expected_value(rate, chain.k, plan.threshold)
                 gains.append((value - copy, n))
-        if not chains or not worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe):
-            return
-        rows = [offer.table[level(st.run)] for st in states]
+        return chains, states, gains
+
+    def _draft(self, chains: list[Chain], rows: list, states: list, plan, spe: Optional[float]) -> None:
+        """Run the head: each chain stops once its next token's chance of being reached and
+        accepted falls under the threshold; all stop when another position does not pay."""
         reach = [1.0] * len(chains)
 
         def keep(i: int, d: ChainDraft) -> bool:
@@ -254,13 +266,12 @@ class DrafterProposer(Proposer):
             self.cost.observe(n, seconds)
         for c, st, d in zip(chains, states, drafts):
             st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-        self._count(drafts, end - start)
+        self._count(drafts)
 
-    def _count(self, drafts: list[ChainDraft], seconds: float) -> None:
-        """The step's figures (seconds: all of prepare, for the head's share of the rollout)."""
+    def _count(self, drafts: list[ChainDraft]) -> None:
+        """The step's figures (its seconds are counted by `prepare`, look-ups included)."""
         positions, tokens = max(len(d.tokens) for d in drafts), sum(len(d.tokens) for d in drafts)
         s = self.stats
-        s["seconds"] += seconds
         s["positions"] += positions
         s["chains"] += len(drafts)
         s["steps"] += 1
