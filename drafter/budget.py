@@ -79,6 +79,33 @@ class PositionClock:
         return out
 
 
+MAX_BACKOFF = 8  # steps
+
+
+@dataclass
+class Backoff:
+    """After a step where the head was not worth running, the next few steps skip even the copy
+    look-ups that decided it (1, 2, 4 ... MAX_BACKOFF steps while it stays unprofitable; back to
+    every step once it runs): where copies win, as after the first RL step, the head's budget
+    then costs a few look-ups per MAX_BACKOFF steps instead of every step."""
+
+    left: int = 0
+    length: int = 0
+
+    def skip(self) -> bool:
+        if self.left > 0:
+            self.left -= 1
+            return True
+        return False
+
+    def result(self, ran: bool) -> None:
+        self.length = 0 if ran else min(MAX_BACKOFF, max(1, 2 * self.length))
+        self.left = self.length
+
+    def reset(self) -> None:
+        self.left = self.length = 0
+
+
 def expected_value(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
     """(tokens the controller would grant, their expected accepted run) of a k-token draft whose
     every token lands with `rate`."""

@@ -41,7 +41,7 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Pace, PositionClock, copy_limit, expected_value, worth_another_position, worth_running
+from .budget import Backoff, Pace, PositionClock, copy_limit, expected_value, worth_another_position, worth_running
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -77,6 +77,7 @@ class DrafterProposer(Proposer):
         self.cost = StepCost()  # seconds of a draft position after the first = fixed + per request x requests
         self.first_cost = StepCost()  # the same of a chain's first position (catch-up rows, set-up)
         self.pace = Pace()  # the engine's seconds per emitted token
+        self.backoff = Backoff()  # steps to skip after the head did not pay
         self.priced = True  # False: a fixed min_draft_prob, whose drafts must not depend on timings
         self.active = 0  # requests with state here: none means the engine is between rollouts
         self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
@@ -215,10 +216,15 @@ class DrafterProposer(Proposer):
         if self.head is None or not requests:
             return
         spe = self.pace.seconds_per_emitted() if self.priced else None
+        if spe is not None and self.backoff.skip():
+            return
         try:
             chains, states, gains = self._candidates(requests, offer, plan, spe)
-            if chains and worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe):
+            ran = bool(chains) and worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe)
+            if ran:
                 self._draft(chains, [offer.table[level(st.run)] for st in states], states, plan, spe)
+            if spe is not None:
+                self.backoff.result(ran)
         finally:  # the look-ups count too, drafted or not
             self.stats["seconds"] += time.perf_counter() - start
 
@@ -324,6 +330,7 @@ class DrafterProposer(Proposer):
             if self.active <= 0:
                 self.active = 0
                 self.pace.idle()
+                self.backoff.reset()
         super().finish(req)
 
     def _collect(self, req: Request, st: _State) -> None:

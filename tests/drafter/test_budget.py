@@ -2,7 +2,7 @@
 engine whose drafter prices its head (no fixed min_draft_prob) still emits the plain tokens."""
 import pytest
 
-from drafter.budget import Pace, PositionClock, copy_limit, worth_another_position, worth_running
+from drafter.budget import Backoff, Pace, PositionClock, copy_limit, worth_another_position, worth_running
 from drafter.head import DraftHead, HeadConfig
 from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SpecConfig
@@ -74,3 +74,17 @@ def test_the_head_runs_a_step_only_when_the_gains_pay_for_all_its_positions():
     assert worth_running(gains, 0.004, position_s, cost / 4 * 1.01)
     assert not worth_running(gains, 0.004, position_s, cost / 4 * 0.99)
     assert worth_running(gains, 1e9, position_s, None) and not worth_running([], 0.0, position_s, 1.0)
+
+
+def test_the_backoff_doubles_while_the_head_does_not_pay():
+    b, skipped = Backoff(), []
+    for ran in (False, False, False, False, False, True, False):
+        b.result(ran)
+        n = 0
+        while b.skip():
+            n += 1
+        skipped.append(n)
+    assert skipped == [1, 2, 4, 8, 8, 0, 1]
+    b.result(False)
+    b.reset()
+    assert not b.skip()
