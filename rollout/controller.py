@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -54,9 +55,12 @@ NUM_BINS = len(CONFIDENCE_EDGES) + 2
 # proposing and bookkeeping, which the step timings cannot attribute to single tokens.
 MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
+SHARE_PRIOR = 1.0  # steps' worth of trust in the price's assumption that a saved step counts fully
+MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
+MIN_EVIDENCE = 8.0  # proposed draft tokens (decayed) before the ledger may switch drafting off
 
 
 def level(evidence: int) -> int:
@@ -111,6 +115,8 @@ class AdaptiveController:
     cost: StepCost = field(default_factory=StepCost)
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
+    saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
+    ledger: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # decayed (accepted, proposed, seconds proposing)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -124,6 +130,19 @@ class AdaptiveController:
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
+        self.saved = [x * GLOBAL_DECAY for x in self.saved]
+
+    def observe_run(self, saved: float, expected: float) -> None:
+        """A run's accepted drafts saved `saved` steps where the price expected `expected`
+        (rollout/critical_path.py)."""
+        self.saved = [self.saved[0] + saved, self.saved[1] + expected]
+
+    @property
+    def critical_share(self) -> float:
+        """The steps accepted drafts really save per step the price expects them to, shrunk
+        towards 1 (the price's own assumption) by a step's worth of evidence."""
+        saved, expected = self.saved
+        return min(max((saved + SHARE_PRIOR) / (expected + SHARE_PRIOR), 0.0), MAX_SHARE)
 
     def state_dict(self) -> dict:
         """What it learnt (rates, step cost, exploration credit) as plain JSON: a resumed run's
@@ -131,13 +150,17 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+                "credit": self.credit, "saved": list(self.saved), "ledger": list(self.ledger),
+                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
             return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
+        # (checkpoints written before these were learnt lack them)
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
+        self.ledger = [float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))]
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -147,6 +170,7 @@ class AdaptiveController:
         """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
         of which `batched` went to batched proposers (a draft head), priced by their own cost."""
         self.cost.observe(fed, seconds - batched)
+        self.ledger = [x * DECAY for x in self.ledger]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -155,8 +179,15 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
-        per_emitted = self.seconds_per_emitted(rows)
-        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+        value = self.token_value(rows)
+        return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
+
+    def token_value(self, rows: int) -> float:
+        """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
+        step) plus its request's share of a step's remaining cost, as far as the runs so far
+        show that a saved step shortens the rollout (`critical_share`)."""
+        per_token, per_emitted = self.cost.per_token(), self.seconds_per_emitted(rows)
+        return per_token + self.critical_share * max(per_emitted - per_token, 0.0)
 
     def seconds_per_emitted(self, rows: int) -> float:
         """What an emitted token costs now: the recent steps' seconds over their tokens (before
@@ -175,16 +206,28 @@ class AdaptiveController:
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
         threshold = self.threshold(load, running)
+        paying = self.drafts_pay(running)
         tables = [(p, self.table(p)) for p in proposers]
         lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
         offers = []
         for p, table in tables:
             top = max(map(max, table))
-            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
-            if p.batched and self.priced:
+            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead) if paying else 0
+            if p.batched and self.priced and paying:
                 most = self._positions_worth(p, top, threshold, lookahead, running)
             offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers)
+
+    def drafts_pay(self, running: int) -> bool:
+        """Whether the recent steps' drafts earned more than they cost: their accepted tokens'
+        value, less their slots, against the seconds spent asking proposers for them. Per-token
+        prices miss that asking costs host time whether or not a draft comes back; where that eats
+        the gain (a small model in a full batch), only exploration drafts, which keeps this
+        ledger current so drafting resumes once drafts pay again."""
+        accepted, proposed, asking = self.ledger
+        if not self.priced or proposed < MIN_EVIDENCE:
+            return True
+        return accepted * self.token_value(running) - proposed * self.cost.per_token() > asking
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
                          running: int) -> int:
@@ -196,7 +239,7 @@ class AdaptiveController:
         threshold. With none worth it, the exploration budget may pay for one position."""
         n = max(running, 1)
         cost = proposer.position_cost(n)
-        surcharge = cost / (n * max(self.seconds_per_emitted(running), 1e-9))
+        surcharge = cost / (n * max(self.token_value(running), 1e-9))
         most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
         if most == 0 and self.credit >= cost:
             self.credit -= cost
@@ -208,7 +251,7 @@ class AdaptiveController:
         threshold (by the evidence behind it and its tokens' confidence), and take the one with
         the longest expected accepted run. A proposer is not asked when even its best rate could
         not beat the draft in hand. With none granted, exploration may try one token."""
-        best, best_value = None, 0.0
+        start, best, best_value = time.perf_counter(), None, 0.0
         for offer in plan.offers:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
@@ -222,6 +265,7 @@ class AdaptiveController:
                 best, best_value = draft.cut(n), value
         if best is None and self.priced and room > 0:
             best = self._explore(req, plan.offers)
+        self.ledger[2] += time.perf_counter() - start
         return best
 
     def _explore(self, req: Request, offers: Sequence[Offer]) -> Optional[Draft]:
@@ -245,6 +289,8 @@ class AdaptiveController:
         trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
+        self.ledger[0] += accepted
+        self.ledger[1] += proposed
         lv = level(draft.evidence)
         acc, tri = self.accepted, self.trials
         for key in (name, (name, lv)):
