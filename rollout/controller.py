@@ -27,7 +27,11 @@ and `value` expected tokens, so it raises the rollout's throughput exactly when
 
 On a compute-bound CPU step every fed token costs about what an emitted one does, so only sure
 tokens pay; on a GPU, or in the long tail where a few requests are left and a step costs about
-the same with or without their drafts, a long shot is worth its slot. With drafts that never
+the same with or without their drafts, a long shot is worth its slot. An accepted token's worth
+beyond its own slot is a share of a step, and that share is real only if the rollout ends
+earlier for it: not when it ends with the slowest of many requests alike. Each run's tally
+(rollout/critical_path.py) measures the steps drafts saved against those the price expected,
+and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
 switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
@@ -38,7 +42,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -60,7 +63,6 @@ MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
-MIN_EVIDENCE = 8.0  # proposed draft tokens (decayed) before the ledger may switch drafting off
 
 
 def level(evidence: int) -> int:
@@ -116,7 +118,6 @@ class AdaptiveController:
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
-    ledger: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # decayed (accepted, proposed, seconds proposing)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -150,7 +151,7 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "saved": list(self.saved), "ledger": list(self.ledger),
+                "credit": self.credit, "saved": list(self.saved),
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -158,9 +159,7 @@ class AdaptiveController:
             return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
-        # (checkpoints written before these were learnt lack them)
-        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
-        self.ledger = [float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))]
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -170,7 +169,6 @@ class AdaptiveController:
         """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
         of which `batched` went to batched proposers (a draft head), priced by their own cost."""
         self.cost.observe(fed, seconds - batched)
-        self.ledger = [x * DECAY for x in self.ledger]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -206,28 +204,16 @@ class AdaptiveController:
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
         threshold = self.threshold(load, running)
-        paying = self.drafts_pay(running)
         tables = [(p, self.table(p)) for p in proposers]
         lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
         offers = []
         for p, table in tables:
             top = max(map(max, table))
-            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead) if paying else 0
-            if p.batched and self.priced and paying:
+            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
+            if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running)
             offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers)
-
-    def drafts_pay(self, running: int) -> bool:
-        """Whether the recent steps' drafts earned more than they cost: their accepted tokens'
-        value, less their slots, against the seconds spent asking proposers for them. Per-token
-        prices miss that asking costs host time whether or not a draft comes back; where that eats
-        the gain (a small model in a full batch), only exploration drafts, which keeps this
-        ledger current so drafting resumes once drafts pay again."""
-        accepted, proposed, asking = self.ledger
-        if not self.priced or proposed < MIN_EVIDENCE:
-            return True
-        return accepted * self.token_value(running) - proposed * self.cost.per_token() > asking
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
                          running: int) -> int:
@@ -251,7 +237,7 @@ class AdaptiveController:
         threshold (by the evidence behind it and its tokens' confidence), and take the one with
         the longest expected accepted run. A proposer is not asked when even its best rate could
         not beat the draft in hand. With none granted, exploration may try one token."""
-        start, best, best_value = time.perf_counter(), None, 0.0
+        best, best_value = None, 0.0
         for offer in plan.offers:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
@@ -265,7 +251,6 @@ class AdaptiveController:
                 best, best_value = draft.cut(n), value
         if best is None and self.priced and room > 0:
             best = self._explore(req, plan.offers)
-        self.ledger[2] += time.perf_counter() - start
         return best
 
     def _explore(self, req: Request, offers: Sequence[Offer]) -> Optional[Draft]:
@@ -289,8 +274,6 @@ class AdaptiveController:
         trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        self.ledger[0] += accepted
-        self.ledger[1] += proposed
         lv = level(draft.evidence)
         acc, tri = self.accepted, self.trials
         for key in (name, (name, lv)):

@@ -5,7 +5,6 @@ from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
 from rollout.controller import AdaptiveController
 from rollout.critical_path import RunTally, makespan
-from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
 
@@ -61,29 +60,6 @@ def test_the_credit_follows_the_saved_steps_and_raises_the_price():
         c.new_run()
         c.observe_run(saved=9.0, expected=9.0)
     assert c.critical_share > 0.95
-
-
-class Lands(Proposer):
-    name, prior = "lands", 0.9
-
-    def propose(self, req, k):
-        return Draft([7] * k, self)
-
-
-def test_drafts_whose_gain_does_not_cover_asking_are_switched_off():
-    c = AdaptiveController(max_draft_tokens=4)
-    c.cost.add_profile(8, 0.018)
-    c.cost.add_profile(72, 0.082)
-    p, req = Lands(), _request(0)
-    assert c.plan_step([p], 8, 1.0).offers[0].most > 0
-    for _ in range(20):  # drafts land half the time, but asking for them cost a second each
-        c.record(req, Draft([7] * 4, p), 2)
-        c.ledger[2] += 1.0
-        c.observe_step(8, 8, 0.018)
-    assert not c.drafts_pay(8)
-    assert c.plan_step([p], 8, 1.0).offers[0].most == 0
-    c.ledger[2] = 0.0  # asking is cheap again: the same drafts pay
-    assert c.drafts_pay(8) and c.plan_step([p], 8, 1.0).offers[0].most > 0
 
 
 def test_the_engine_tallies_its_runs_and_keeps_tokens():
