@@ -58,7 +58,7 @@ NUM_BINS = len(CONFIDENCE_EDGES) + 2
 # proposing and bookkeeping, which the step timings cannot attribute to single tokens.
 MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
-SHARE_PRIOR = 1.0  # steps' worth of trust in the price's assumption that a saved step counts fully
+SHARE_PRIOR = 0.25  # steps' worth of trust in the price's assumption that a saved step counts fully
 MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.

@@ -3,7 +3,7 @@ import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import AdaptiveController
+from rollout.controller import SHARE_PRIOR, AdaptiveController
 from rollout.critical_path import RunTally, makespan
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
@@ -53,8 +53,9 @@ def test_the_credit_follows_the_saved_steps_and_raises_the_price():
     before = c.threshold(1.0, rows=8)
     assert c.critical_share == 1.0
     c.observe_run(saved=0.0, expected=9.0)  # drafts saved nothing of what they were priced for
-    assert c.critical_share == pytest.approx(0.1)
-    assert c.threshold(1.0, rows=8) == pytest.approx(0.001 / (0.001 + 0.1 * (0.018 / 8 - 0.001)))
+    share = SHARE_PRIOR / (9 + SHARE_PRIOR)
+    assert c.critical_share == pytest.approx(share)
+    assert c.threshold(1.0, rows=8) == pytest.approx(0.001 / (0.001 + share * (0.018 / 8 - 0.001)))
     assert c.threshold(1.0, rows=8) > before
     for _ in range(8):  # later runs where they do save: the old evidence fades
         c.new_run()
