@@ -27,7 +27,11 @@ and `value` expected tokens, so it raises the rollout's throughput exactly when
 
 On a compute-bound CPU step every fed token costs about what an emitted one does, so only sure
 tokens pay; on a GPU, or in the long tail where a few requests are left and a step costs about
-the same with or without their drafts, a long shot is worth its slot. With drafts that never
+the same with or without their drafts, a long shot is worth its slot. An accepted token's worth
+beyond its own slot is a share of a step, and that share is real only if the rollout ends
+earlier for it: not when it ends with the slowest of many requests alike. Each run's tally
+(rollout/critical_path.py) measures the steps drafts saved against those the price expected,
+and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
 switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
@@ -54,6 +58,8 @@ NUM_BINS = len(CONFIDENCE_EDGES) + 2
 # proposing and bookkeeping, which the step timings cannot attribute to single tokens.
 MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
+SHARE_PRIOR = 0.25  # steps' worth of trust in the price's assumption that a saved step counts fully
+MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
@@ -111,6 +117,7 @@ class AdaptiveController:
     cost: StepCost = field(default_factory=StepCost)
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
+    saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -124,6 +131,19 @@ class AdaptiveController:
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
+        self.saved = [x * GLOBAL_DECAY for x in self.saved]
+
+    def observe_run(self, saved: float, expected: float) -> None:
+        """A run's accepted drafts saved `saved` steps where the price expected `expected`
+        (rollout/critical_path.py)."""
+        self.saved = [self.saved[0] + saved, self.saved[1] + expected]
+
+    @property
+    def critical_share(self) -> float:
+        """The steps accepted drafts really save per step the price expects them to, shrunk
+        towards 1 (the price's own assumption) by a step's worth of evidence."""
+        saved, expected = self.saved
+        return min(max((saved + SHARE_PRIOR) / (expected + SHARE_PRIOR), 0.0), MAX_SHARE)
 
     def state_dict(self) -> dict:
         """What it learnt (rates, step cost, exploration credit) as plain JSON: a resumed run's
@@ -131,13 +151,15 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+                "credit": self.credit, "saved": list(self.saved),
+                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
             return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -155,8 +177,15 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
-        per_emitted = self.seconds_per_emitted(rows)
-        return max(MIN_PRICE, self.cost.per_token() / per_emitted) if per_emitted > 0 else MIN_PRICE
+        value = self.token_value(rows)
+        return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
+
+    def token_value(self, rows: int) -> float:
+        """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
+        step) plus its request's share of a step's remaining cost, as far as the runs so far
+        show that a saved step shortens the rollout (`critical_share`)."""
+        per_token, per_emitted = self.cost.per_token(), self.seconds_per_emitted(rows)
+        return per_token + self.critical_share * max(per_emitted - per_token, 0.0)
 
     def seconds_per_emitted(self, rows: int) -> float:
         """What an emitted token costs now: the recent steps' seconds over their tokens (before
@@ -196,7 +225,7 @@ class AdaptiveController:
         threshold. With none worth it, the exploration budget may pay for one position."""
         n = max(running, 1)
         cost = proposer.position_cost(n)
-        surcharge = cost / (n * max(self.seconds_per_emitted(running), 1e-9))
+        surcharge = cost / (n * max(self.token_value(running), 1e-9))
         most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
         if most == 0 and self.credit >= cost:
             self.credit -= cost

@@ -27,6 +27,7 @@ from . import lenient, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
+from .critical_path import RunTally
 from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
@@ -216,33 +217,48 @@ class Engine:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
+        # A run cut at max_steps has no plain counterpart to weigh its drafts against.
+        tally = RunTally(len(free)) if self.controller and self.controller.priced and not max_steps else None
         while waiting or running:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 if kept is not None:
                     kept.admit(req, self.cache)
+                if tally is not None:
+                    tally.admit(req, steps)
                 running.append(req)
             start = time.perf_counter()
             drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
                 self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
+            if tally is not None:
+                tally.step(running)
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
                     req.budget_end = len(req.output_ids)
                 waiting.clear()
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
-                for p in self.proposers:  # finished or paused: it leaves this engine (its slot still held)
-                    p.finish(req)
-                if kept is not None and req.paused:
-                    kept.pause(req, self.cache)
-                heapq.heappush(free, req.slot)
-                req.slot = -1
-                if req.finish_reason and on_finish is not None:
-                    on_finish(req)
+                self._leave(req, free, kept, on_finish)
+                if tally is not None:
+                    tally.leave(req, steps)
+        if tally is not None:
+            self.controller.observe_run(*tally.result())
         return RunStats(steps, spec_off, fed)
+
+    def _leave(self, req: Request, free: list, kept, on_finish) -> None:
+        """A finished or paused request leaves this engine: its slot is freed (a paused one's KV
+        may stay kept under its key)."""
+        for p in self.proposers:
+            p.finish(req)
+        if kept is not None and req.paused:
+            kept.pause(req, self.cache)
+        heapq.heappush(free, req.slot)
+        req.slot = -1
+        if req.finish_reason and on_finish is not None:
+            on_finish(req)
 
     def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
