@@ -215,7 +215,7 @@ class DrafterProposer(Proposer):
         self.pace.tick(start)
         if self.head is None or not requests:
             return
-        spe = self.pace.seconds_per_emitted() if self.priced else None
+        spe = self.seconds_per_token(plan) if self.priced else None
         if spe is not None and self.backoff.skip():
             return
         try:
@@ -227,6 +227,13 @@ class DrafterProposer(Proposer):
                 self.backoff.result(ran)
         finally:  # the look-ups count too, drafted or not
             self.stats["seconds"] += time.perf_counter() - start
+
+    def seconds_per_token(self, plan) -> Optional[float]:
+        """What an accepted draft token is worth, in seconds: the controller's own value of it
+        when its plan carries one (`token_value`), else the engine's measured seconds per
+        emitted token."""
+        value = getattr(plan, "token_value", None)
+        return value if value else self.pace.seconds_per_emitted()
 
     def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, list, list]:
         """(chains, their states, (expected gain over the copies, positions)) of the requests the
