@@ -230,10 +230,9 @@ class DrafterProposer(Proposer):
 
     def seconds_per_token(self, plan) -> Optional[float]:
         """What an accepted draft token is worth, in seconds: the controller's own value of it
-        when its plan carries one (`token_value`), else the engine's measured seconds per
+        (`StepPlan.token_value`) when it prices drafts, else the engine's measured seconds per
         emitted token."""
-        value = getattr(plan, "token_value", None)
-        return value if value else self.pace.seconds_per_emitted()
+        return plan.token_value or self.pace.seconds_per_emitted()
 
     def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, list, list]:
         """(chains, their states, (expected gain over the copies, positions)) of the requests the

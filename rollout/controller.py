@@ -85,6 +85,7 @@ class StepPlan:
     threshold: float
     lookahead: float
     offers: list
+    token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
 
     @property
     def drafts(self) -> bool:
@@ -213,7 +214,7 @@ class AdaptiveController:
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running)
             offers.append(Offer(p, table, top, most))
-        return StepPlan(threshold, lookahead, offers)
+        return StepPlan(threshold, lookahead, offers, self.token_value(running) if self.priced else 0.0)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
                          running: int) -> int:
