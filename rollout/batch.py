@@ -6,6 +6,9 @@ FLOP is spent on padding. Attention pads rows into [R, L] grids against [R, K] c
 a single grid would make every row pay for the longest context and the longest row of the
 step, which in a long-tail rollout is most of the work. So rows are grouped by context length
 (powers of two) and by whether they are long prompt chunks, and each group gets its own grid.
+Where many decodes would pad to a few verify rows' 1 + k queries (a full batch with a draft or
+two), the verify rows get a grid of their own; a few decodes pay less in padding than another
+attention call per layer costs.
 
 That trade is the CPU's, where attention FLOPs cost time. On a GPU a small model's step is bound
 by kernel launches, a dozen per group and layer, while padded FLOPs are nearly free: there
@@ -19,6 +22,7 @@ from typing import Optional
 import torch
 
 PREFILL_ROW = 16  # rows longer than this (prompt chunks) are not padded together with decodes
+SPLIT_PADDING = 32  # padded decode queries from which verify rows get their own grid (on the CPU)
 MIN_BUCKET = 64  # context lengths up to this share one group (the CPU default)
 
 
@@ -30,7 +34,7 @@ def min_bucket_for(device: torch.device, max_model_len: int) -> int:
 class AttentionGroup:
     """Rows attended together: queries in an [R, L] grid against K cached keys per slot."""
 
-    slots: torch.Tensor  # [R] KV-cache slot of each row
+    slots: torch.Tensor  # [R] KV-cache slot of each grid row
     first_slot: Optional[int]  # set when slots are first_slot, first_slot + 1, ...: read the cache in place
     token_index: torch.Tensor  # [n] which of the batch's N tokens belong to this group
     pad_index: torch.Tensor  # [n] where each of them sits in the flattened [R, L] grid
@@ -81,10 +85,12 @@ class ForwardBatch:
             positions.extend(range(start, start + len(ids)))
             token_slots.extend([slot] * len(ids))
 
-        buckets: dict[tuple[int, bool], list[int]] = {}
+        buckets: dict[tuple[int, int], list[int]] = {}
         for i, (_, start, ids) in enumerate(rows):
-            key = (max(min_bucket, _pow2(start + len(ids))), len(ids) > PREFILL_ROW)
+            key = (max(min_bucket, _pow2(start + len(ids))), 2 if len(ids) > PREFILL_ROW else 0)
             buckets.setdefault(key, []).append(i)
+        if torch.device(device).type == "cpu":
+            _split_verify_rows(buckets, rows)
         groups = [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)
                   for _, members in sorted(buckets.items())]
 
@@ -95,24 +101,46 @@ class ForwardBatch:
                             None if hidden_index is None else t(hidden_index))
 
 
+def _split_verify_rows(buckets: dict, rows: list) -> None:
+    """Give a bucket's verify rows (kind 1) a grid apart from its decodes where sharing would pad
+    SPLIT_PADDING or more decode queries."""
+    for (bucket, kind), members in list(buckets.items()):
+        if kind != 0:
+            continue
+        verify = [i for i in members if len(rows[i][2]) > 1]
+        decodes = len(members) - len(verify)
+        if verify and decodes * (max(len(rows[i][2]) for i in verify) - 1) >= SPLIT_PADDING:
+            buckets[bucket, 0] = [i for i in members if len(rows[i][2]) == 1]
+            buckets[bucket, 1] = verify
+
+
 def _pow2(kv_len: int) -> int:
     return 1 << (kv_len - 1).bit_length()
 
 
 def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:
-    """rows: (offset of the row's first token in the batch, slot, start, ids), sorted by slot."""
+    """rows: (offset of the row's first token in the batch, slot, start, ids), sorted by slot.
+    Grid row j holds slot first + j when the slots span at most twice as many as there are rows
+    (decodes around a few verify rows, which have a group of their own): the cache is then read
+    in place, and a slot of the span that is not in the group is a row of padding, cheaper than
+    gathering every other slot's keys. Sparser slots are gathered, one grid row each."""
     length = max(len(r[3]) for r in rows)
-    token_index, pad_index, query_pos = [], [], []
-    for j, (offset, _, start, ids) in enumerate(rows):
+    slots = [r[1] for r in rows]
+    span = slots[-1] - slots[0] + 1
+    in_place = span <= 2 * len(rows)
+    grid_rows = [s - slots[0] for s in slots] if in_place else list(range(len(rows)))
+    num_rows = span if in_place else len(rows)
+    token_index, pad_index = [], []
+    query_pos = [[-1] * length for _ in range(num_rows)]
+    for j, (offset, _, start, ids) in zip(grid_rows, rows):
         n = len(ids)
         token_index.extend(range(offset, offset + n))
         pad_index.extend(range(j * length, j * length + n))
-        query_pos.append(list(range(start, start + n)) + [-1] * (length - n))
-    slots = [r[1] for r in rows]
-    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        query_pos[j][:n] = range(start, start + n)
 
     def t(x):
         return torch.tensor(x, dtype=torch.int64, device=device)
 
-    return AttentionGroup(t(slots), slots[0] if contiguous else None, t(token_index), t(pad_index),
-                          t(query_pos), len(rows), length, max(r[2] + len(r[3]) for r in rows))
+    read = list(range(slots[0], slots[0] + span)) if in_place else slots
+    return AttentionGroup(t(read), slots[0] if in_place else None, t(token_index), t(pad_index),
+                          t(query_pos), num_rows, length, max(r[2] + len(r[3]) for r in rows))
