@@ -142,7 +142,7 @@ class AdaptiveController:
     @property
     def critical_share(self) -> float:
         """The steps accepted drafts really save per step the price expects them to, shrunk
-        towards 1 (the price's own assumption) by a step's worth of evidence."""
+        towards 1 (the price's own assumption) by SHARE_PRIOR steps' worth of evidence."""
         saved, expected = self.saved
         return min(max((saved + SHARE_PRIOR) / (expected + SHARE_PRIOR), 0.0), MAX_SHARE)
 
@@ -178,7 +178,10 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
-        value = self.token_value(rows)
+        return self._price(self.token_value(rows))
+
+    def _price(self, value: float) -> float:
+        """The priced threshold when an accepted token saves `value` seconds."""
         return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
 
     def token_value(self, rows: int) -> float:
@@ -204,7 +207,8 @@ class AdaptiveController:
         so a table is read once per step."""
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
-        threshold = self.threshold(load, running)
+        value = self.token_value(running) if self.priced else 0.0
+        threshold = self._price(value) if self.priced else self.threshold(load, running)
         tables = [(p, self.table(p)) for p in proposers]
         lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
         offers = []
@@ -212,21 +216,22 @@ class AdaptiveController:
             top = max(map(max, table))
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
             if p.batched and self.priced:
-                most = self._positions_worth(p, top, threshold, lookahead, running)
+                most = self._positions_worth(p, top, threshold, lookahead, running, value)
             offers.append(Offer(p, table, top, most))
-        return StepPlan(threshold, lookahead, offers, self.token_value(running) if self.priced else 0.0)
+        return StepPlan(threshold, lookahead, offers, value)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
-                         running: int) -> int:
+                         running: int, value: float) -> int:
         """Draft positions worth running for a proposer whose every position costs
         `position_cost(n)` for n requests at once (a draft head's batched forward): position i
         pays when its tokens, one per running request, are worth their slots plus that cost, i.e.
-        when top**i >= threshold + position_cost(running) / (running x seconds per emitted token).
+        when top**i >= threshold + position_cost(running) / (running x value), value: the seconds an
+        accepted token saves (`token_value`).
         Once a position is run its cost is spent, so `choose` cuts the drafts at the plain
         threshold. With none worth it, the exploration budget may pay for one position."""
         n = max(running, 1)
         cost = proposer.position_cost(n)
-        surcharge = cost / (n * max(self.token_value(running), 1e-9))
+        surcharge = cost / (n * max(value, 1e-9))
         most = self.draft_len(top, self.max_draft_tokens, threshold + surcharge, lookahead)
         if most == 0 and self.credit >= cost:
             self.credit -= cost
