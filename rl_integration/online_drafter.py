@@ -40,16 +40,19 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
     if not d.enabled or spec is None:
         return None
-    path = d.path
-    if path is None and cfg.policy.source == "embedded" and policy_folder is not None:
+    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
+    # the one bridge from rollout.drafter to the engine: every fresh head (warm start, local
+    # training, a Ray worker's slice) takes its shape from this DrafterSpec
+    drafter_spec = dataclasses.replace(spec.drafter, path=d.path, kind=d.kind, window=d.window, **d.shape(),
+                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
+    drafter_spec.validate()
+    if d.path is None and cfg.policy.source == "embedded" and policy_folder is not None:
         from .demo.policy import load_or_warm_start_drafter
 
         path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
-                                          window=d.window, layer=d.shape())
+                                          window=d.window, layer=drafter_spec.layer())
+        drafter_spec = dataclasses.replace(drafter_spec, path=path)
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
-    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
-    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind, window=d.window,
-                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
     cfg.rollout.engine.validate()
@@ -108,7 +111,6 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     t = drafter.cfg.train
     if proposer is None or t.between_steps_s <= 0:
         return {}
-    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, **drafter.cfg.shape(), lr=t.lr,
-                       ttt_steps=t.ttt_steps,
-                       reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
+    # the engine's DrafterSpec, which start() filled from rollout.drafter, as Ray workers read it
+    cfg = OnlineConfig.from_spec(proposer.spec, reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)
