@@ -31,6 +31,7 @@ class OnlineDrafter:
     online: object  # drafter.online.OnlineState: the head's optimizer across steps
     seen: dict = field(default_factory=dict)  # the proposer's cumulative counters at the last report
     advantages: dict = field(default_factory=dict)  # seed -> advantage of the last rollout (reward weighting)
+    first_path: Optional[str] = None  # the head the engines started from (rollout.drafter.path or the warm start)
 
 
 def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -> Optional[OnlineDrafter]:
@@ -56,13 +57,42 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
     cfg.rollout.engine.validate()
-    return OnlineDrafter(d, OnlineState())
+    return OnlineDrafter(d, OnlineState(), first_path=drafter_spec.path)
 
 
-def live_head(drafter: Optional[OnlineDrafter], client):
-    """The head the local engine drafts with (None: no drafter, none set, or the Ray backend)."""
-    proposer = _proposer(client) if drafter is not None else None
-    return proposer.head if proposer is not None else None
+def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int, dict]]:
+    """(version, drafter.export.head_state) of the newest head the run drafts with, for a
+    checkpoint: the local engine's, or the newest one published to the Ray workers (waiting for
+    the training slices in flight), else the head the engines started from (version 0). None:
+    no drafter, or no head yet."""
+    if drafter is None:
+        return None
+    from drafter.export import head_state, read_state
+
+    proposer = _proposer(client)
+    if proposer is not None:
+        return (proposer.head_version, head_state(proposer.head)) if proposer.head is not None else None
+    published = getattr(client.backend, "published_drafter", None)
+    latest = published() if published is not None else None
+    if latest is None and drafter.first_path is not None:
+        state, version = read_state(drafter.first_path)
+        latest = (version, state)
+    return latest
+
+
+def restore(drafter: Optional[OnlineDrafter], client, saved: Optional[tuple[int, dict]]) -> None:
+    """A resumed run drafts with the head its checkpoint saved, under the saved version: the
+    local engine loads it; on Ray it is published, so every worker loads it before its first
+    chunk and the idle slices train on from it (their versions go on after it). saved: from
+    resume.saved_drafter, already checked against the policy."""
+    if drafter is None or saved is None:
+        return
+    version, state = saved
+    proposer = _proposer(client)
+    if proposer is not None:
+        proposer.load(state, version)  # one that does not fit switches the drafter off, with a warning
+    elif hasattr(client.backend, "publish_drafter"):
+        client.backend.publish_drafter(state, version)
 
 
 def _proposer(client):
