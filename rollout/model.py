@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import ForwardBatch
+from .batch import ForwardBatch, keys_read
 from .kv_cache import KVCache
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -106,14 +106,25 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose one-row calls in bfloat16 on the CPU run as two rows: oneDNN takes a
+    matrix-vector kernel for a single row, which can sum in another order than its kernel for two
+    rows or more, so a request decoding alone would round differently from the same row in a batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
+            return super().forward(x.repeat(2, 1))[:1]
+        return super().forward(x)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
+        self.q_proj = Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -152,9 +163,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(d, i, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(i, d, bias=cfg.mlp_bias)
+        self.gate_proj = Linear(d, i, bias=cfg.mlp_bias)
+        self.up_proj = Linear(d, i, bias=cfg.mlp_bias)
+        self.down_proj = Linear(i, d, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -188,7 +199,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -215,7 +226,8 @@ class CausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
-        return KVCache(self.cfg.num_layers, num_slots, max_len, self.cfg.num_kv_heads,
+        # room for a grid's keys rounded up to batch.KEY_STEP at the longest context
+        return KVCache(self.cfg.num_layers, num_slots, keys_read(max_len), self.cfg.num_kv_heads,
                        self.cfg.head_dim, p.dtype, p.device)
 
     # ---- weights -------------------------------------------------------------------------
