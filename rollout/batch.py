@@ -24,10 +24,6 @@ import torch
 PREFILL_ROW = 16  # rows longer than this (prompt chunks) are not padded together with decodes
 SPLIT_PADDING = 32  # padded decode queries from which verify rows get their own grid (on the CPU)
 MIN_BUCKET = 64  # context lengths up to this share one group (the CPU default)
-# A grid reads a multiple of this many keys: torch's CPU attention in bfloat16 gives a query the
-# same bits for every key count that is a multiple of 16, so a row's result does not depend on how
-# far the other rows of its grid reach (docs/dtypes.md).
-KEY_STEP = 16
 
 
 def min_bucket_for(device: torch.device, max_model_len: int) -> int:
@@ -45,7 +41,7 @@ class AttentionGroup:
     query_pos: torch.Tensor  # [R, L] position of each grid query, -1 for padding
     num_rows: int  # R
     max_row_len: int  # L
-    kv_len: int  # K: highest position written by these rows + 1, rounded up to KEY_STEP
+    kv_len: int  # K: highest position written by these rows + 1
 
     def mask(self, window: Optional[int] = None) -> torch.Tensor:
         """[R, 1, L, K] bool: a query at position p sees keys at positions <= p (and > p - window).
@@ -147,9 +143,4 @@ def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGrou
 
     read = list(range(slots[0], slots[0] + span)) if in_place else slots
     return AttentionGroup(t(read), slots[0] if in_place else None, t(token_index), t(pad_index),
-                          t(query_pos), num_rows, length, keys_read(max(r[2] + len(r[3]) for r in rows)))
-
-
-def keys_read(kv_len: int) -> int:
-    """The key count a grid reads for rows that reach kv_len: rounded up to KEY_STEP."""
-    return -(-kv_len // KEY_STEP) * KEY_STEP
+                          t(query_pos), num_rows, length, max(r[2] + len(r[3]) for r in rows))

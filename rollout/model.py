@@ -7,6 +7,7 @@ tokens and the final hidden states at those tokens (the drafter trains on them).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import ForwardBatch, keys_read
+from .batch import AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+# bfloat16 attention on the CPU gives a query the same bits in every grid of at least
+# MIN_QUERIES queries per row that reads a multiple of KEY_STEP keys (docs/dtypes.md).
+MIN_QUERIES = 4
+KEY_STEP = 16
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,24 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def keys_read(kv_len: int) -> int:
+    return -(-kv_len // KEY_STEP) * KEY_STEP
+
+
+def invariant_grid(group: AttentionGroup) -> AttentionGroup:
+    """The group's grid widened to at least MIN_QUERIES queries per row and a multiple of KEY_STEP
+    keys. torch's bfloat16 CPU attention takes another path for 1-3 queries (also the slower one)
+    and for a key count that is not a multiple of 16, so without this a decode (one query, its
+    group's keys) and the same position in a verify row or a prompt would round differently."""
+    length, kv_len = max(group.max_row_len, MIN_QUERIES), keys_read(group.kv_len)
+    if length == group.max_row_len and kv_len == group.kv_len:
+        return group
+    old = group.max_row_len
+    return dataclasses.replace(group, pad_index=group.pad_index // old * length + group.pad_index % old,
+                               query_pos=F.pad(group.query_pos, (0, length - old), value=-1),
+                               max_row_len=length, kv_len=kv_len)
 
 
 class Linear(nn.Linear):
@@ -214,6 +237,8 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+            batch = dataclasses.replace(batch, groups=[invariant_grid(g) for g in batch.groups])
         masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
                  for w in set(self.cfg.sliding_windows)}
         for i, layer in enumerate(self.model.layers):
@@ -226,7 +251,7 @@ class CausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
-        # room for a grid's keys rounded up to batch.KEY_STEP at the longest context
+        # room for a grid's keys rounded up to KEY_STEP at the longest context
         return KVCache(self.cfg.num_layers, num_slots, keys_read(max_len), self.cfg.num_kv_heads,
                        self.cfg.head_dim, p.dtype, p.device)
 

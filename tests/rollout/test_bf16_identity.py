@@ -1,0 +1,80 @@
+"""bfloat16 on the CPU: the same tokens and the same logprob bits with speculation on and off, at
+other batch sizes and with divided rollouts. A verify row computes a position in a forward of
+another shape than the decode that computes it with speculation off; the logits must not depend
+on that shape (batch.KEY_STEP, model.Linear; docs/dtypes.md). Equal logprobs catch any change in
+a logit row's bits, not only those that happen to flip a token."""
+import random
+
+import pytest
+import torch
+
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.model import Linear
+from tests.conftest import tiny_hf_model
+from tests.rollout.test_engine import OracleProposer
+
+VOCAB = 101
+
+
+def prompts(n, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 9))] * rng.randint(1, 3) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    # head_dim 64 (torch's CPU attention picks its kernels by head size too); larger weights than
+    # the default init give logits of a trained model's scale, where rounding moves tokens
+    return tiny_hf_model("llama", vocab=VOCAB, seed=3, hidden_size=128, intermediate_size=256,
+                         num_attention_heads=2, num_key_value_heads=1, initializer_range=0.1)
+
+
+def engine(hf, batch, dtype="bfloat16", spec=None, **kw):
+    return Engine.from_pretrained(hf, EngineConfig(max_batch_size=batch, max_model_len=160, dtype=dtype,
+                                                   num_threads=1, spec=spec, **kw))
+
+
+def same(outs, ref):
+    return [(o.token_ids, o.logprobs) for o in outs] == [(r.token_ids, r.logprobs) for r in ref]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_speculation_and_batch_size_give_the_same_bits(hf, dtype):
+    ps, seeds = prompts(10, seed=1), list(range(10))
+    params = SamplingParams(temperature=1.0, max_tokens=100)
+    ref = engine(hf, 8, dtype).generate(ps, params, seeds=seeds)
+    runs = {"plain, batch 3": engine(hf, 3, dtype),
+            "ngram, batch 8": engine(hf, 8, dtype, SpecConfig(proposers=("ngram",), max_draft_tokens=4,
+                                                               min_draft_prob=0.0))}
+    oracle = engine(hf, 5, dtype, SpecConfig(max_draft_tokens=6, min_draft_prob=0.0))
+    oracle.proposers = [OracleProposer({tuple(p): o.token_ids for p, o in zip(ps, ref)})]
+    runs["oracle drafts, every 5th wrong, batch 5"] = oracle
+    for name, eng in runs.items():
+        outs = eng.generate(ps, params, seeds=seeds)
+        assert [o.token_ids for o in outs] == [r.token_ids for r in ref], name
+        if dtype == "bfloat16":  # float32 attention is not row-invariant in the last bits (docs/dtypes.md)
+            assert same(outs, ref), name
+    assert sum(o.stats["accepted"].get("oracle", 0) for o in outs) > sum(len(r.token_ids) for r in ref) // 2
+
+
+def test_divided_rollout_and_chunked_prefill_give_the_same_bits(hf):
+    """A divided rollout re-prefills prompt and output in one row: positions first computed by
+    decodes are recomputed in a prompt-sized grid."""
+    ps, seeds = prompts(6, seed=2), list(range(6))
+    params = SamplingParams(temperature=1.0, max_tokens=60)
+    ref = engine(hf, 6).generate(ps, params, seeds=seeds)
+    assert same(engine(hf, 6, max_num_batched_tokens=5).generate(ps, params, seeds=seeds), ref)
+    eng = engine(hf, 2, spec=SpecConfig(max_draft_tokens=3, min_draft_prob=0.0))
+    reqs = eng.make_requests(ps, params, seeds=seeds)
+    while any(r.finish_reason is None for r in reqs):
+        eng.run(reqs, max_new_tokens=9)
+    assert [(r.output_ids, r.logprobs) for r in reqs] == [(o.token_ids, o.logprobs) for o in ref]
+
+
+def test_a_one_row_bf16_linear_call_rounds_like_a_row_of_a_batch():
+    torch.manual_seed(0)
+    layer = Linear(4864, 896, bias=False).to(torch.bfloat16)
+    x = torch.randn(5, 4864).to(torch.bfloat16)
+    batched = layer(x)
+    for i in range(5):
+        assert torch.equal(layer(x[i:i + 1])[0], batched[i])
