@@ -74,9 +74,9 @@ def bench_workload(n_prompts: int) -> Workload:
     return Workload(hf, prompts, params, list(range(n_prompts)), list(range(n_prompts)), 256)
 
 
-def perturbed(outputs: list, every: int = 5) -> list:
+def perturbed(outputs: list, vocab: int, every: int = 5) -> list:
     """The plain output with every `every`-th token changed: drafts rejected at known places."""
-    return [[t if (i + 1) % every else t + 1 for i, t in enumerate(o.token_ids)] for o in outputs]
+    return [[t if (i + 1) % every else (t + 1) % vocab for i, t in enumerate(o.token_ids)] for o in outputs]
 
 
 def run(w: Workload, dtype: str, variant, drafts) -> tuple[list, float, int]:
@@ -123,9 +123,11 @@ def typical_margins(hf64, w: Workload, ref: list, count: int = 24) -> list:
 
 
 def compare(hf64, w: Workload, ref: list, outs: list) -> dict:
-    diffs, tokens_differing = [], 0
+    diffs, tokens_differing, lp = [], 0, 0.0
     for i, (a, b) in enumerate(zip(ref, outs)):
         t = first_difference(a.token_ids, b.token_ids)
+        same = len(a.token_ids) if t is None else t
+        lp = max([lp] + [abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same])])
         if t is None and len(a.token_ids) == len(b.token_ids):
             continue
         if t is None:  # one stopped where the other went on: the stop token itself differs
@@ -134,7 +136,8 @@ def compare(hf64, w: Workload, ref: list, outs: list) -> dict:
         if t < len(a.token_ids) and t < len(b.token_ids):
             diffs.append(score_gap(hf64, w, i, a.token_ids, t, b.token_ids[t]))
     return {"requests_differing": sum(1 for a, b in zip(ref, outs) if a.token_ids != b.token_ids),
-            "tokens_differing": tokens_differing, "differences": diffs}
+            "tokens_differing": tokens_differing, "max_logprob_difference_before_divergence": lp,
+            "differences": diffs}
 
 
 def measure(w: Workload, dtype: str) -> dict:
@@ -143,12 +146,13 @@ def measure(w: Workload, dtype: str) -> dict:
     res = {"requests": len(ref), "tokens": sum(len(o.token_ids) for o in ref), "plain_cpu_s": ref_s,
            "typical_top_two_margin": statistics.median(typical_margins(hf64, w, ref)), "variants": {}}
     for name, variant in VARIANTS.items():
-        outs, secs, accepted = run(w, dtype, variant, perturbed(ref) if variant[2] else None)
+        outs, secs, accepted = run(w, dtype, variant, perturbed(ref, w.hf.config.vocab_size) if variant[2] else None)
         row = {"cpu_s": secs, "accepted_draft_tokens": accepted, **compare(hf64, w, ref, outs)}
         res["variants"][name] = row
         gaps = [d["gap"] for d in row["differences"]]
         print(f"  {dtype:9} {name:12} {row['requests_differing']:3}/{len(ref)} requests, "
               f"{row['tokens_differing']:5}/{res['tokens']} tokens differ; {accepted:5} draft tokens accepted; "
+              f"logprobs differ by up to {row['max_logprob_difference_before_divergence']:.2g}; "
               f"score gaps at first differences: {[f'{g:.3g}' for g in sorted(gaps)]}", flush=True)
     return res
 
