@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import AttentionGroup, ForwardBatch
+from .batch import MIN_BUCKET, AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
-# bfloat16 attention on the CPU gives a query the same bits in every grid of at least
-# MIN_QUERIES queries per row that reads a multiple of KEY_STEP keys (docs/dtypes.md).
+# bfloat16 attention on the CPU gives a query the same bits in grids of at least MIN_QUERIES
+# queries per row that read the same number of keys, a multiple of KEY_STEP (docs/dtypes.md).
 MIN_QUERIES = 4
 KEY_STEP = 16
 
@@ -115,12 +115,15 @@ def keys_read(kv_len: int) -> int:
     return -(-kv_len // KEY_STEP) * KEY_STEP
 
 
-def invariant_grid(group: AttentionGroup) -> AttentionGroup:
-    """The group's grid widened to at least MIN_QUERIES queries per row and a multiple of KEY_STEP
-    keys. torch's bfloat16 CPU attention takes another path for 1-3 queries (also the slower one)
-    and for a key count that is not a multiple of 16, so without this a decode (one query, its
-    group's keys) and the same position in a verify row or a prompt would round differently."""
-    length, kv_len = max(group.max_row_len, MIN_QUERIES), keys_read(group.kv_len)
+def invariant_grid(group: AttentionGroup, cache_len: int) -> AttentionGroup:
+    """The group's grid with at least MIN_QUERIES queries per row, reading all of its context
+    bucket's keys (a power of two, at least MIN_BUCKET; at most the cache's length, a multiple of
+    KEY_STEP). torch's bfloat16 CPU attention rounds a query differently with 1-3 queries per row
+    than with more, and with more it picks its blocking by the key count; so without this a decode
+    and the same position in a verify row, or in a grid whose other rows reach further, would not
+    give the same bits. A row's bucket depends only on its own context length."""
+    bucket = max(MIN_BUCKET, 1 << (group.kv_len - 1).bit_length())
+    length, kv_len = max(group.max_row_len, MIN_QUERIES), min(bucket, cache_len)
     if length == group.max_row_len and kv_len == group.kv_len:
         return group
     old = group.max_row_len
@@ -238,7 +241,7 @@ class CausalLM(nn.Module):
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
         if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-            batch = dataclasses.replace(batch, groups=[invariant_grid(g) for g in batch.groups])
+            batch = dataclasses.replace(batch, groups=[invariant_grid(g, cache.max_len) for g in batch.groups])
         masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
                  for w in set(self.cfg.sliding_windows)}
         for i, layer in enumerate(self.model.layers):
