@@ -21,12 +21,16 @@ def prompts(n, seed):
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 9))] * rng.randint(1, 3) for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def hf():
-    # head_dim 64 (torch's CPU attention picks its kernels by head size too); larger weights than
-    # the default init give logits of a trained model's scale, where rounding moves tokens
-    return tiny_hf_model("llama", vocab=VOCAB, seed=3, hidden_size=128, intermediate_size=256,
-                         num_attention_heads=2, num_key_value_heads=1, initializer_range=0.1)
+# head_dim 64 and 2 or 8 heads: torch's CPU attention picks its kernels by head size and count;
+# larger weights than the default init give logits of a trained model's scale
+SHAPES = {"2 heads": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1),
+          "8 heads": dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=4)}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def hf(request):
+    return tiny_hf_model("llama", vocab=VOCAB, seed=3, intermediate_size=256, initializer_range=0.1,
+                         **SHAPES[request.param])
 
 
 def engine(hf, batch, dtype="bfloat16", spec=None, **kw):
@@ -78,3 +82,31 @@ def test_a_one_row_bf16_linear_call_rounds_like_a_row_of_a_batch():
     batched = layer(x)
     for i in range(5):
         assert torch.equal(layer(x[i:i + 1])[0], batched[i])
+
+
+def test_a_position_gets_the_same_logits_in_any_grid():
+    """Forward level, at every position of a long context: a decode alone, beside a row that
+    reaches further (so the grid reads more keys), and as the last token of a verify row."""
+    from rollout.batch import ForwardBatch
+    from rollout.model import CausalLM
+
+    hf = tiny_hf_model("llama", vocab=VOCAB, seed=5, intermediate_size=256, initializer_range=0.1,
+                       **SHAPES["8 heads"])
+    model = CausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    seq = [torch.randint(0, VOCAB, (512,), generator=g).tolist() for _ in range(2)]
+    cache = model.new_cache(2, 512)
+    model(ForwardBatch.build([(0, 0, seq[0]), (1, 0, seq[1])], [0], "cpu"), cache)
+    saved = [t.clone() for t in cache.k + cache.v]
+
+    def logits(rows, index):
+        out = model(ForwardBatch.build(rows, [index], "cpu"), cache)[0][0]
+        for t, s in zip(cache.k + cache.v, saved):
+            t.copy_(s)
+        return out
+
+    for p in range(300, 400):
+        alone = logits([(0, p, [seq[0][p]])], 0)
+        beside = logits([(0, p, [seq[0][p]]), (1, 511, [seq[1][511]])], 0)
+        verify = logits([(0, p - 3, seq[0][p - 3:p + 1])], 3)
+        assert torch.equal(alone, beside) and torch.equal(alone, verify), p
