@@ -141,13 +141,28 @@ def main(argv=None) -> dict:
                    "train_threads": quiet[0]["train_threads"], "quiet_s": q, "busy_s": b,
                    "quiet_rollout_s": [x["rollout_s"] for x in quiet], "busy_rollout_s": [x["rollout_s"] for x in busy],
                    "quiet_train_s": [x["train_s"] for x in quiet], "busy_train_s": [x["train_s"] for x in busy],
-                   "busy_over_quiet": ratio}
+                   "busy_over_quiet": ratio,
+                   "quiet_rollout_tokens_per_s": [x["tokens"] / x["rollout_s"] for x in quiet],
+                   "busy_rollout_tokens_per_s": [x["tokens"] / x["rollout_s"] for x in busy]}
             report["results"].append(row)
             print(f"{model:10}{setting:12}{row['engine_threads']:>4}/{row['train_threads']:<3}"
                   f"{min(q):9.2f} /{statistics.median(q):6.2f}{min(b):12.2f} /{statistics.median(b):6.2f}"
                   f"{ratio:10.2f}x")
+    _print_rollout_rates(report["results"])
     print(f"load average (1, 5, 15 min) before {load['before']}, after {load['after']}")
     return save_report(report, args.out)
+
+
+def _print_rollout_rates(rows: list) -> None:
+    """Rollout tokens/s per setting (min / median), and each setting against 1 thread beside the burner."""
+    print(f"\n{'model':10}{'setting':12}{'quiet tok/s (min/med)':>24}{'busy tok/s (min/med)':>23}"
+          f"{'busy vs 1 thread busy':>23}")
+    one = {r["model"]: statistics.median(r["busy_rollout_tokens_per_s"]) for r in rows if r["setting"] == "1 thread"}
+    for r in rows:
+        q, b = r["quiet_rollout_tokens_per_s"], r["busy_rollout_tokens_per_s"]
+        vs = f"{statistics.median(b) / one[r['model']]:.2f}x" if r["model"] in one else "-"
+        print(f"{r['model']:10}{r['setting']:12}{min(q):11.0f} /{statistics.median(q):7.0f}{min(b):13.0f} /"
+              f"{statistics.median(b):7.0f}{vs:>20}")
 
 
 if __name__ == "__main__":
