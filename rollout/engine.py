@@ -273,8 +273,8 @@ class Engine:
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        drafting = plan is not None and plan.drafts
-        emitted = self._verify(rows, logits, drafting, observers, hidden)
+        offered = frozenset(o.proposer for o in plan.offers if o.most > 0) if plan is not None else frozenset()
+        emitted = self._verify(rows, logits, offered, observers, hidden)
         return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
@@ -317,7 +317,7 @@ class Engine:
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool, observers: Sequence = (),
+    def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
                 hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted. Observers of hidden states get, once per step, the
@@ -335,7 +335,7 @@ class Engine:
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                        logprobs[row.first_logit:row.first_logit + n], drafting)
+                                        logprobs[row.first_logit:row.first_logit + n], offered)
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
@@ -343,9 +343,10 @@ class Engine:
             p.observe_hidden(spans, hidden)
         return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
+    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> int:
         """ys, lps: the exact samples at the row's last fed token and at each draft token;
-        drafting: whether the step's budget let any proposer draft."""
+        offered: the proposers the step's budget would ask for drafts (one that only catches up
+        is not told of a step it could not draft in)."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -367,7 +368,7 @@ class Engine:
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
-            if mine is None and p.catches_up and not drafting:
+            if mine is None and p.catches_up and p not in offered:
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
