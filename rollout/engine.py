@@ -74,7 +74,7 @@ class Engine:
         # find none for a request resumed from kept KV: such an engine keeps none.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
-        self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
+        self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
@@ -181,6 +181,8 @@ class Engine:
             self._abandon(requests)
             raise
         finally:
+            if self.controller is not None:
+                self.controller.end_run()
             if kept is not None:
                 kept.close()
             if gc_was_on:
@@ -253,6 +255,7 @@ class Engine:
         may stay kept under its key)."""
         for p in self.proposers:
             p.finish(req)
+        req.judging = None
         if kept is not None and req.paused:
             kept.pause(req, self.cache)
         heapq.heappush(free, req.slot)
@@ -361,8 +364,10 @@ class Engine:
         accepted = min(accepted, judged)
         if row.draft is not None:
             self.controller.record(req, row.draft, accepted, judged)
+        if self.lookahead is not None:
+            self._judge_unused(req, row.draft is not None and row.draft.proposer is self.lookahead)
         req.lookahead = None
-        if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
+        if (self.lookahead is not None and accepted + 1 < len(ys) and len(emitted) == accepted + 1
                 and not req.finish_reason):
             req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
@@ -372,6 +377,24 @@ class Engine:
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
+
+    def _judge_unused(self, req: Request, drafted: bool) -> None:
+        """Samples kept past a rejection that no draft used are judged against what the request
+        emitted in their place, as a lookahead draft that was not fed: exact, since an emitted
+        token never depends on what was drafted. So the lookahead's rates learn from every
+        rejection, not only from those a budget already thought worth drafting. A step usually
+        emits one token: samples whose tokens have all landed so far wait on the request
+        (`judging`) to be judged further. drafted: this step drafted req.lookahead."""
+        pending = [la for la in (req.judging, None if drafted else req.lookahead) if la is not None]
+        req.judging = None
+        for la in pending:
+            known = min(len(req.output_ids) - la.position, len(la.tokens))
+            out = req.output_ids[la.position:la.position + known]
+            landed = next((i for i in range(known) if out[i] != la.tokens[i]), known)
+            if landed == known < len(la.tokens) and not req.finish_reason:
+                req.judging = la  # (a newer one replaces an older one still landing: rare)
+            elif known > 0:
+                self.controller.learn(Draft(la.tokens, self.lookahead, 0, la.probs), landed, known)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The exact sample and its logprob at every logit row; in lenient mode also the draft
