@@ -149,6 +149,11 @@ class AdaptiveController:
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
         self.asks = {name: [x * GLOBAL_DECAY for x in v] for name, v in self.asks.items()}
 
+    def end_run(self) -> None:
+        """A run is over: what only spared its steps work (the cached tables) is dropped, so an
+        idle engine holds what it learnt and nothing that depends on when its last run stopped."""
+        self.tables.clear()
+
     def observe_run(self, saved: float, expected: float) -> None:
         """A run's accepted drafts saved `saved` steps where the price expected `expected`
         (rollout/critical_path.py)."""
@@ -319,9 +324,15 @@ class AdaptiveController:
         trials of its proposer's evidence level and of each token's confidence bin. judged: how
         many of its tokens could count (fewer when the request ended inside the draft)."""
         name, proposed = draft.proposer.name, len(draft.tokens)
-        trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
+        self.learn(draft, accepted, judged)
+
+    def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
+        """What `record` learns from a draft, also for one that was judged without being fed (the
+        engine's kept samples past a rejection that no draft used: rollout/engine.py)."""
+        name = draft.proposer.name
+        trials = accepted + (1 if accepted < (len(draft.tokens) if judged is None else judged) else 0)
         acc, tri = self.accepted, self.trials
         self.tables.pop(name, None)
         acc[name] = acc.get(name, 0.0) + accepted
