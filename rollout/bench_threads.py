@@ -53,7 +53,7 @@ def child(hidden: int, layers: int, num_threads, requests: int, tokens: int, tra
     prompts = [[1 + i % 500, 2, 3, 4, 5, 6, 7, 8] for i in range(requests)]
     params = SamplingParams(max_tokens=tokens)
     engine.generate(prompts[:2], params, seeds=[0, 1])  # warm-up
-    used = []  # the threads the run really used (spectail lowers its own choice to the idle cores)
+    used = []  # the threads the run really used
     t0 = time.perf_counter()
     engine.generate(prompts, params, seeds=list(range(requests)),
                     on_finish=lambda r: used.append(torch.get_num_threads()))

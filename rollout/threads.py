@@ -17,10 +17,6 @@ slower with 2 threads than with 1. Two choices fix that:
   above it the cores this process may use (affinity, cgroup quota and OMP_NUM_THREADS, which
   Ray sets to an actor's num_cpus). The engine and the trainer take turns in one process, so
   each sets its own count while it runs (`using`).
-- the load. A count spectail chose (not one the user set) is lowered, each time an engine or the
-  trainer starts a run, to the cores other programs leave idle (/proc/stat of this process's CPUs,
-  less this process's own CPU time, since the last run or over FREE_SAMPLE_S): beside a program
-  that holds one of two cores, a second thread only waits for the core it shares.
 
 Overrides: EngineConfig.num_threads (rollout.engine.num_threads in a run config),
 trainer.num_threads, and the OpenMP variables above.
@@ -31,23 +27,13 @@ import contextlib
 import math
 import os
 import sys
-import time
 from typing import Iterator, Optional
 
 # A model whose matmuls per token are smaller than this gains nothing from a second thread
 # with passive waiting (the wake-ups cost more than the split saves).
 SMALL_MODEL_PARAMS = 4_000_000
 _USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-# Idle cores are measured since the last run when it ended less than FREE_MAX_AGE_S ago, else
-# over a fresh FREE_SAMPLE_S window.
-FREE_SAMPLE_S = 0.1
-FREE_MAX_AGE_S = 30.0
 _announced: set = set()
-_last_sample: Optional[tuple] = None
-
-
-class Chosen(int):
-    """A thread count spectail chose (not the user): `using` lowers it to the cores left idle."""
 
 
 def set_wait_policy() -> None:
@@ -113,68 +99,21 @@ def engine_threads(requested: Optional[int], params_per_token: int) -> int:
     else every usable core."""
     if requested:
         return int(requested)
-    return Chosen(1 if params_per_token < SMALL_MODEL_PARAMS else usable_cores())
+    return 1 if params_per_token < SMALL_MODEL_PARAMS else usable_cores()
 
 
 def trainer_threads(requested: Optional[int]) -> int:
-    return int(requested) if requested else Chosen(usable_cores())
-
-
-def free_threads(chosen: int) -> int:
-    """chosen, or as many cores as other programs left idle on this process's CPUs (at least 1).
-    A count the user set (a plain int) is kept."""
-    if not isinstance(chosen, Chosen) or chosen <= 1:
-        return int(chosen)
-    idle = idle_cores()
-    return int(chosen) if idle is None else max(1, min(int(chosen), math.floor(idle + 0.5)))
-
-
-def idle_cores() -> Optional[float]:
-    """Cores of this process's affinity that no other program used since the last call (or over
-    FREE_SAMPLE_S when that was long ago); None where /proc/stat cannot be read."""
-    global _last_sample
-    now = _sample()
-    if now is None:
-        return None
-    if _last_sample is None or now[0] - _last_sample[0] > FREE_MAX_AGE_S:
-        time.sleep(FREE_SAMPLE_S)
-        _last_sample, now = now, _sample()
-    idle = others_idle(_last_sample, now)
-    _last_sample = now
-    return idle
-
-
-def others_idle(before: tuple, after: tuple) -> Optional[float]:
-    """Samples are (wall s, busy CPU-s of our CPUs, this process's CPU-s, number of CPUs)."""
-    wall = after[0] - before[0]
-    if wall <= 0:
-        return None
-    others = max(0.0, (after[1] - before[1]) - (after[2] - before[2]))
-    return max(0.0, after[3] - others / wall)
-
-
-def _sample() -> Optional[tuple]:
-    try:
-        cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-        with open("/proc/stat") as f:
-            lines = [ln.split() for ln in f if ln.startswith("cpu") and ln.split()[0] in cpus]
-    except (AttributeError, OSError):
-        return None
-    # user nice system idle iowait irq softirq steal: all but idle and iowait are busy
-    busy = sum(int(v) for ln in lines for i, v in enumerate(ln[1:9]) if i not in (3, 4))
-    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time(), len(lines)
+    return int(requested) if requested else usable_cores()
 
 
 @contextlib.contextmanager
 def using(num_threads: Optional[int]) -> Iterator[None]:
-    """torch uses num_threads intra-op threads inside the block (None: leave it alone); a count
-    spectail chose is first lowered to the idle cores (free_threads)."""
+    """torch uses num_threads intra-op threads inside the block (None: leave it alone)."""
     import torch
 
     if not num_threads:
         yield
         return
-    num_threads = free_threads(num_threads)
     before = torch.get_num_threads()
     if before != num_threads:
         torch.set_num_threads(num_threads)

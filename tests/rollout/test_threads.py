@@ -53,30 +53,3 @@ def test_engine_threads_by_model_size_and_the_callers_count_restored():
     eng.generate([[1, 2, 3]], SamplingParams(max_tokens=3), seeds=[1],
                  on_finish=lambda r: seen.append(torch.get_num_threads()))
     assert seen == [1] and torch.get_num_threads() == before
-
-
-def test_a_chosen_count_is_lowered_to_the_idle_cores(monkeypatch):
-    """Beside a program holding one of two cores, a second thread only waits for the shared core:
-    spectail's own choice drops to the idle cores, the user's count stays."""
-    two = threads.Chosen(2)
-    for idle, expected in ((0.2, 1), (0.9, 1), (1.6, 2), (2.0, 2), (None, 2)):
-        monkeypatch.setattr(threads, "idle_cores", lambda idle=idle: idle)
-        assert threads.free_threads(two) == expected, idle
-        assert threads.free_threads(2) == 2  # set by the user
-    monkeypatch.setattr(threads, "idle_cores", lambda: 0.8)
-    before = torch.get_num_threads()
-    with threads.using(two):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    assert isinstance(threads.engine_threads(None, threads.SMALL_MODEL_PARAMS), threads.Chosen)
-    assert not isinstance(threads.engine_threads(2, threads.SMALL_MODEL_PARAMS), threads.Chosen)
-
-
-def test_idle_cores_subtract_this_process_and_read_proc_stat():
-    # (wall s, busy CPU-s of our CPUs, this process's CPU-s, CPUs)
-    assert threads.others_idle((0.0, 10.0, 5.0, 2), (2.0, 12.0, 5.0, 2)) == 1.0  # another program: 1 core
-    assert threads.others_idle((0.0, 10.0, 5.0, 2), (2.0, 14.0, 9.0, 2)) == 2.0  # all of it was ours
-    assert threads.others_idle((1.0, 0.0, 0.0, 2), (1.0, 0.0, 0.0, 2)) is None
-    if os.path.exists("/proc/stat"):
-        idle = threads.idle_cores()
-        assert idle is not None and 0.0 <= idle <= len(os.sched_getaffinity(0))
