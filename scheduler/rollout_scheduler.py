@@ -82,6 +82,7 @@ class SchedulerConfig:
     extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
     aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
+    preempt_margin: float = 2.0  # a kept request ranks this many chunk_tokens higher where it is kept
     poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
     chunk_timeout_s: float = 3600.0  # a batch not back by then counts as a dead worker
 
@@ -92,6 +93,8 @@ class SchedulerConfig:
             raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens}")
         if not self.aging >= 0:
             raise ValueError(f"aging must be >= 0, got {self.aging}")
+        if not self.preempt_margin >= 0:
+            raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if not self.chunk_growth >= 0:
             raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
         if not self.extra_requests >= 0:
@@ -135,6 +138,9 @@ class RolloutScheduler:
         self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
         self.kept_on: dict = {}  # worker -> the request ids it reported keeping
         self.group_len: dict = {}  # group -> longest finished member
+        self.lead: dict = {}  # group -> most tokens any member has produced
+        for i, r in self.reqs.items():
+            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
         self.skipped = {i: 0 for i in self.reqs}
         self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
         self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
@@ -216,6 +222,7 @@ class RolloutScheduler:
             back.discard(i)
             r = self.reqs[i]
             _apply(r, res)
+            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
             if r.finish_reason is None:
                 self.pending.append(i)
                 continue
@@ -302,24 +309,56 @@ class RolloutScheduler:
         return ids
 
     def _choose(self, w: int, n_ready: int, live: set) -> list[int]:
-        """The requests of w's next batch: its own (whose KV it keeps) first, then its groups', then
-        others', each in the queue's order. Its own go first even before a more urgent one: one
-        left waiting would be taken by another worker while this one is busy, and prefilled again
-        there (and a chunk that prefills long contexts again grows with them)."""
+        """The requests of w's next batch: at most its slots, its fair share of the unfinished ones
+        (but never fewer than the requests it keeps that rank among its slots), and where it keeps KV
+        a share of the surplus beyond its slots, which the engine admits as slots free in the chunk."""
         cfg = self.config
         in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
         slots = self.pool.max_batch(w)
         share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
-        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
-        own, free = self._affinity(w, order, live)
+        cands = self._ranked(w, live) if cfg.mode == "divided+context" else self._fifo(w, live)
+        n = min(slots, max(share, sum(self.holder.get(i) == w for i in cands[:slots])))
+        if not self._keeps(w):
+            return cands[:n]
+        # Beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
+        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little).
+        # Not its own displaced requests: carried here they would wait for a slot to free while another
+        # worker could run them.
+        rest = cands[n:] if cfg.mode != "divided+context" else [i for i in cands[n:] if self.holder.get(i) != w]
+        extra = min(int(cfg.extra_requests * slots), len(rest) // max(1, n_ready))
+        return cands[:n] + rest[:extra]
+
+    def _fifo(self, w: int, live: set) -> list[int]:
+        """Divided mode (no estimates): w's own (whose KV it keeps) first, then its groups', then
+        others', each in the queue's order. Its own go first: one left waiting would be taken by
+        another worker while this one is busy, and prefilled again there."""
+        own, free = self._affinity(w, list(self.pending), live)
         local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
         mine = set(local)
-        cands = own + local + [i for i in free if i not in mine]
-        n = min(slots, max(share, len(own)))
-        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
-        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
-        extra = min(int(cfg.extra_requests * slots), (len(cands) - n) // max(1, n_ready)) if self._keeps(w) else 0
-        return cands[:n + max(0, extra)]
+        return own + local + [i for i in free if i not in mine]
+
+    def _ranked(self, w: int, live: set) -> list[int]:
+        """Context-aware mode: w's candidates by priority (probes, then longest estimated remaining,
+        aged). A request whose KV w keeps ranks `preempt_margin` chunks higher, one kept on another
+        worker as much lower (taking it costs a prefill there), so a kept request is displaced
+        (paused, its KV kept) or moved only for one that is clearly longer: the long requests start
+        as soon as they are known to be long, without requests swapping at every chunk. A request
+        kept on an idle live worker within its batch is left to it: it is dispatched next."""
+        margin = self.config.preempt_margin * self.config.chunk_tokens
+        busy, theirs = self._busy_workers(), {}
+        for i in self.pending:
+            h = self.holder.get(i)
+            if h is not None and h != w and h in live and h not in busy:
+                theirs.setdefault(h, []).append(i)
+        left = {i for h, ids in theirs.items() for i in self._ordered(ids)[:self.pool.max_batch(h)]}
+
+        def key(i):
+            h = self.holder.get(i)
+            bonus = margin if h == w else -margin if h is not None and h in live else 0.0
+            cls, est, tie = self._priority(i)
+            return cls, est + bonus, tie
+
+        return sorted((i for i in self.pending if i not in left), key=key, reverse=True)
 
     def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
         """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
@@ -343,43 +382,43 @@ class RolloutScheduler:
         rank = {i: n for n, i in enumerate(order)}
         return own[:slots], sorted(free + own[slots:], key=rank.__getitem__)
 
-    def _ordered(self) -> list[int]:
-        """Probes first, then longest estimated remaining first, aged."""
+    def _ordered(self, ids: Optional[list[int]] = None) -> list[int]:
+        """Probes first, then longest estimated remaining first, aged (the queue, or `ids`)."""
+        return sorted(self.pending if ids is None else ids, key=self._priority, reverse=True)
+
+    def _priority(self, i: int) -> tuple:
+        """(class, estimated remaining tokens + aging, tie-break): larger runs first. Probes (class
+        1, by tokens produced): unstarted ones first (find every group's length early), then the
+        furthest along."""
         cfg = self.config
-        lead: dict = {}  # group -> most tokens any member has produced
-        for i, r in self.reqs.items():
-            g = self.gkey[i]
-            lead[g] = max(lead.get(g, 0), len(r.output_ids))
-
-        def key(i):
-            g, out = self.gkey[i], len(self.reqs[i].output_ids)
-            if g in self.group_len:
-                est_total = self.group_len[g]
-            elif self.probe[g] == i:  # probes: unstarted ones first (find every group's length
-                return (1, out == 0, out, -i)  # early), then the furthest along
-            else:  # unfinished group: heavy-tailed lengths, so one that ran P tokens runs ~2P
-                est_total = max(cfg.probe_factor * lead[g], lead[g] + cfg.chunk_tokens)
-            remaining = max(est_total - out, 1)
-            return (0, remaining + cfg.aging * cfg.chunk_tokens * self.skipped[i], -i)
-
-        return sorted(self.pending, key=key, reverse=True)
+        g, out = self.gkey[i], len(self.reqs[i].output_ids)
+        if g in self.group_len:
+            est_total = self.group_len[g]
+        elif self.probe[g] == i:
+            return (1, math.inf if out == 0 else out, -i)
+        else:  # unfinished group: heavy-tailed lengths, so one that ran P tokens runs ~2P
+            lead = self.lead.get(g, 0)
+            est_total = max(cfg.probe_factor * lead, lead + cfg.chunk_tokens)
+        remaining = max(est_total - out, 1)
+        return (0, remaining + cfg.aging * cfg.chunk_tokens * self.skipped[i], -i)
 
     def _keeps(self, w: int) -> bool:
         """Whether worker w's engine keeps paused requests' KV (EngineConfig.kept_slots)."""
         return getattr(self.pool, "info", {}).get(w, {}).get("kept_slots", 0) > 0
 
     def _budget(self, w: int, ids: list[int]) -> Optional[int]:
-        """The chunk: chunk_tokens, and at least chunk_growth x the longest context the batch
-        prefills again, so that a re-prefill stays a bounded fraction of the decoding. On a worker
-        that keeps KV only requests moved to it (or evicted there) prefill again, and the chunk is
-        counted in engine steps (each gives every running request at least one token); elsewhere
-        every request prefills again and the chunk is new tokens per request."""
+        """The chunk. On a worker that keeps KV, chunk_tokens engine steps (each gives every running
+        request at least one token): only a request moved to it prefills again, once, and the
+        scheduler moves one only where that pays, so the chunk does not grow for it (a longer chunk
+        would only delay the next rebalancing). Elsewhere every request prefills its context again
+        in every chunk, so the chunk is new tokens per request, at least chunk_growth x the longest
+        context, to keep re-prefill a bounded fraction of the decoding."""
         cfg = self.config
         if cfg.mode == "static":
             return None
-        keeps = self._keeps(w)
-        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
-                 for i in ids if not keeps or (self.holder.get(i) != w and self.reqs[i].output_ids)]
+        if self._keeps(w):
+            return cfg.chunk_tokens
+        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids) for i in ids]
         return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(again, default=0)))
 
     def _item(self, i: int, budget: Optional[int], keeps: bool) -> dict:
