@@ -9,8 +9,8 @@ length only from the group's probe, as it would in real RL.
 All three modes run on the same Ray workers in one process, one after another, on the same
 requests (same seeds), so their outputs must be token-identical -- the benchmark checks it.
 
-    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots 4]
-                              [--chunk 32] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
+    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots N]
+                              [--chunk 64] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
                               [--out bench_results/scheduler.json]
 
 Each round runs every workload in the three modes back to back, in alternating order; the table
@@ -79,7 +79,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4, help="max_batch_size of each worker's engine")
     ap.add_argument("--kept-slots", type=int, default=None,
-                    help="KV slots each worker keeps for paused requests (default: --batch; 0: re-prefill every chunk)")
+                    help="KV slots each worker keeps for paused requests (default: the Ray backend's, "
+                         "2 x --batch on a CPU; 0: re-prefill every chunk)")
     ap.add_argument("--chunk", type=int, default=SchedulerConfig.chunk_tokens,
                     help="engine steps per chunk (new tokens per request where workers keep no KV), at least")
     ap.add_argument("--growth", type=float, default=SchedulerConfig.chunk_growth,
@@ -99,12 +100,12 @@ def main(argv=None) -> dict:
     args = parse(argv)
     vocab = 1024
     model = bench_model(vocab)
-    kept = args.batch if args.kept_slots is None else args.kept_slots
-    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64, kept_slots=kept)
+    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64)
     t = time.perf_counter()
     load_before = os.getloadavg()
     backend = RayRolloutBackend(model, cfg, num_workers=args.workers, num_cpus_per_worker=1,
-                                chunk_tokens=args.chunk)
+                                chunk_tokens=args.chunk, kept_slots=args.kept_slots)
+    kept = next(iter(backend.worker_info.values()))["kept_slots"]
     backend.scheduler_config.chunk_growth = args.growth
     backend.scheduler_config.extra_requests = args.extra
     print(f"{args.workers} workers up in {time.perf_counter() - t:.1f}s: "

@@ -8,9 +8,9 @@ each chunk; a request sent back there resumes without prefill, anywhere else it 
 context again. On such workers a chunk is `chunk_tokens` engine steps (Engine.run's max_steps:
 every running request pauses at the same step) and may carry requests beyond the worker's slots,
 which the engine admits as slots free inside the chunk, so no slot waits for the chunk's end. On
-workers that keep nothing a chunk is `chunk_tokens` new tokens per request. Either way a chunk
-that prefills a context again lasts at least `chunk_growth` times the longest such context, to
-keep that cost a bounded fraction of the decoding.
+workers that keep nothing a chunk is `chunk_tokens` new tokens per request, and at least
+`chunk_growth` times the longest context it prefills again, to keep that cost a bounded fraction
+of the decoding.
 
 The scheduler holds the only copy of each request's state (output so far, logprobs, stats); a
 worker's results are applied only when its whole chunk comes back, so a worker that dies loses
@@ -23,14 +23,19 @@ workers' batches leave) -- and the loop waits on all of them at once (`ray.wait`
 and refills whichever worker returns first.
 
 Which requests go where:
-- affinity: a worker first takes back (up to a batch of) the paused requests whose KV it keeps.
-  A request kept on another live worker is left for it while that worker is idle and keeps no
-  more of the queue than one batch: moving costs one re-prefill and gains nothing while the
-  holder has a slot for it, but a request beyond the holder's batch, or one whose holder is busy
-  with a chunk, would wait while this worker has a free slot;
-- balance: beyond its own, a worker takes at most its fair share of the unfinished requests,
-  ceil(unfinished / live workers), so the tail is spread over every worker rather than left
-  on the one that happened to return first;
+- affinity: a request whose KV a worker keeps goes back to that worker. In the context-aware
+  mode it ranks `preempt_margin` chunks higher there and as much lower on any other worker, so it
+  is displaced (paused, its KV still kept) only by a request estimated clearly longer, and moved
+  (prefilled again) only where another worker would run it much sooner -- typically a worker with
+  free slots while its holder runs longer ones. A request kept on an idle live worker within that
+  worker's next batch is left to it (it is dispatched next). In the divided (FIFO) mode a worker
+  takes back its own first (up to a batch), and others take a request kept elsewhere only beyond
+  its idle holder's batch, or while its holder is busy with a chunk;
+- balance: beyond the requests it keeps that rank among its slots, a worker takes at most its
+  fair share of the unfinished requests, ceil(unfinished / live workers), so the tail is spread
+  over every worker rather than left on the one that happened to return first; the requests
+  carried beyond its slots are a share of the queue's surplus, never its own displaced ones
+  (carried, they would wait for a slot there while another worker could run them);
 - groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
   first, so its suffix index stays local; a worker whose own groups cannot fill its share takes
   other groups' requests (they move);
@@ -40,9 +45,10 @@ Which requests go where:
   lengths; while none has finished, a group whose furthest member has produced P tokens is
   estimated at `probe_factor` x P (lengths are heavy-tailed: what has run long runs longer).
   Then the longest estimated remaining goes first, so the long requests start early and end
-  with the short ones instead of after them. Every time a request is passed over its priority
-  grows by `aging * chunk_tokens` tokens, so nothing starves. The scheduler never reads
-  max_tokens: the estimates come only from what the rollout has produced.
+  with the short ones instead of after them: with kept KV, a running request is displaced for
+  one estimated longer by more than the margin, at no cost but a side slot. Every time a request
+  is passed over its priority grows by `aging * chunk_tokens` tokens, so nothing starves. The
+  scheduler never reads max_tokens: the estimates come only from what the rollout has produced.
 
 Modes (for the benchmark): "static" splits the requests evenly over the workers up front and
 runs each part to the end (no chunks); "divided" runs chunks in FIFO order; "divided+context"
@@ -77,8 +83,8 @@ MODES = ("static", "divided", "divided+context")
 @dataclass
 class SchedulerConfig:
     mode: str = "divided+context"
-    chunk_tokens: int = 32  # new tokens per request per dispatch (divided modes), at least
-    chunk_growth: float = 1.0  # ... and at least this times the batch's longest context
+    chunk_tokens: int = 64  # engine steps per chunk where KV is kept, else new tokens per request, at least
+    chunk_growth: float = 1.0  # where KV is not kept: at least this times the batch's longest context
     extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
     aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
@@ -128,28 +134,7 @@ class RolloutScheduler:
         from ray.exceptions import GetTimeoutError
 
         cfg = self.config
-        self.reqs = {i: r for i, r in enumerate(requests)}
-        self.rollout_id = rollout_id
-        self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
-        self.probe = {}  # group -> request id of its probe
-        for i in self.reqs:
-            self.probe.setdefault(self.gkey[i], i)
-        self.home: dict = {}  # group -> worker index
-        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
-        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
-        self.group_len: dict = {}  # group -> longest finished member
-        self.lead: dict = {}  # group -> most tokens any member has produced
-        for i, r in self.reqs.items():
-            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
-        self.skipped = {i: 0 for i in self.reqs}
-        self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
-        self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
-        self.busy_s: dict = {}  # worker -> seconds inside chunks
-        self.worker_steps: dict = {}  # worker -> engine steps it ran
-        self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
-        self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
-                       "reprefills": 0, "reprefill_tokens": 0}
+        self.start(requests, rollout_id)
         if self.drafter is not None:
             self.drafter.new_rollout()
         idle_told: set = set()
@@ -200,6 +185,31 @@ class RolloutScheduler:
                 if w not in idle_told:
                     self.on_idle(w)
         return self._metrics(elapsed, list(self.finish_times.values()))
+
+    def start(self, requests: list[Request], rollout_id=None) -> None:
+        """A new rollout's state: nothing kept, nothing in flight, every unfinished request queued."""
+        self.reqs = {i: r for i, r in enumerate(requests)}
+        self.rollout_id = rollout_id
+        self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
+        self.probe = {}  # group -> request id of its probe
+        for i in self.reqs:
+            self.probe.setdefault(self.gkey[i], i)
+        self.home: dict = {}  # group -> worker index
+        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
+        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
+        self.group_len: dict = {}  # group -> longest finished member
+        self.lead: dict = {}  # group -> most tokens any member has produced
+        for i, r in self.reqs.items():
+            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
+        self.skipped = {i: 0 for i in self.reqs}
+        self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
+        self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
+        self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.worker_steps: dict = {}  # worker -> engine steps it ran
+        self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
+        self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
+                       "reprefills": 0, "reprefill_tokens": 0}
 
     def _receive(self, w: int, ids: list[int], results: list[dict], now: float) -> int:
         """Fold a returned chunk into the requests; paused ones go back to the queue. Returns
@@ -448,7 +458,7 @@ class RolloutScheduler:
         return {
             "mode": self.config.mode,
             "chunk_tokens": None if self.config.mode == "static" else self.config.chunk_tokens,
-        "chunk_growth": None if self.config.mode == "static" else self.config.chunk_growth,
+            "chunk_growth": None if self.config.mode == "static" else self.config.chunk_growth,
             "num_workers": slots,
             "num_samples": len(reqs),
             "rollout_seconds": elapsed,
