@@ -63,9 +63,11 @@ re-prefills included; chunks lost with a worker are not counted), drafter_second
 time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
 drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_published, drafter_version;
 max_worker_steps (the most any
-one worker ran: the rollout's critical path in forwards), reprefills and reprefill_tokens (requests
-dispatched, with some output, where their KV is not kept, and their contexts: an upper bound, as
-a request carried beyond the slots and never admitted costs nothing).
+one worker ran: the rollout's critical path in forwards), worker_cpu_seconds and
+max_worker_cpu_seconds (the CPU seconds of each worker's chunks, and the most: the critical path
+in CPU time, which a machine shared with other jobs blurs far less than wall time), reprefills
+and reprefill_tokens (requests dispatched, with some output, where their KV is not kept, and their
+contexts: an upper bound, as a request carried beyond the slots and never admitted costs nothing).
 """
 from __future__ import annotations
 
@@ -205,6 +207,7 @@ class RolloutScheduler:
         self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
         self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
         self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.cpu_s: dict = {}  # worker -> CPU seconds of its chunks (where the worker reports them)
         self.worker_steps: dict = {}  # worker -> engine steps it ran
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
@@ -218,6 +221,7 @@ class RolloutScheduler:
         if results:
             first = results[0]  # per-call figures are repeated in every result
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
+            self.cpu_s[w] = self.cpu_s.get(w, 0.0) + first.get("cpu_s", 0.0)
             self.counts["engine_steps"] += first.get("engine_steps", 0)
             self.worker_steps[w] = self.worker_steps.get(w, 0) + first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
@@ -465,6 +469,8 @@ class RolloutScheduler:
             "tail_seconds": tail_seconds(finish_times),
             "worker_busy_fraction": sum(self.busy_s.values()) / (elapsed * slots) if elapsed > 0 else 0.0,
             "worker_busy_seconds": {w: round(s, 4) for w, s in sorted(self.busy_s.items())},
+            "worker_cpu_seconds": {w: round(s, 4) for w, s in sorted(self.cpu_s.items())},
+            "max_worker_cpu_seconds": max(self.cpu_s.values(), default=0.0),
             "max_worker_steps": max(self.worker_steps.values(), default=0),
             "generated_tokens": generated,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,
