@@ -38,7 +38,8 @@ Which requests go where:
   (carried, they would wait for a slot there while another worker could run them);
 - groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
   first, so its suffix index stays local; a worker whose own groups cannot fill its share takes
-  other groups' requests (they move);
+  other groups' requests (they move). In the context-aware mode this only breaks ties between
+  equal estimates: the order comes first;
 - order ("divided+context", after Seer): one member of each group -- the probe -- runs first
   (probes not yet started before those already running, so every group is measured early).
   When a group's probe (or any member) finishes, its length estimates the other members'
@@ -47,8 +48,10 @@ Which requests go where:
   Then the longest estimated remaining goes first, so the long requests start early and end
   with the short ones instead of after them: with kept KV, a running request is displaced for
   one estimated longer by more than the margin, at no cost but a side slot. Every time a request
-  is passed over its priority grows by `aging * chunk_tokens` tokens, so nothing starves. The
-  scheduler never reads max_tokens: the estimates come only from what the rollout has produced.
+  is passed over its priority grows by `aging * chunk_tokens` tokens, so nothing starves; the
+  ageing is slight, because every request of a rollout runs in the end anyway, and short
+  requests that aged past long ones would displace them and let them end last. The scheduler
+  never reads max_tokens: the estimates come only from what the rollout has produced.
 
 Modes (for the benchmark): "static" splits the requests evenly over the workers up front and
 runs each part to the end (no chunks); "divided" runs chunks in FIFO order; "divided+context"
@@ -89,7 +92,7 @@ class SchedulerConfig:
     chunk_growth: float = 1.0  # where KV is not kept: at least this times the batch's longest context
     extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
-    aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
+    aging: float = 0.02  # priority gained per pass-over, in units of chunk_tokens
     preempt_margin: float = 2.0  # a kept request ranks this many chunk_tokens higher where it is kept
     poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
     chunk_timeout_s: float = 3600.0  # a batch not back by then counts as a dead worker
@@ -357,7 +360,8 @@ class RolloutScheduler:
         worker as much lower (taking it costs a prefill there), so a kept request is displaced
         (paused, its KV kept) or moved only for one that is clearly longer: the long requests start
         as soon as they are known to be long, without requests swapping at every chunk. A request
-        kept on an idle live worker within its batch is left to it: it is dispatched next."""
+        kept on an idle live worker within its batch is left to it: it is dispatched next. On equal
+        estimates, members of the groups w runs go first (their suffix index is here)."""
         margin = self.config.preempt_margin * self.config.chunk_tokens
         busy, theirs = self._busy_workers(), {}
         for i in self.pending:
@@ -367,10 +371,10 @@ class RolloutScheduler:
         left = {i for h, ids in theirs.items() for i in self._ordered(ids)[:self.pool.max_batch(h)]}
 
         def key(i):
-            h = self.holder.get(i)
+            h, home = self.holder.get(i), self.home.get(self.gkey[i], w)
             bonus = margin if h == w else -margin if h is not None and h in live else 0.0
             cls, est, tie = self._priority(i)
-            return cls, est + bonus, tie
+            return cls, est + bonus, home == w or home not in live, tie
 
         return sorted((i for i in self.pending if i not in left), key=key, reverse=True)
 
