@@ -10,7 +10,7 @@ All three modes run on the same Ray workers in one process, one after another, o
 requests (same seeds), so their outputs must be token-identical -- the benchmark checks it.
 
     python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots N]
-                              [--chunk 80] [--growth 1.0] [--extra 1.0] [--workloads 8] [--rounds 2]
+                              [--chunk 64] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
                               [--out bench_results/scheduler.json]
 
 Each round runs every workload in the three modes back to back, in alternating order; the table

@@ -88,9 +88,9 @@ MODES = ("static", "divided", "divided+context")
 @dataclass
 class SchedulerConfig:
     mode: str = "divided+context"
-    chunk_tokens: int = 80  # engine steps per chunk where KV is kept, else new tokens per request, at least
+    chunk_tokens: int = 64  # engine steps per chunk where KV is kept, else new tokens per request, at least
     chunk_growth: float = 1.0  # where KV is not kept: at least this times the batch's longest context
-    extra_requests: float = 1.0  # a batch may carry this x max_batch_size requests beyond its slots
+    extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
     aging: float = 0.02  # priority gained per pass-over, in units of chunk_tokens
     preempt_margin: float = 2.0  # a kept request ranks this many chunk_tokens higher where it is kept
