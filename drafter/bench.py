@@ -2,6 +2,8 @@
 
     python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
                                        step 0 and step 1), bench_results/drafter_engine.json
+    python -m drafter.bench --choice   which proposer's drafts win with and without the drafter:
+                                       drafter/bench_choice.py, bench_results/drafter_choice.json
     python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
                                        (imported only for this: scheduler sits above drafter)
     python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
@@ -198,6 +200,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--offline", action="store_true", help="the offline benchmark (warm start, simulation)")
     ap.add_argument("--ray", action="store_true", help="the Ray spot trainer's benchmark")
+    ap.add_argument("--choice", action="store_true", help="which proposer's drafts win in B and D, step 0 and 1 "
+                    "(drafter/bench_choice.py)")
     ap.add_argument("--reps", type=int, default=None, help="interleaved runs per engine (engine mode; default 2) "
                     "or timed repetitions of the head's step (offline; default 30)")
     ap.add_argument("--prompts", type=int, default=64)
@@ -217,6 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
                     help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
+    ap.add_argument("--min-draft-prob", dest="min_draft_prob", type=float, default=None,
+                    help="--choice: a fixed controller threshold (default: priced from the measured step cost)")
     ap.add_argument("--out", default=None)
     args, rest = ap.parse_known_args(argv)
     if args.ray:
@@ -231,7 +237,14 @@ def main(argv=None) -> int:
         args.shapes = parse_shapes(args.shapes, args)
     except ValueError as e:
         ap.error(str(e))
-    if args.offline:
+    if args.choice:
+        from .bench_choice import choice_bench, choice_lines
+
+        args.train_seconds, args.out = args.between, args.out or "bench_results/drafter_choice.json"
+        result = choice_bench(args)
+        for line in choice_lines(result):
+            print(line, flush=True)
+    elif args.offline:
         args.reps = args.reps or 30
         args.out = args.out or "bench_results/drafter_offline.json"
         result = offline(args)

@@ -58,15 +58,17 @@ def _check_finite(tensors: dict, what: str) -> None:
             raise ValueError(f"{what}: weight {name!r} contains NaN or Inf")
 
 
-def export(head: DraftHead, folder: str | os.PathLike) -> Path:
-    """Write the head to `folder` (replaced as a whole: written beside it, then renamed in)."""
+def export(head: DraftHead, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
+    """Write the head to `folder` (replaced as a whole: written beside it, then renamed in).
+    version: the online trainer's version of it, kept in the config (`saved_version`)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
     _check_finite(tensors, "export")
     config = eagle_config(head) if head.kind == "attention" else {}
     config["spectail_drafter"] = {"format": FORMAT, "kind": head.kind, "hidden_size": head.hidden_size,
-                                  "vocab_size": head.vocab_size, "head": dataclasses.asdict(head.cfg)}
+                                  "vocab_size": head.vocab_size, "head": dataclasses.asdict(head.cfg),
+                                  **({"version": int(version)} if version is not None else {})}
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp-{folder.name}-"))
@@ -83,10 +85,24 @@ def export(head: DraftHead, folder: str | os.PathLike) -> Path:
     return folder
 
 
+def export_state(state: dict, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
+    """`export` of a head given as `head_state` (what a Ray worker published), checked first."""
+    cfg, hidden, vocab = _head_config(_state_dict(state), None, "draft head state")
+    return export(head_from_tensors(cfg, hidden, vocab, state["weights"], None, None, "cpu", "draft head state"),
+                  folder, version)
+
+
 def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
     """The head saved in `folder`, for this policy (dtype and device default to the policy's).
     ValueError, naming the problem, for a folder that is not a spectail drafter export, a head made
     for another hidden size or vocabulary, missing or unexpected weights, or NaN/Inf weights."""
+    return from_state(read_state(folder)[0], policy, dtype, device, where=str(folder))
+
+
+def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
+    """(head_state, version) of an exported folder (version 0 when the export has none), read
+    without a policy to check against (`check_state`, `from_state` do that); ValueError for a
+    folder that is not a spectail drafter export."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -99,22 +115,34 @@ def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtyp
     meta = config.get("spectail_drafter") if isinstance(config, dict) else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "head" not in meta:
         raise ValueError(f"{folder}/{CONFIG} has no spectail_drafter section of format {FORMAT}")
-    cfg, hidden, vocab = _head_config(meta, policy, f"{folder}/{CONFIG}")
-    return head_from_tensors(cfg, hidden, vocab, load_file(str(folder / WEIGHTS)), policy, dtype, device, str(folder))
-
-
-def _head_config(meta: dict, policy: CausalLM, where: str) -> tuple[HeadConfig, int, int]:
-    """(head config, hidden size, vocabulary) that a folder's config or a head state describes,
-    checked against the policy (ValueError naming `where`)."""
-    hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
-    if (hidden, vocab) != (policy.cfg.hidden_size, policy.cfg.vocab_size):
-        raise ValueError(f"{where}: draft head made for hidden size {hidden} and vocabulary {vocab}, "
-                         f"the policy has {policy.cfg.hidden_size} and {policy.cfg.vocab_size}")
+    version = meta.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"{folder}/{CONFIG}: spectail_drafter.version must be an integer >= 0, got {version!r}")
     try:
+        weights = load_file(str(folder / WEIGHTS))
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise ValueError(f"{folder}/{WEIGHTS} does not load ({type(e).__name__}: {e})") from None
+    return {"format": FORMAT, "head": meta["head"], "hidden_size": meta.get("hidden_size"),
+            "vocab_size": meta.get("vocab_size"), "weights": weights}, version
+
+
+def saved_version(folder: str | os.PathLike) -> int:
+    """The version an export was written with (0: none recorded)."""
+    return read_state(folder)[1]
+
+
+def _head_config(meta: dict, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
+    """(head config, hidden size, vocabulary) that a folder's config or a head state describes,
+    checked against the policy's (hidden size, vocabulary) when given (ValueError naming `where`)."""
+    try:
+        hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
         cfg = HeadConfig(**meta["head"])
         cfg.validate()
-    except (TypeError, KeyError) as e:
+    except (TypeError, KeyError, ValueError) as e:
         raise ValueError(f"{where}: bad draft head config: {e}") from None
+    if sizes is not None and (hidden, vocab) != tuple(sizes):
+        raise ValueError(f"{where}: draft head made for hidden size {hidden} and vocabulary {vocab}, "
+                         f"the policy has {sizes[0]} and {sizes[1]}")
     return cfg, hidden, vocab
 
 
@@ -125,21 +153,32 @@ def head_state(head: DraftHead) -> dict:
             "weights": {k: v.detach().to("cpu", copy=True) for k, v in head.state_dict().items()}}
 
 
-def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
-    """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
+def _state_dict(state) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
         raise ValueError(f"not a drafter head state of format {FORMAT}")
-    cfg, hidden, vocab = _head_config(state, policy, "draft head state")
-    return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, "draft head state")
+    return state
 
 
-def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, policy: CausalLM,
-                      dtype: Optional[torch.dtype], device, where: str) -> DraftHead:
-    """A head of this config with these weights: names, shapes and finiteness checked first."""
+def check_state(state: dict, hidden_size: int, vocab_size: int) -> None:
+    """ValueError unless `state` is a head for a policy of this hidden size and vocabulary, with
+    the weights its config names, of their shapes, all finite (nothing is built)."""
+    cfg, hidden, vocab = _head_config(_state_dict(state), (hidden_size, vocab_size), "draft head state")
+    _check_tensors(cfg, hidden, vocab, state["weights"], "draft head state")
+
+
+def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None,
+               where: str = "draft head state") -> DraftHead:
+    """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
+    sizes = (policy.cfg.hidden_size, policy.cfg.vocab_size)
+    cfg, hidden, vocab = _head_config(_state_dict(state), sizes, where)
+    return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, where)
+
+
+def _check_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, where: str) -> dict:
+    """The expected weights (on the meta device) after checking names, shapes and finiteness."""
     _check_finite(tensors, where)
     with torch.device("meta"):
-        head = DraftHead(cfg, hidden, vocab)
-    expected = head.state_dict()
+        expected = DraftHead(cfg, hidden, vocab).state_dict()
     missing, unexpected = set(expected) - set(tensors), set(tensors) - set(expected)
     if missing or unexpected:
         raise ValueError(f"{where}: weights do not match a {cfg.kind} head: missing {sorted(missing)[:3]}, "
@@ -148,7 +187,18 @@ def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, p
         if tuple(t.shape) != tuple(expected[name].shape):
             raise ValueError(f"{where}: weight {name!r} has shape {tuple(t.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
-    p = policy.lm_head.weight
-    head = head.to_empty(device=device or p.device).to(dtype or p.dtype)
-    head.load_state_dict({k: v.to(dtype or p.dtype) for k, v in tensors.items()})
+    return expected
+
+
+def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, policy: Optional[CausalLM],
+                      dtype: Optional[torch.dtype], device, where: str) -> DraftHead:
+    """A head of this config with these weights: names, shapes and finiteness checked first.
+    dtype and device default to the policy's (with no policy: the weights' own dtype)."""
+    _check_tensors(cfg, hidden, vocab, tensors, where)
+    with torch.device("meta"):
+        head = DraftHead(cfg, hidden, vocab)
+    p = policy.lm_head.weight if policy is not None else next(iter(tensors.values()))
+    dtype = dtype or p.dtype
+    head = head.to_empty(device=device or p.device).to(dtype)
+    head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
     return head.eval()

@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from rollout.config import DrafterSpec
+
 from .head import DraftHead, HeadConfig
 from .proposer import DrafterProposer
 from .simulate import simulated_acceptance
@@ -51,6 +53,19 @@ class OnlineConfig:
     num_threads: Optional[int] = None
     seed: int = 0
     max_passes: float = 2.0
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec, **over) -> OnlineConfig:
+        """The engine's DrafterSpec's head shape and training keys (kind, window, layer sizes,
+        lr, ttt_steps), with `over` on top: every caller that may make a fresh head (the local
+        trainer between steps, a Ray worker's idle slice) builds its config here, so a fresh
+        head has the configured shape wherever it is trained."""
+        return cls(**{"kind": spec.kind, "window": spec.window, **spec.layer(), "lr": spec.lr,
+                      "ttt_steps": spec.ttt_steps, **over})
+
+    def head_config(self) -> HeadConfig:
+        return HeadConfig(kind=self.kind, window=self.window, intermediate_size=self.intermediate_size,
+                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
 
     def train_config(self) -> TrainConfig:
         cfg = TrainConfig(lr=self.lr, ttt_steps=self.ttt_steps, reward_beta=self.reward_beta,
@@ -123,6 +138,4 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
 
 
 def _fresh_head(proposer: DrafterProposer, cfg: OnlineConfig) -> DraftHead:
-    shape = HeadConfig(kind=cfg.kind, window=cfg.window, intermediate_size=cfg.intermediate_size,
-                       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads)
-    return DraftHead.for_policy(proposer.model, shape, dtype=torch.float32, seed=cfg.seed)
+    return DraftHead.for_policy(proposer.model, cfg.head_config(), dtype=torch.float32, seed=cfg.seed)

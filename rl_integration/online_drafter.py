@@ -31,6 +31,7 @@ class OnlineDrafter:
     online: object  # drafter.online.OnlineState: the head's optimizer across steps
     seen: dict = field(default_factory=dict)  # the proposer's cumulative counters at the last report
     advantages: dict = field(default_factory=dict)  # seed -> advantage of the last rollout (reward weighting)
+    first_path: Optional[str] = None  # the head the engines started from (rollout.drafter.path or the warm start)
 
 
 def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -> Optional[OnlineDrafter]:
@@ -40,26 +41,58 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
     if not d.enabled or spec is None:
         return None
-    path = d.path
-    if path is None and cfg.policy.source == "embedded" and policy_folder is not None:
+    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
+    # the one bridge from rollout.drafter to the engine: every fresh head (warm start, local
+    # training, a Ray worker's slice) takes its shape from this DrafterSpec
+    drafter_spec = dataclasses.replace(spec.drafter, path=d.path, kind=d.kind, window=d.window, **d.shape(),
+                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
+    drafter_spec.validate()
+    if d.path is None and cfg.policy.source == "embedded" and policy_folder is not None:
         from .demo.policy import load_or_warm_start_drafter
 
         path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
-                                          window=d.window, layer=d.shape())
+                                          window=d.window, layer=drafter_spec.layer())
+        drafter_spec = dataclasses.replace(drafter_spec, path=path)
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
-    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
-    drafter_spec = dataclasses.replace(spec.drafter, path=path, kind=d.kind, window=d.window,
-                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
     cfg.rollout.engine.validate()
-    return OnlineDrafter(d, OnlineState())
+    return OnlineDrafter(d, OnlineState(), first_path=drafter_spec.path)
 
 
-def live_head(drafter: Optional[OnlineDrafter], client):
-    """The head the local engine drafts with (None: no drafter, none set, or the Ray backend)."""
-    proposer = _proposer(client) if drafter is not None else None
-    return proposer.head if proposer is not None else None
+def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int, dict]]:
+    """(version, drafter.export.head_state) of the newest head the run drafts with, for a
+    checkpoint: the local engine's, or the newest one published to the Ray workers (waiting for
+    the training slices in flight), else the head the engines started from (version 0). None:
+    no drafter, or no head yet."""
+    if drafter is None:
+        return None
+    from drafter.export import head_state, read_state
+
+    proposer = _proposer(client)
+    if proposer is not None:
+        return (proposer.head_version, head_state(proposer.head)) if proposer.head is not None else None
+    published = getattr(client.backend, "published_drafter", None)
+    latest = published() if published is not None else None
+    if latest is None and drafter.first_path is not None:
+        state, version = read_state(drafter.first_path)
+        latest = (version, state)
+    return latest
+
+
+def restore(drafter: Optional[OnlineDrafter], client, saved: Optional[tuple[int, dict]]) -> None:
+    """A resumed run drafts with the head its checkpoint saved, under the saved version: the
+    local engine loads it; on Ray it is published, so every worker loads it before its first
+    chunk and the idle slices train on from it (their versions go on after it). saved: from
+    resume.saved_drafter, already checked against the policy."""
+    if drafter is None or saved is None:
+        return
+    version, state = saved
+    proposer = _proposer(client)
+    if proposer is not None:
+        proposer.load(state, version)  # one that does not fit switches the drafter off, with a warning
+    elif hasattr(client.backend, "publish_drafter"):
+        client.backend.publish_drafter(state, version)
 
 
 def _proposer(client):
@@ -108,7 +141,6 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     t = drafter.cfg.train
     if proposer is None or t.between_steps_s <= 0:
         return {}
-    cfg = OnlineConfig(kind=drafter.cfg.kind, window=drafter.cfg.window, **drafter.cfg.shape(), lr=t.lr,
-                       ttt_steps=t.ttt_steps,
-                       reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
+    # the engine's DrafterSpec, which start() filled from rollout.drafter, as Ray workers read it
+    cfg = OnlineConfig.from_spec(proposer.spec, reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)

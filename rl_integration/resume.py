@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -195,12 +196,26 @@ def restore(ckpt: Checkpoint, trainer, client, log, cfg: RunConfig) -> int:
     return ckpt.step
 
 
-def resume_drafter(ckpt: Optional[Checkpoint], cfg: RunConfig) -> None:
-    """A resumed run starts from the head the checkpoint saved, through rollout.drafter.path
-    (call this before the drafter starts)."""
-    drafter = getattr(cfg.rollout, "drafter", None)
-    if ckpt is not None and isinstance(ckpt.drafter, Path) and drafter is not None:
-        drafter.path = os.fspath(ckpt.drafter)
+def saved_drafter(ckpt: Optional[Checkpoint], cfg: RunConfig, model) -> Optional[tuple[int, dict]]:
+    """(version, drafter.export.head_state) of the head the checkpoint saved, checked against
+    the policy (its hidden size and vocabulary, the weights' names, shapes and finiteness), for
+    online_drafter.restore once the client is up. A head that does not fit gives a warning and
+    None: the resumed run starts without a head (the drafter drafts nothing until its training
+    makes one), never with a changed token. Call it before the drafter starts: a usable saved
+    head replaces rollout.drafter.path (so no engine first loads another head at version 0)."""
+    if ckpt is None or not isinstance(ckpt.drafter, Path) or not cfg.rollout.drafter.enabled:
+        return None
+    from drafter.export import check_state, read_state
+
+    try:
+        state, version = read_state(ckpt.drafter)
+        check_state(state, model.config.hidden_size, model.config.vocab_size)
+    except ValueError as e:
+        warnings.warn(f"drafter: the head saved in {ckpt.folder} does not load, the resumed run starts without "
+                      f"one: {e}", stacklevel=2)
+        return None
+    cfg.rollout.drafter.path = None
+    return version, state
 
 
 # ------------------------------------------------------------------------------ saving
@@ -227,18 +242,19 @@ def save(cfg: RunConfig, run_config: dict, steps_done: int, model, tokenizer, tr
 
 
 def drafter_folder(drafter, client, scratch: Path) -> Optional[Path]:
-    """The head the run trains, exported into `scratch` (drafter/export.py), which the checkpoint
-    copies to drafter/ and resume_drafter() starts a resumed run from. None: no drafter, or no
-    head in this process (on Ray the head lives on the workers: a resumed run starts afresh)."""
-    from .online_drafter import live_head
+    """The newest head the run drafts with (the local engine's, or the newest published to the
+    Ray workers), exported with its version into `scratch` (drafter/export.py), which the
+    checkpoint copies to drafter/ and saved_drafter() reads back. None: no drafter, or no head."""
+    from .online_drafter import latest_head
 
-    head = live_head(drafter, client)
-    if head is None:
+    latest = latest_head(drafter, client)
+    if latest is None:
         return None
-    from drafter.export import export
+    from drafter.export import export_state
 
-    export(head, scratch)
-    return scratch
+    version, state = latest
+    export_state(state, scratch / "head", version)
+    return scratch / "head"
 
 
 OUTPUT_FILES = ("metrics.jsonl", "metrics.png", "config.yaml")  # what the loop writes into output.dir

@@ -132,12 +132,13 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     history_dir = cfg.rollout.history.dir or os.path.join(out_dir, "history")
     if ckpt is not None:
         resume.restore_history(ckpt, history_dir)
-        resume.resume_drafter(ckpt, cfg)
     # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
     source = model if cfg.rollout.backend == "local" or folder is None else folder
+    saved_head = resume.saved_drafter(ckpt, cfg, model)  # before start(): it replaces rollout.drafter.path
     drafter = online_drafter.start(cfg, folder, progress)  # the drafter's first head, in cfg.rollout.engine
 
     client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
+    online_drafter.restore(drafter, client, saved_head)  # the saved head and version, on every engine
     plain = (RolloutClient(cfg, source, stop_token_ids=eos, progress=progress, plain=True)
              if cfg.output.compare else None)
     trainer = make_trainer(cfg, model, pad_id, reference)

@@ -79,6 +79,8 @@ class DrafterSpec:
     max_positions: draft positions per step at most (None: max_draft_tokens).
     kind, window: a fresh head's kind ("attention" | "mlp") and attention window (None: all
         rows) when one is trained without a path.
+    intermediate_size, num_heads, num_kv_heads: that fresh head's decoder layer (None: the
+        policy's), wherever it is trained (in-process, or on a Ray worker's idle slice).
     idle_slice_s: on Ray, a worker with no chunk while a rollout runs trains the head in slices
         of this many seconds (None: it does not); lr, ttt_steps: that training's (drafter/online.py).
     """
@@ -92,8 +94,22 @@ class DrafterSpec:
     idle_slice_s: Optional[float] = None
     lr: float = 1e-3
     ttt_steps: int = 3
+    intermediate_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+
+    def layer(self) -> dict:
+        """A fresh head's layer sizes, as drafter.head.HeadConfig keywords."""
+        return {"intermediate_size": self.intermediate_size, "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads}
 
     def validate(self) -> None:
+        for name, v in self.layer().items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"DrafterSpec.{name} must be None (the policy's) or an integer >= 1, got {v!r}")
+        if self.num_heads and self.num_kv_heads and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"DrafterSpec.num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
         if self.path is not None and not isinstance(self.path, str):
             raise ValueError(f"DrafterSpec.path must be a folder path or None, got {self.path!r}")
         if not (isinstance(self.buffer_tokens, int) and self.buffer_tokens >= 1):

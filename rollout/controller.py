@@ -1,11 +1,11 @@
 """The draft budget: how many draft tokens each request gets this step, and from which proposer.
 
 A draft token costs a slot in the forward whether or not it is accepted; it pays only if it
-is reached and accepted. Treat acceptance as geometric: each token of a draft is accepted
-with probability `a` given the ones before it were, so token i is emitted with probability
-a**i (its "value"). The controller drafts only the tokens whose value reaches a threshold, which
-gives long drafts where a proposer has been right (history in the long tail) and none where it
-has been wrong, and decides between proposers by the expected run sum(a**i).
+is reached and accepted. Token i of a draft is accepted with probability a_i given the ones
+before it were, so it is emitted with probability a_1 x ... x a_i (its "value"). The controller
+drafts only the tokens whose value reaches a threshold, which gives long drafts where a proposer
+has been right (history in the long tail) and none where it has been wrong, and decides between
+proposers by the expected run (the sum of the values).
 
 `a` depends less on the proposer than on how much context backs its draft: last epoch's
 response followed from its first token is almost always right, the same response re-aligned on
@@ -13,10 +13,14 @@ a two-token match far less often. So each proposer reports its `evidence` (token
 that agree with the source it copies from), and `a` is learnt per (proposer, evidence level)
 from verify trials (each compared draft token: the accepted ones plus the first mismatch),
 shrunk towards the proposer's rate over all levels, which starts from the proposer's `prior`.
-Levels are powers of two. Within a draft, tokens differ too: a proposer that copies sampled
-text knows how likely the policy found each token where it was sampled (its `confidence`); with
-fresh noise a copied token lands about that often, so `a` is also learnt per confidence bin and
-a draft is cut right before an unsure token.
+Levels are powers of two. Token i of a draft is reached only when the i before it were
+accepted, which are i more tokens of agreement: it is judged, and learnt, at the level of
+evidence + i. So a copy whose first token is a long shot but which runs on once it lands (the
+target's own samples past a rejection, a re-aligned old response) gets long drafts, where
+one rate for the whole draft would have cut it after a token. Within a draft, tokens differ
+too: a proposer that copies sampled text knows how likely the policy found each token where it
+was sampled (its `confidence`); with fresh noise a copied token lands about that often, so `a`
+is also learnt per confidence bin and a draft is cut right before an unsure token.
 
 The threshold is a price. A step costs `fixed + per_token x fed tokens` seconds, measured
 (rollout/step_cost.py), and emits tokens at some rate; a draft token adds `per_token` seconds
@@ -34,7 +38,9 @@ earlier for it: not when it ends with the slowest of many requests alike. Each r
 and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
-switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
+switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
+takes host time whether or not its draft is granted: a proposer is asked only while the tokens
+its asks yield are worth that time (`_asks_pay`). A fixed
 `min_draft_prob` replaces the price by `min_draft_prob x load` (load: the fraction of slots in
 use), deterministic, as tests and benchmarks of draft lengths need.
 """
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -63,6 +70,7 @@ MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
+ASK_PRIOR = 4.0  # asks' worth of trust in a proposer's prior as the tokens an ask yields
 
 
 def level(evidence: int) -> int:
@@ -83,9 +91,10 @@ class StepPlan:
     proposer's standing."""
 
     threshold: float
-    lookahead: float
+    lookahead: tuple  # a sample d positions past a rejected draft token lands with lookahead[d - 1]
     offers: list
     token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
+    token_cost: float = 0.0  # seconds a fed token costs (0: unpriced): what exploration pays per token
 
     @property
     def drafts(self) -> bool:
@@ -119,6 +128,10 @@ class AdaptiveController:
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
+    asks: dict = field(default_factory=dict)  # name -> decayed [times asked for a draft, seconds those asks took]
+    # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
+    # a step that records nothing (speculation off) must not rebuild them.
+    tables: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -129,10 +142,17 @@ class AdaptiveController:
         return self.min_draft_prob is None
 
     def new_run(self) -> None:
+        self.tables.clear()
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
+        self.asks = {name: [x * GLOBAL_DECAY for x in v] for name, v in self.asks.items()}
+
+    def end_run(self) -> None:
+        """A run is over: what only spared its steps work (the cached tables) is dropped, so an
+        idle engine holds what it learnt and nothing that depends on when its last run stopped."""
+        self.tables.clear()
 
     def observe_run(self, saved: float, expected: float) -> None:
         """A run's accepted drafts saved `saved` steps where the price expected `expected`
@@ -152,15 +172,18 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "saved": list(self.saved),
+                "credit": self.credit, "saved": list(self.saved), "asks": {k: list(v) for k, v in self.asks.items()},
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
             return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
+        self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
-        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
+        # (checkpoints from before these were learnt)
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
+        self.asks = {k: [float(x) for x in v] for k, v in state.get("asks", {}).items()}
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -210,17 +233,43 @@ class AdaptiveController:
         value = self.token_value(running) if self.priced else 0.0
         threshold = self._price(value) if self.priced else self.threshold(load, running)
         tables = [(p, self.table(p)) for p in proposers]
-        lookahead = max((t[0][0] for p, t in tables if p.wants_lookahead), default=0.0)
+        lookahead = max((lookahead_reach(t, self.max_draft_tokens) for p, t in tables if p.wants_lookahead),
+                        default=(), key=sum)
         offers = []
         for p, table in tables:
             top = max(map(max, table))
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running, value)
+            elif self.priced and not self._asks_pay(p, value):
+                most = 0
             offers.append(Offer(p, table, top, most))
-        return StepPlan(threshold, lookahead, offers, value)
+        return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
 
-    def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: float,
+    def _asks_pay(self, proposer: Proposer, value: float) -> bool:
+        """Whether asking this proposer for drafts pays for the asking: the accepted tokens an ask
+        has yielded, each worth `value` seconds, against the seconds an ask takes (both decayed per
+        run like the rates). Proposer time is host work that a step pays whether or not a draft is
+        found or granted; a proposer whose drafts never land (or are never found, or always cut)
+        would cost it every step. The yield is shrunk towards the proposer's prior, so one not yet
+        asked is asked. Exploration's one-token drafts add their accepted tokens but not their asks
+        (paid from the exploration credit), so a proposer that lands again is asked again."""
+        asks, seconds = self.asks.get(proposer.name, (0.0, 0.0))
+        if asks <= 0:
+            return True
+        yielded = (self.accepted.get(proposer.name, 0.0) + ASK_PRIOR * proposer.prior) / (asks + ASK_PRIOR)
+        return yielded * value >= seconds / asks
+
+    def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
+        """proposer.propose(req, k), counted and timed for `_asks_pay`."""
+        start = time.perf_counter()
+        draft = proposer.propose(req, k)
+        tally = self.asks.setdefault(proposer.name, [0.0, 0.0])
+        tally[0] += 1.0
+        tally[1] += time.perf_counter() - start
+        return draft
+
+    def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:
         """Draft positions worth running for a proposer whose every position costs
         `position_cost(n)` for n requests at once (a draft head's batched forward): position i
@@ -248,24 +297,22 @@ class AdaptiveController:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
-            draft = offer.proposer.propose(req, cap)
+            draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
             n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
                                            min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
-        if best is None and self.priced and room > 0:
-            best = self._explore(req, plan.offers)
+        if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
+            best = self._explore(req, plan)
         return best
 
-    def _explore(self, req: Request, offers: Sequence[Offer]) -> Optional[Draft]:
+    def _explore(self, req: Request, plan: StepPlan) -> Optional[Draft]:
         """One draft token from the most promising proposer, paid from the exploration credit."""
-        price = self.cost.per_token()
-        if self.credit < price:
-            return None
-        offer = max(offers, key=lambda o: o.top)
-        draft = offer.proposer.propose(req, 1)
+        price = plan.token_cost
+        offer = max(plan.offers, key=lambda o: o.top)
+        draft = offer.proposer.propose(req, 1)  # (not an ask of `_asks_pay`'s: its tokens count, its time does not)
         if draft is None or not draft.tokens:
             self.credit -= FAILED_ATTEMPT * price
             return None
@@ -277,26 +324,41 @@ class AdaptiveController:
         trials of its proposer's evidence level and of each token's confidence bin. judged: how
         many of its tokens could count (fewer when the request ended inside the draft)."""
         name, proposed = draft.proposer.name, len(draft.tokens)
-        trials = accepted + (1 if accepted < (proposed if judged is None else judged) else 0)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        lv = level(draft.evidence)
+        self.learn(draft, accepted, judged)
+
+    def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
+        """What `record` learns from a draft, also for one that was judged without being fed (the
+        engine's kept samples past a rejection that no draft used: rollout/engine.py)."""
+        name = draft.proposer.name
+        trials = accepted + (1 if accepted < (len(draft.tokens) if judged is None else judged) else 0)
         acc, tri = self.accepted, self.trials
-        for key in (name, (name, lv)):
-            acc[key] = acc.get(key, 0.0) + accepted
-            tri[key] = tri.get(key, 0.0) + trials
-        if draft.confidence is not None:
-            for i, q in enumerate(draft.confidence[:trials]):
-                b = confidence_bin(q)
-                if b:
-                    key = (name, lv, b)
-                    acc[key] = acc.get(key, 0.0) + (i < accepted)
-                    tri[key] = tri.get(key, 0.0) + 1
+        self.tables.pop(name, None)
+        acc[name] = acc.get(name, 0.0) + accepted
+        tri[name] = tri.get(name, 0.0) + trials
+        confidence = draft.confidence or ()
+        for i in range(trials):  # token i is judged after i accepted ones: its evidence grew by i
+            landed = i < accepted
+            lv = level(draft.evidence + i)
+            keys = [(name, lv)]
+            b = confidence_bin(confidence[i]) if i < len(confidence) else 0
+            if b:
+                keys.append((name, lv, b))
+            for key in keys:
+                acc[key] = acc.get(key, 0.0) + landed
+                tri[key] = tri.get(key, 0.0) + 1
 
     # ---- rates and cuts ------------------------------------------------------------------
 
     def table(self, proposer: Proposer) -> list[list[float]]:
         """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's rate."""
+        cached = self.tables.get(proposer.name)
+        if cached is None:
+            cached = self.tables[proposer.name] = self._table(proposer)
+        return cached
+
+    def _table(self, proposer: Proposer) -> list[list[float]]:
         name, acc, trials = proposer.name, self.accepted, self.trials
         overall = (acc.get(name, 0.0) + 2 * proposer.prior) / (trials.get(name, 0.0) + 2)
         rows = []
@@ -307,24 +369,24 @@ class AdaptiveController:
         return rows
 
     @staticmethod
-    def draft_len(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> int:
+    def draft_len(rate: float, k: int, threshold: float, lookahead: Sequence[float] = ()) -> int:
         """The longest n <= k whose tokens' values all reach the threshold (see `cut`)."""
         return AdaptiveController.cut(itertools.repeat(rate, k), threshold, lookahead)[0]
 
     @staticmethod
-    def cut(rates: Iterable[float], threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
+    def cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float]:
         """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
         worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
         what its sample is worth past an earlier rejection: the engine keeps those samples for
-        the lookahead proposer, where a sample d positions past the rejection lands with about
-        lookahead**d. So with lookahead, R_i = sum over j < i of P(first rejection at j) x
-        lookahead**(i - j) is added to P_i."""
-        n, p, value, option, failed = 0, 1.0, 0.0, 0.0, 0.0
-        for a in rates:
-            option = lookahead * (option + failed)  # R_i, from the rejections before i
-            failed = p * (1.0 - a)  # the chance the first rejection is at i
-            if p * a + option < threshold:
+        the lookahead proposer, where a sample d positions past the rejection lands with chance
+        lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection at j)
+        x lookahead[i - j - 1] is added to P_i where P_i alone falls short."""
+        n, p, value, failed = 0, 1.0, 0.0, []
+        for i, a in enumerate(rates):
+            if p * a < threshold and (not lookahead or p * a + sum(
+                    f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead)) < threshold):
                 break
+            failed.append(p * (1.0 - a))  # the chance the first rejection is at i
             n, p = n + 1, p * a
             value += p
         return n, value
@@ -332,11 +394,21 @@ class AdaptiveController:
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
                n: int) -> list[float]:
-    """The acceptance rate of each of n draft tokens from a proposer's rate table."""
-    row = table[level(evidence)]
+    """The acceptance rate of each of n draft tokens from a proposer's rate table: token i is
+    reached only after i accepted ones, which add i tokens of agreement to the draft's evidence."""
     if confidence is None:
-        return [row[0]] * n
-    return [row[confidence_bin(q)] for q in itertools.islice(confidence, n)]
+        return [table[level(evidence + i)][0] for i in range(n)]
+    return [table[level(evidence + i)][confidence_bin(q)] for i, q in enumerate(itertools.islice(confidence, n))]
+
+
+def lookahead_reach(table: list[list[float]], n: int) -> tuple:
+    """The chance that token d of a draft from this rate table (evidence 0, confidence unknown)
+    lands, for d = 1..n: the product of the rates of tokens 1..d."""
+    reach, p = [], 1.0
+    for a in rates_from(table, 0, None, n):
+        p *= a
+        reach.append(p)
+    return tuple(reach)
 
 
 def expected_run(rate: float, n: int) -> float:

@@ -74,7 +74,7 @@ class Engine:
         # find none for a request resumed from kept KV: such an engine keeps none.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
-        self.keeps_lookahead = any(p.wants_lookahead for p in self.proposers)
+        self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
@@ -181,6 +181,8 @@ class Engine:
             self._abandon(requests)
             raise
         finally:
+            if self.controller is not None:
+                self.controller.end_run()
             if kept is not None:
                 kept.close()
             if gc_was_on:
@@ -253,6 +255,7 @@ class Engine:
         may stay kept under its key)."""
         for p in self.proposers:
             p.finish(req)
+        req.judging = None
         if kept is not None and req.paused:
             kept.pause(req, self.cache)
         heapq.heappush(free, req.slot)
@@ -273,8 +276,8 @@ class Engine:
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        drafting = plan is not None and plan.drafts
-        emitted = self._verify(rows, logits, drafting, observers, hidden)
+        offered = frozenset(o.proposer for o in plan.offers if o.most > 0) if plan is not None else frozenset()
+        emitted = self._verify(rows, logits, offered, observers, hidden)
         return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
@@ -317,7 +320,7 @@ class Engine:
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, drafting: bool, observers: Sequence = (),
+    def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
                 hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted. Observers of hidden states get, once per step, the
@@ -335,7 +338,7 @@ class Engine:
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                        logprobs[row.first_logit:row.first_logit + n], drafting)
+                                        logprobs[row.first_logit:row.first_logit + n], offered)
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
@@ -343,9 +346,10 @@ class Engine:
             p.observe_hidden(spans, hidden)
         return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], drafting: bool) -> int:
+    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> int:
         """ys, lps: the exact samples at the row's last fed token and at each draft token;
-        drafting: whether the step's budget let any proposer draft."""
+        offered: the proposers the step's budget would ask for drafts (one that only catches up
+        is not told of a step it could not draft in)."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -360,17 +364,37 @@ class Engine:
         accepted = min(accepted, judged)
         if row.draft is not None:
             self.controller.record(req, row.draft, accepted, judged)
+        if self.lookahead is not None:
+            self._judge_unused(req, row.draft is not None and row.draft.proposer is self.lookahead)
         req.lookahead = None
-        if (self.keeps_lookahead and accepted + 1 < len(ys) and len(emitted) == accepted + 1
+        if (self.lookahead is not None and accepted + 1 < len(ys) and len(emitted) == accepted + 1
                 and not req.finish_reason):
             req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
-            if mine is None and p.catches_up and not drafting:
+            if mine is None and p.catches_up and p not in offered:
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
+
+    def _judge_unused(self, req: Request, drafted: bool) -> None:
+        """Samples kept past a rejection that no draft used are judged against what the request
+        emitted in their place, as a lookahead draft that was not fed: exact, since an emitted
+        token never depends on what was drafted. So the lookahead's rates learn from every
+        rejection, not only from those a budget already thought worth drafting. A step usually
+        emits one token: samples whose tokens have all landed so far wait on the request
+        (`judging`) to be judged further. drafted: this step drafted req.lookahead."""
+        pending = [la for la in (req.judging, None if drafted else req.lookahead) if la is not None]
+        req.judging = None
+        for la in pending:
+            known = min(len(req.output_ids) - la.position, len(la.tokens))
+            out = req.output_ids[la.position:la.position + known]
+            landed = next((i for i in range(known) if out[i] != la.tokens[i]), known)
+            if landed == known < len(la.tokens) and not req.finish_reason:
+                req.judging = la  # (a newer one replaces an older one still landing: rare)
+            elif known > 0:
+                self.controller.learn(Draft(la.tokens, self.lookahead, 0, la.probs), landed, known)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The exact sample and its logprob at every logit row; in lenient mode also the draft

@@ -52,6 +52,7 @@ class Request:
     accepted: dict = field(default_factory=dict)
     lenient: int = 0  # tokens accepted by the (biased) lenient mode
     lookahead: Optional[Lookahead] = None  # set by the engine after a draft was rejected
+    judging: Optional[Lookahead] = None  # an undrafted lookahead whose tokens have landed so far (engine)
     proposer_state: dict = field(default_factory=dict)  # proposer name -> its state for this request
 
     @property

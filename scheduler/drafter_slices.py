@@ -95,5 +95,17 @@ class DrafterSlices:
         for ref in ready:
             self.receive(ref)
 
+    def latest(self, timeout_s: float) -> Optional[tuple]:
+        """(version, drafter.export.head_state) of the newest published head, once the slices in
+        flight are back (waiting up to timeout_s for them: a checkpoint saves what they trained);
+        None when nothing was published."""
+        import ray
+
+        self.collect(timeout_s)
+        if self.published is None:
+            return None
+        version, refs = self.published
+        return version, ray.get(refs[0], timeout=60)
+
     def metrics(self) -> dict:
         return {**self.counts, "drafter_version": self.published[0] if self.published else 0}

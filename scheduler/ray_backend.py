@@ -473,6 +473,16 @@ class RayRolloutBackend:
             self._drafter = DrafterSlices(None)  # publishes, never trains
         self._drafter.published = (int(version), [_ray().put(state)])
 
+    def published_drafter(self, timeout_s: Optional[float] = None) -> Optional[tuple]:
+        """(version, drafter.export.head_state) of the newest draft head published to the workers
+        (by an idle slice or publish_drafter), after waiting up to timeout_s (None: two slices
+        and 10 s) for slices still in flight; None when none was. What a checkpoint saves."""
+        self._check_open()
+        if self._drafter is None:
+            return None
+        wait = timeout_s if timeout_s is not None else 10.0 + 2 * (self._drafter.slice_s or 0.0)
+        return self._drafter.latest(wait)
+
     def wait_ready(self, timeout_s: float = 300.0) -> int:
         """Wait (at most timeout_s) for replacement workers still starting; returns how many
         workers are live."""

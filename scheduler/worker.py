@@ -115,9 +115,7 @@ class RolloutWorker:
         dp = self._drafter()
         if dp is None or dp.buffer is None:
             return {"steps": 0, "seconds": 0.0, "version": 0, "state": None}
-        spec = self.engine.config.spec.drafter
-        cfg = OnlineConfig(kind=spec.kind, window=spec.window, lr=spec.lr, ttt_steps=spec.ttt_steps,
-                           num_threads=self.engine.num_threads)
+        cfg = OnlineConfig.from_spec(dp.spec, num_threads=self.engine.num_threads)
         self._drafter_online = self._drafter_online or OnlineState()
         if self._drafter_refused is not None:  # versions go on after the one refused here
             dp.head_version = max(dp.head_version, self._drafter_refused)

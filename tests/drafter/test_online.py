@@ -92,9 +92,44 @@ def test_the_run_config_turns_the_drafter_on(tmp_path, policy):
     spec = cfg.rollout.engine.spec
     assert drafter is not None and spec.proposers[-1] == "drafter" and spec.drafter.path == str(tmp_path / "head")
     assert spec.drafter.idle_slice_s == 0.5 and spec.drafter.window == cfg.rollout.drafter.window
+    assert spec.drafter.layer() == cfg.rollout.drafter.shape() == {"intermediate_size": 128, "num_heads": 2,
+                                                                   "num_kv_heads": 1}  # what Ray workers read
     off = load_config(None, [])  # off by default
     assert start(off, None) is None and "drafter" not in off.rollout.engine.spec.proposers
     with pytest.raises(ValueError, match="rollout.drafter.train.lr"):
         load_config(None, ["rollout.drafter.train.lr=0"])
     with pytest.raises(ValueError, match="rollout.engine.spec.drafter.buffer_tokens"):
         load_config(None, ["rollout.engine.spec.drafter.buffer_tokens=0"])
+
+
+def test_a_fresh_head_on_a_ray_worker_has_the_configured_layer(tmp_path):
+    """The spot trainer's code path (scheduler.worker.RolloutWorker.train_drafter, as a Ray actor
+    runs it) makes a fresh head of the DrafterSpec's layer sizes, not the policy's."""
+    from drafter.export import from_state
+    from scheduler.worker import RolloutWorker
+    from tests.conftest import tiny_hf_model
+
+    tiny_hf_model("llama", vocab=VOCAB, seed=5).save_pretrained(tmp_path / "policy")  # 48 wide, 96 / 4 / 2
+    layer = dict(intermediate_size=24, num_heads=2, num_kv_heads=1)
+    spec = SpecConfig(proposers=("drafter",), max_draft_tokens=4,
+                      drafter=DrafterSpec(kind="attention", window=8, idle_slice_s=0.5, **layer))
+    worker = RolloutWorker(str(tmp_path / "policy"), EngineConfig(max_batch_size=4, max_model_len=64, spec=spec))
+    worker.engine.generate([[5, 6, 7], [9, 8]], SamplingParams(temperature=1.0, max_tokens=16), seeds=[1, 2])
+    out = worker.train_drafter(10.0)
+    assert out["steps"] >= 1 and out["version"] == 1
+    assert {k: out["state"]["head"][k] for k in layer} == layer and out["state"]["head"]["window"] == 8
+    head = from_state(out["state"], worker.engine.model)  # what the other workers load
+    layer0 = head.layers[0]
+    assert (layer0.self_attn.k_proj.out_features, layer0.mlp.up_proj.out_features) == (12, 24)  # 1 kv head of 12
+
+
+def test_the_drafter_spec_checks_its_layer_sizes():
+    for name, bad in (("intermediate_size", 0), ("num_heads", True), ("num_kv_heads", 1.5)):
+        with pytest.raises(ValueError, match=f"DrafterSpec.{name} must be None"):
+            DrafterSpec(**{name: bad}).validate()
+    with pytest.raises(ValueError, match=r"DrafterSpec.num_heads \(3\) must be a multiple of num_kv_heads \(2\)"):
+        DrafterSpec(num_heads=3, num_kv_heads=2).validate()
+    with pytest.raises(ValueError, match="rollout.engine.spec.drafter.num_heads"):
+        from rl_integration.config import load_config
+        load_config(None, ["rollout.engine.spec.drafter.num_heads=0"])
+    DrafterSpec(intermediate_size=8, num_heads=4, num_kv_heads=2).validate()

@@ -170,15 +170,68 @@ def test_the_history_store_comes_back_as_the_checkpoint_linked_it(tmp_path):
 
 
 def test_the_drafter_head_is_saved_and_resumed(tiny_run, tmp_path, capsys):
-    from drafter.export import load
+    """Local backend: the checkpoint keeps the trained head with its version; the resumed run
+    drafts with it and its training goes on from that version (a fresh run would restart at 0)."""
+    from drafter.export import load, read_state
 
     out = tmp_path / "run"
-    assert train(tiny_run, out, "trainer.steps=1", "rollout.drafter.enabled=true") == 0, capsys.readouterr().err
+    on = ["rollout.drafter.enabled=true"]
+    assert train(tiny_run, out, "trainer.steps=1", *on) == 0, capsys.readouterr().err
     ckpt = C.load_checkpoint(out / "checkpoints" / "step-1")
     assert ckpt.drafter is not None and ckpt.drafter.is_dir()
     head = load(ckpt.drafter, Engine.from_pretrained(str(ckpt.folder), EngineConfig(max_batch_size=1,
                                                                                      max_model_len=64)).model)
     assert all(torch.isfinite(t).all() for t in head.state_dict().values())
-    cfg = load_config(DEMO, [*tiny_run, *SMALL, "rollout.drafter.enabled=true"])
-    resume.resume_drafter(ckpt, cfg)
-    assert cfg.rollout.drafter.path == os.fspath(ckpt.drafter)
+    version = read_state(ckpt.drafter)[1]
+    assert version == ckpt.metrics[0]["drafter_version"] >= 1  # the warm start (0), trained between steps
+    assert train(tiny_run, out, "trainer.steps=2", *on, "--resume", "auto") == 0, capsys.readouterr().err
+    assert read_jsonl(out / "metrics.jsonl")[1]["drafter_version"] == version + 1
+
+
+def corrupt_saved_head(folder, how: str) -> None:
+    """Spoil a checkpoint's saved head as a bad save would (the manifest rewritten to match, so
+    the checkpoint itself is complete)."""
+    from safetensors.torch import load_file, save_file
+
+    head = folder / "drafter"
+    if how == "nan":
+        w = load_file(head / "model.safetensors")
+        w["fc.weight"][0, 0] = float("nan")
+        save_file(w, head / "model.safetensors")
+    else:  # made for another vocabulary
+        config = json.loads((head / "config.json").read_text())
+        config["spectail_drafter"]["vocab_size"] += 1
+        (head / "config.json").write_text(json.dumps(config))
+    step = C.read_manifest(folder)["step"]
+    (folder / C.MANIFEST).unlink()
+    C._write_manifest(folder, step)
+
+
+@pytest.mark.parametrize("how", ["nan", "vocab"])
+def test_a_saved_head_that_does_not_load_is_refused_with_a_warning(tiny_run, tmp_path, how):
+    out = tmp_path / "run"
+    assert train(tiny_run, out, "trainer.steps=1", "rollout.drafter.enabled=true") == 0
+    ckpt = C.load_checkpoint(out / "checkpoints" / "step-1")
+    corrupt_saved_head(ckpt.folder, how)
+    ckpt = C.load_checkpoint(ckpt.folder)  # still a complete checkpoint
+    cfg = load_config(DEMO, [*tiny_run, *SMALL, "rollout.drafter.enabled=true", "rollout.drafter.path=/elsewhere"])
+    with pytest.warns(UserWarning, match="does not load, the resumed run starts without one"):
+        assert resume.saved_drafter(ckpt, cfg, ckpt.load_model()) is None
+    assert cfg.rollout.drafter.path == "/elsewhere"  # nothing changed
+
+
+def test_a_resumed_run_with_a_refused_head_samples_the_same_tokens(tiny_run, tmp_path, capsys):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    on = ["rollout.drafter.enabled=true"]
+    for out in (good, bad):
+        assert train(tiny_run, out, "trainer.steps=1", *on) == 0, capsys.readouterr().err
+    corrupt_saved_head(bad / "checkpoints" / "step-1", "nan")
+    capsys.readouterr()
+    assert train(tiny_run, good, "trainer.steps=2", *on, "--resume", "auto") == 0, capsys.readouterr().err
+    with pytest.warns(UserWarning, match="does not load, the resumed run starts without one: .* NaN"):
+        assert train(tiny_run, bad, "trainer.steps=2", *on, "--resume", "auto") == 0, capsys.readouterr().err
+    a, b = (read_jsonl(out / "metrics.jsonl")[1] for out in (good, bad))
+    assert (a["generated_tokens"], a["reward_mean"]) == (b["generated_tokens"], b["reward_mean"])
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)  # logprobs agree to float rounding
+    assert a["accepted"]["drafter"] > 0 and a["drafter_version"] == 2
+    assert b["accepted"].get("drafter", 0) == 0 and b["drafter_version"] == 1  # no head; then a fresh one

@@ -1,4 +1,6 @@
 """The adaptive budget drafts where drafts pay and stops where they do not, never changing a token."""
+import time
+
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
@@ -178,15 +180,69 @@ def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
     assert explored > 0 and c.plan_step([sure], 8, 1.0).offers[0].most > 0
 
 
+def test_a_proposer_whose_asks_cost_more_than_they_yield_is_no_longer_asked():
+    c = AdaptiveController(max_draft_tokens=8)
+    c.cost.add_profile(8, 0.018)
+    c.cost.add_profile(72, 0.082)
+
+    class Slow(Named):
+        landing = False
+
+        def propose(self, req, k):
+            time.sleep(0.003)  # an ask that takes longer than the tokens it could save are worth
+            return Draft([7] * k, self) if self.landing else None
+
+    slow, req = Slow("slow", prior=0.5), Request(0, [1], SP(), 0)
+    asked = 0
+    for _ in range(40):
+        plan = c.plan_step([slow], 8, 1.0)
+        asked += plan.offers[0].most > 0
+        c.choose(req, 8, plan)
+        c.observe_step(8, 8, 0.018)
+    assert 1 <= asked <= 3  # the price alone would grant it a token every step (its rate is still its prior)
+    assert rate(c, slow) == 0.5 and c.plan_step([slow], 8, 1.0).offers[0].most == 0
+    assert c.asks["slow"][0] >= asked and c.asks["slow"][1] >= 0.003 * asked
+
+    slow.landing = True  # its drafts land now: exploration's asks find out, and it is asked again
+    for _ in range(400):
+        d = c.choose(req, 8, c.plan_step([slow], 8, 1.0))
+        if d is not None:
+            record(c, req, slow, 0, proposed=len(d.tokens), accepted=len(d.tokens))
+        c.observe_step(8, 8, 0.018)
+    assert c.plan_step([slow], 8, 1.0).offers[0].most > 0
+
+
 def test_a_draft_token_is_also_worth_its_sample_as_lookahead_past_an_earlier_rejection():
     c = AdaptiveController(min_draft_prob=0.2)
     rates = [0.5] * 8
     assert c.cut(rates, 0.2) == (2, 0.75)  # 0.5, 0.25 reach 0.2; 0.125 does not
-    n, value = c.cut(rates, 0.2, lookahead=0.9)
-    # token 3: P_3 = 0.125, plus R_3 = 0.9 * (R_2 + P(first rejection at 2)) = 0.9 * (0.45 + 0.25) = 0.63
+    n, value = c.cut(rates, 0.2, lookahead=[0.9 ** d for d in range(1, 9)])
+    # token 3: P_3 = 0.125, plus R_3 = 0.5 x 0.9**2 + 0.25 x 0.9 = 0.63 (first rejection at 1 or 2)
     assert n == 8 and value == sum(0.5 ** i for i in range(1, 9))  # the value chooses proposers: direct only
-    assert c.cut(rates, 0.2, lookahead=0.1)[0] == 2  # a lookahead that rarely lands adds little
-    assert c.draft_len(0.5, 16, 0.2, lookahead=0.9) == 16
+    assert c.cut(rates, 0.2, lookahead=[0.1 ** d for d in range(1, 9)])[0] == 2  # rarely landing: adds little
+    assert c.draft_len(0.5, 16, 0.2, lookahead=[0.9 ** d for d in range(1, 17)]) == 16
+    # Samples that land in runs (a long shot first, then nearly sure): at threshold 0.25 token 3 is
+    # worth 0.125 + 0.5 x 0.3 x 0.9 + 0.25 x 0.3 = 0.335, where the same first rate taken as
+    # geometric (0.3**d) gives 0.125 + 0.5 x 0.09 + 0.075 = 0.245
+    runs = [0.3 * 0.9 ** (d - 1) for d in range(1, 9)]
+    assert c.cut(rates, 0.25, lookahead=runs)[0] == 5
+    assert c.cut(rates, 0.25, lookahead=[0.3 ** d for d in range(1, 9)])[0] == 2
+
+
+def test_later_tokens_of_a_draft_are_judged_and_learnt_with_the_agreement_before_them():
+    c = AdaptiveController(min_draft_prob=0.05)
+    req, p = Request(0, [1], SP(), 0), Named("x", prior=0.5)
+    for _ in range(40):  # a first token that lands one time in four, then a run that nearly always does
+        record(c, req, p, evidence=0, proposed=8, accepted=0)
+        record(c, req, p, evidence=0, proposed=8, accepted=8)
+        record(c, req, p, evidence=0, proposed=8, accepted=0)
+        record(c, req, p, evidence=0, proposed=8, accepted=0)
+    table = c.table(p)
+    first, *later = rates_from(table, 0, None, 8)
+    assert first < 0.3 and min(later) > 0.9
+    assert rates_from(table, 3, None, 2) == [table[2][0], table[3][0]]  # evidence 3, then 4
+    # one rate for the whole draft (first**i) would stop after a token; by levels it runs on
+    assert c.cut(rates_from(table, 0, None, 8), 0.05)[0] == 8
 
 
 def test_a_fixed_threshold_is_kept_and_bad_values_are_named():

@@ -32,3 +32,27 @@ def test_lookahead_drafts_are_lossless_and_taken():
     ref, out = plain.generate(prompts, params, seeds=seeds), spec.generate(prompts, params, seeds=seeds)
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
     assert sum(o.stats["accepted"].get("lookahead", 0) for o in out) > 0
+
+
+def test_samples_no_draft_used_are_judged_against_what_was_emitted():
+    engine = Engine.from_pretrained(tiny_hf_model("llama", vocab=61, seed=3), EngineConfig(
+        max_batch_size=2, max_model_len=32, spec=SpecConfig(proposers=("lookahead",), min_draft_prob=0.3)))
+    c = engine.controller
+    (req,) = engine.make_requests([[1, 2, 3]], SamplingParams(max_tokens=20), seeds=[0])
+    req.output_ids = [5, 7]  # a step emitted 7 where samples [7, 8, 9] were kept for position 1
+    req.lookahead = Lookahead(1, [7, 8, 9], [0.5, 0.5, 0.5])
+    engine._judge_unused(req, drafted=False)
+    assert req.judging is not None and not c.trials  # all landed so far: judged further later
+    req.lookahead = None
+    req.output_ids += [8, 4]  # the second lands, the third does not
+    engine._judge_unused(req, drafted=False)
+    assert req.judging is None
+    # token i is judged at the level of evidence 0 + i: levels 0, 1, 2 (2-3 tokens)
+    judged = [(c.accepted[("lookahead", lv)], c.trials[("lookahead", lv)]) for lv in (0, 1, 2)]
+    assert judged == [(1, 1), (1, 1), (0, 1)]
+    assert req.proposed == {} and req.accepted == {}  # not one of the request's drafts
+
+    req.lookahead = Lookahead(len(req.output_ids), [1, 1], [0.5, 0.5])
+    req.output_ids += [2]
+    engine._judge_unused(req, drafted=True)  # drafted: its verify already judged it
+    assert c.trials["lookahead"] == 3

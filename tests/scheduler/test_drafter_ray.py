@@ -7,7 +7,7 @@ ray = pytest.importorskip("ray")
 
 import torch  # noqa: E402
 
-from drafter.export import export, head_state  # noqa: E402
+from drafter.export import export, from_state, head_state  # noqa: E402
 from drafter.head import DraftHead, HeadConfig  # noqa: E402
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
 from rollout.config import DrafterSpec  # noqa: E402
@@ -55,6 +55,8 @@ def test_idle_workers_train_and_tokens_never_change(ray_local, tmp_path):
         assert published[1] > published[0] >= 1
         versions = [ray.get(a.ping.remote(), timeout=30)["drafter_version"] for a in backend.workers.values()]
         assert min(versions) >= published[0]  # the reader loaded a published version between chunks
+        latest_version, latest = backend.published_drafter()  # what a checkpoint saves (slices in flight done)
+        assert latest_version >= published[1] and from_state(latest, policy).cfg.window == 8
 
         bad = head_state(head)
         bad["weights"]["fc.weight"] = torch.full_like(bad["weights"]["fc.weight"], float("nan"))
