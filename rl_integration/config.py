@@ -270,6 +270,9 @@ class RolloutSection:
     history: HistorySection = field(default_factory=HistorySection)
     drafter: DrafterSection = field(default_factory=DrafterSection)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
+    # ray only: KV slots each worker keeps for the requests it paused, so one continued there is
+    # not prefilled again (null: the backend's default, scheduler/ray_backend.default_kept_slots; 0: none)
+    kept_slots: Optional[int] = None
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
@@ -346,10 +349,10 @@ class RunConfig:
 RESUME_MAY_CHANGE = (
     "trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume", "output",
     "policy.cache_dir", "policy.checkpoint", "task.parquet.path",
-    "rollout.backend", "rollout.num_workers", "rollout.chunk_tokens", "rollout.num_cpus_per_worker",
-    "rollout.num_gpus_per_worker", "rollout.ray_address", "rollout.engine.max_batch_size",
-    "rollout.engine.max_num_batched_tokens", "rollout.engine.num_threads", "rollout.engine.spec", "rollout.history",
-    "rollout.drafter",
+    "rollout.backend", "rollout.num_workers", "rollout.chunk_tokens", "rollout.kept_slots",
+    "rollout.num_cpus_per_worker", "rollout.num_gpus_per_worker", "rollout.ray_address",
+    "rollout.engine.max_batch_size", "rollout.engine.max_num_batched_tokens", "rollout.engine.num_threads",
+    "rollout.engine.spec", "rollout.history", "rollout.drafter",
 )
 # ... except these, which change the samples (lenience accepts history tokens the policy did not sample)
 RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
@@ -433,6 +436,8 @@ def _validate_rollout(r: RolloutSection) -> None:
     _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
     _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
           r.chunk_tokens)
+    _need(r.kept_slots is None or r.kept_slots >= 0, "rollout.kept_slots", "must be >= 0 or null (the backend's "
+          "default)", r.kept_slots)
     _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
     _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
           "must be >= 1 or null (no limit)", r.history.max_age_steps)

@@ -318,6 +318,8 @@ def build_backend(cfg: RolloutSection, model, eng_cfg, progress: bool = False, p
         raise ValueError(f"rollout.backend is 'ray' but the Ray backend cannot be imported ({e}); "
                          "install spectail[ray]") from None
     extra = {} if cfg.chunk_tokens is None else {"chunk_tokens": cfg.chunk_tokens}
+    if cfg.kept_slots is not None:
+        extra["kept_slots"] = cfg.kept_slots
     if vllm is not None:  # vLLM actors (worker class, its options, the Python that has vLLM)
         from scheduler.vllm_worker import ray_options
         extra.update(ray_options(vllm))

@@ -38,9 +38,7 @@ earlier for it: not when it ends with the slowest of many requests alike. Each r
 and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
-switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
-takes host time whether or not its draft is granted: a proposer is asked only while the tokens
-its asks yield are worth that time (`_asks_pay`). A fixed
+switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
 `min_draft_prob` replaces the price by `min_draft_prob x load` (load: the fraction of slots in
 use), deterministic, as tests and benchmarks of draft lengths need.
 """
@@ -48,7 +46,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -70,7 +67,6 @@ MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
-ASK_PRIOR = 4.0  # asks' worth of trust in a proposer's prior as the tokens an ask yields
 
 
 def level(evidence: int) -> int:
@@ -128,7 +124,6 @@ class AdaptiveController:
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
-    asks: dict = field(default_factory=dict)  # name -> decayed [times asked for a draft, seconds those asks took]
     # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
     # a step that records nothing (speculation off) must not rebuild them.
     tables: dict = field(default_factory=dict, repr=False)
@@ -147,7 +142,6 @@ class AdaptiveController:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
-        self.asks = {name: [x * GLOBAL_DECAY for x in v] for name, v in self.asks.items()}
 
     def end_run(self) -> None:
         """A run is over: what only spared its steps work (the cached tables) is dropped, so an
@@ -172,7 +166,7 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "saved": list(self.saved), "asks": {k: list(v) for k, v in self.asks.items()},
+                "credit": self.credit, "saved": list(self.saved),
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -181,9 +175,7 @@ class AdaptiveController:
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
-        # (checkpoints from before these were learnt)
-        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
-        self.asks = {k: [float(x) for x in v] for k, v in state.get("asks", {}).items()}
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -241,33 +233,8 @@ class AdaptiveController:
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running, value)
-            elif self.priced and not self._asks_pay(p, value):
-                most = 0
             offers.append(Offer(p, table, top, most))
         return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
-
-    def _asks_pay(self, proposer: Proposer, value: float) -> bool:
-        """Whether asking this proposer for drafts pays for the asking: the accepted tokens an ask
-        has yielded, each worth `value` seconds, against the seconds an ask takes (both decayed per
-        run like the rates). Proposer time is host work that a step pays whether or not a draft is
-        found or granted; a proposer whose drafts never land (or are never found, or always cut)
-        would cost it every step. The yield is shrunk towards the proposer's prior, so one not yet
-        asked is asked. Exploration's one-token drafts add their accepted tokens but not their asks
-        (paid from the exploration credit), so a proposer that lands again is asked again."""
-        asks, seconds = self.asks.get(proposer.name, (0.0, 0.0))
-        if asks <= 0:
-            return True
-        yielded = (self.accepted.get(proposer.name, 0.0) + ASK_PRIOR * proposer.prior) / (asks + ASK_PRIOR)
-        return yielded * value >= seconds / asks
-
-    def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
-        """proposer.propose(req, k), counted and timed for `_asks_pay`."""
-        start = time.perf_counter()
-        draft = proposer.propose(req, k)
-        tally = self.asks.setdefault(proposer.name, [0.0, 0.0])
-        tally[0] += 1.0
-        tally[1] += time.perf_counter() - start
-        return draft
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:
@@ -297,7 +264,7 @@ class AdaptiveController:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
-            draft = self._ask(offer.proposer, req, cap)
+            draft = offer.proposer.propose(req, cap)
             if draft is None or not draft.tokens:
                 continue
             n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
@@ -312,7 +279,7 @@ class AdaptiveController:
         """One draft token from the most promising proposer, paid from the exploration credit."""
         price = plan.token_cost
         offer = max(plan.offers, key=lambda o: o.top)
-        draft = offer.proposer.propose(req, 1)  # (not an ask of `_asks_pay`'s: its tokens count, its time does not)
+        draft = offer.proposer.propose(req, 1)
         if draft is None or not draft.tokens:
             self.credit -= FAILED_ATTEMPT * price
             return None

@@ -9,8 +9,8 @@ length only from the group's probe, as it would in real RL.
 All three modes run on the same Ray workers in one process, one after another, on the same
 requests (same seeds), so their outputs must be token-identical -- the benchmark checks it.
 
-    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots 4]
-                              [--chunk 32] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
+    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots N]
+                              [--chunk 64] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
                               [--out bench_results/scheduler.json]
 
 Each round runs every workload in the three modes back to back, in alternating order; the table
@@ -19,7 +19,10 @@ their ratio to static's (x static, from the medians) and the median over workloa
 each run's ratio to static's run of the same workload in the same round (paired).
 tail_seconds is the time from 90% of the samples finished to 100%. `steps` (target forwards, all
 workers), `most/w` (the most forwards one worker ran: the critical path) and `fed tok` (tokens
-fed to them) measure the work each mode did, which a busy shared machine does not blur. With
+fed to them) measure the work each mode did, which a busy shared machine does not blur; `cpu/w`
+is the critical path in CPU seconds (the most any worker's chunks took, mean per rollout), with
+its ratio to static's: what the rollout would take with a core per worker and nothing else
+running, blurred far less than the wall seconds by other jobs. With
 `--kept-slots 0` the workers keep no KV, and every chunk re-prefills its requests (the divided
 modes then feed far more tokens than static). The machine's load is printed and saved with the
 results: on a 2-core machine shared with other jobs the seconds move from run to run, so only
@@ -79,7 +82,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4, help="max_batch_size of each worker's engine")
     ap.add_argument("--kept-slots", type=int, default=None,
-                    help="KV slots each worker keeps for paused requests (default: --batch; 0: re-prefill every chunk)")
+                    help="KV slots each worker keeps for paused requests (default: the Ray backend's, "
+                         "2 x --batch on a CPU; 0: re-prefill every chunk)")
     ap.add_argument("--chunk", type=int, default=SchedulerConfig.chunk_tokens,
                     help="engine steps per chunk (new tokens per request where workers keep no KV), at least")
     ap.add_argument("--growth", type=float, default=SchedulerConfig.chunk_growth,
@@ -99,12 +103,12 @@ def main(argv=None) -> dict:
     args = parse(argv)
     vocab = 1024
     model = bench_model(vocab)
-    kept = args.batch if args.kept_slots is None else args.kept_slots
-    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64, kept_slots=kept)
+    cfg = EngineConfig(max_batch_size=args.batch, max_model_len=args.max_len + 64)
     t = time.perf_counter()
     load_before = os.getloadavg()
     backend = RayRolloutBackend(model, cfg, num_workers=args.workers, num_cpus_per_worker=1,
-                                chunk_tokens=args.chunk)
+                                chunk_tokens=args.chunk, kept_slots=args.kept_slots)
+    kept = next(iter(backend.worker_info.values()))["kept_slots"]
     backend.scheduler_config.chunk_growth = args.growth
     backend.scheduler_config.extra_requests = args.extra
     print(f"{args.workers} workers up in {time.perf_counter() - t:.1f}s: "
@@ -176,12 +180,14 @@ def summarize(runs: list[dict], args) -> dict:
             "rollout_seconds_min": min(rollout) / n, "rollout_seconds_median": statistics.median(rollout) / n,
             "tail_seconds_min": min(tail) / n, "tail_seconds_median": statistics.median(tail) / n,
             **{key: statistics.mean(r[key] for r in runs if r["mode"] == mode)
-               for key in ("worker_busy_fraction", "chunks", "engine_steps", "max_worker_steps", "fed_tokens")}}
+               for key in ("worker_busy_fraction", "chunks", "engine_steps", "max_worker_steps", "fed_tokens",
+                           "reprefills", "max_worker_cpu_seconds")}}
     base = summary["static"]
     for mode in MODES:
         s = summary[mode]
         s["rollout_vs_static_median"] = s["rollout_seconds_median"] / base["rollout_seconds_median"]
         s["rollout_vs_static_min"] = s["rollout_seconds_min"] / base["rollout_seconds_min"]
+        s["max_worker_cpu_vs_static"] = s["max_worker_cpu_seconds"] / base["max_worker_cpu_seconds"]
         s["paired_rollout_ratios"] = [r["rollout_seconds"] / b["rollout_seconds"] for r in runs if r["mode"] == mode
                                       for b in runs if b["mode"] == "static" and (b["workload"], b["round"]) ==
                                       (r["workload"], r["round"])]
@@ -199,14 +205,15 @@ def print_table(summary: dict, args) -> None:
           f"{args.samples} samples, {args.workers} workers, max_batch_size {args.batch}, chunk >= {args.chunk}, "
           f"growth {args.growth}, extra {args.extra}); seconds: min / median over rounds")
     print(f"{'mode':17s}{'rollout_s':>13s}{'x static':>10s}{'paired':>8s}{'tail_s':>12s}{'tail cut':>10s}"
-          f"{'median cut':>12s}{'busy':>6s}{'steps':>7s}{'most/w':>8s}{'fed tok':>9s}")
+          f"{'median cut':>12s}{'busy':>6s}{'steps':>7s}{'most/w':>8s}{'cpu/w':>7s}{'x static':>9s}{'fed tok':>9s}")
     for mode in MODES:
         s = summary[mode]
         print(f"{mode:17s}{s['rollout_seconds_min']:6.2f} /{s['rollout_seconds_median']:5.2f}"
               f"{s['rollout_vs_static_median']:10.2f}{s['paired_rollout_ratio_median']:8.2f}"
               f"{s['tail_seconds_min']:5.2f} /{s['tail_seconds_median']:5.2f}"
               f"{s['tail_cut_vs_static']:10.0%}{s['median_workload_tail_cut']:12.0%}{s['worker_busy_fraction']:6.2f}"
-              f"{s['engine_steps']:7.0f}{s['max_worker_steps']:8.0f}{s['fed_tokens']:9.0f}")
+              f"{s['engine_steps']:7.0f}{s['max_worker_steps']:8.0f}{s['max_worker_cpu_seconds']:7.2f}"
+              f"{s['max_worker_cpu_vs_static']:9.2f}{s['fed_tokens']:9.0f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ In-memory weights are put in the object store once and every worker reads that o
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -290,6 +291,24 @@ class WorkerPool:
 
 # ---- the backend -----------------------------------------------------------------------------
 
+def default_kept_slots(engine_config: EngineConfig, mode: str, kept_slots: Optional[int] = None) -> int:
+    """The kept KV slots of a worker's engine (rollout/kept_slots.py). An explicit `kept_slots`
+    wins, then a nonzero EngineConfig.kept_slots. Otherwise the divided modes keep KV: the
+    scheduler continues a paused request where its KV is kept, and displaces a running request
+    for a clearly longer one (rollout_scheduler._ranked); two batches hold what runs and what
+    was displaced, where a single batch would evict displaced requests and prefill them again.
+    Off the CPU, KV memory is what bounds the batch, so one batch. The static split has no chunks
+    and keeps none."""
+    if kept_slots is not None:
+        if isinstance(kept_slots, bool) or not isinstance(kept_slots, int) or kept_slots < 0:
+            raise ValueError(f"kept_slots must be None or an integer >= 0, got {kept_slots!r}")
+        return kept_slots
+    if engine_config.kept_slots or mode == "static":
+        return engine_config.kept_slots
+    batch = engine_config.max_batch_size
+    return 2 * batch if torch.device(engine_config.device).type == "cpu" else batch
+
+
 class RayRolloutBackend:
     """Engine.generate's contract, run by `num_workers` RolloutWorker actors.
 
@@ -300,6 +319,12 @@ class RayRolloutBackend:
         that many torch threads). Set engine_config.device="cuda" with GPUs.
     chunk_tokens, chunk_growth, mode: the scheduler (see rollout_scheduler); `mode` and
         `chunk_tokens` may be changed between rollouts, `scheduler_config` holds the rest.
+    kept_slots: KV slots each worker keeps for the requests it paused (EngineConfig.kept_slots),
+        so a divided rollout continues them there without prefill. None (default): the engine
+        config's value if it sets one, else, for spectail's workers in a divided mode, 2 x
+        max_batch_size on a CPU (a batch running and a batch displaced by longer requests) and
+        max_batch_size on other devices (where KV memory bounds the batch); 0 keeps none. See
+        `default_kept_slots`.
     address: a running cluster (else RAY_ADDRESS, else the current connection, else a local Ray).
     start_timeout_s: how long workers may take to load (and to be placed) before TimeoutError.
     on_idle(worker_index): called when a worker has no work (during and at the end of a rollout).
@@ -314,13 +339,14 @@ class RayRolloutBackend:
 
     def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,
                  num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
-                 chunk_tokens: int = 32, mode: str = "divided+context", address: Optional[str] = None,
+                 chunk_tokens: int = SchedulerConfig.chunk_tokens, mode: str = "divided+context",
+                 address: Optional[str] = None,
                  start_timeout_s: float = 300.0, on_idle: Optional[Callable[[int], None]] = None, *,
                  chunk_growth: float = 1.0, on_chunk: Optional[Callable[[int, list], None]] = None,
                  restart_workers: bool = True,
                  max_restarts: int = 4, call_timeout_s: float = 600.0, chunk_timeout_s: float = 3600.0,
                  connect_timeout_s: float = 5.0, actor_options: Optional[dict] = None,
-                 worker_cls=None, worker_kwargs: Optional[dict] = None):
+                 worker_cls=None, worker_kwargs: Optional[dict] = None, kept_slots: Optional[int] = None):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if not num_cpus_per_worker >= 0 or not num_gpus_per_worker >= 0:
@@ -328,6 +354,9 @@ class RayRolloutBackend:
         if not start_timeout_s > 0 or not call_timeout_s > 0:
             raise ValueError("start_timeout_s and call_timeout_s must be > 0")
         engine_config.validate()
+        if worker_cls is None:
+            engine_config = dataclasses.replace(engine_config,
+                                                kept_slots=default_kept_slots(engine_config, mode, kept_slots))
         self.scheduler_config = SchedulerConfig(mode=mode, chunk_tokens=chunk_tokens, chunk_growth=chunk_growth,
                                                 chunk_timeout_s=chunk_timeout_s)
         self.scheduler_config.validate()

@@ -8,9 +8,9 @@ each chunk; a request sent back there resumes without prefill, anywhere else it 
 context again. On such workers a chunk is `chunk_tokens` engine steps (Engine.run's max_steps:
 every running request pauses at the same step) and may carry requests beyond the worker's slots,
 which the engine admits as slots free inside the chunk, so no slot waits for the chunk's end. On
-workers that keep nothing a chunk is `chunk_tokens` new tokens per request. Either way a chunk
-that prefills a context again lasts at least `chunk_growth` times the longest such context, to
-keep that cost a bounded fraction of the decoding.
+workers that keep nothing a chunk is `chunk_tokens` new tokens per request, and at least
+`chunk_growth` times the longest context it prefills again, to keep that cost a bounded fraction
+of the decoding.
 
 The scheduler holds the only copy of each request's state (output so far, logprobs, stats); a
 worker's results are applied only when its whole chunk comes back, so a worker that dies loses
@@ -23,26 +23,35 @@ workers' batches leave) -- and the loop waits on all of them at once (`ray.wait`
 and refills whichever worker returns first.
 
 Which requests go where:
-- affinity: a worker first takes back (up to a batch of) the paused requests whose KV it keeps.
-  A request kept on another live worker is left for it while that worker is idle and keeps no
-  more of the queue than one batch: moving costs one re-prefill and gains nothing while the
-  holder has a slot for it, but a request beyond the holder's batch, or one whose holder is busy
-  with a chunk, would wait while this worker has a free slot;
-- balance: beyond its own, a worker takes at most its fair share of the unfinished requests,
-  ceil(unfinished / live workers), so the tail is spread over every worker rather than left
-  on the one that happened to return first;
+- affinity: a request whose KV a worker keeps goes back to that worker. In the context-aware
+  mode it ranks `preempt_margin` chunks higher there and as much lower on any other worker, so it
+  is displaced (paused, its KV still kept) only by a request estimated clearly longer, and moved
+  (prefilled again) only where another worker would run it much sooner -- typically a worker with
+  free slots while its holder runs longer ones. A request kept on an idle live worker within that
+  worker's next batch is left to it (it is dispatched next). In the divided (FIFO) mode a worker
+  takes back its own first (up to a batch), and others take a request kept elsewhere only beyond
+  its idle holder's batch, or while its holder is busy with a chunk;
+- balance: beyond the requests it keeps that rank among its slots, a worker takes at most its
+  fair share of the unfinished requests, ceil(unfinished / live workers), so the tail is spread
+  over every worker rather than left on the one that happened to return first; the requests
+  carried beyond its slots are a share of the queue's surplus, never its own displaced ones
+  (carried, they would wait for a slot there while another worker could run them);
 - groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
   first, so its suffix index stays local; a worker whose own groups cannot fill its share takes
-  other groups' requests (they move);
+  other groups' requests (they move). In the context-aware mode this only breaks ties between
+  equal estimates: the order comes first;
 - order ("divided+context", after Seer): one member of each group -- the probe -- runs first
   (probes not yet started before those already running, so every group is measured early).
   When a group's probe (or any member) finishes, its length estimates the other members'
   lengths; while none has finished, a group whose furthest member has produced P tokens is
   estimated at `probe_factor` x P (lengths are heavy-tailed: what has run long runs longer).
   Then the longest estimated remaining goes first, so the long requests start early and end
-  with the short ones instead of after them. Every time a request is passed over its priority
-  grows by `aging * chunk_tokens` tokens, so nothing starves. The scheduler never reads
-  max_tokens: the estimates come only from what the rollout has produced.
+  with the short ones instead of after them: with kept KV, a running request is displaced for
+  one estimated longer by more than the margin, at no cost but a side slot. Every time a request
+  is passed over its priority grows by `aging * chunk_tokens` tokens, so nothing starves; the
+  ageing is slight, because every request of a rollout runs in the end anyway, and short
+  requests that aged past long ones would displace them and let them end last. The scheduler
+  never reads max_tokens: the estimates come only from what the rollout has produced.
 
 Modes (for the benchmark): "static" splits the requests evenly over the workers up front and
 runs each part to the end (no chunks); "divided" runs chunks in FIFO order; "divided+context"
@@ -57,9 +66,11 @@ re-prefills included; chunks lost with a worker are not counted), drafter_second
 time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
 drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_published, drafter_version;
 max_worker_steps (the most any
-one worker ran: the rollout's critical path in forwards), reprefills and reprefill_tokens (requests
-dispatched, with some output, where their KV is not kept, and their contexts: an upper bound, as
-a request carried beyond the slots and never admitted costs nothing).
+one worker ran: the rollout's critical path in forwards), worker_cpu_seconds and
+max_worker_cpu_seconds (the CPU seconds of each worker's chunks, and the most: the critical path
+in CPU time, which a machine shared with other jobs blurs far less than wall time), reprefills
+and reprefill_tokens (requests dispatched, with some output, where their KV is not kept, and their
+contexts: an upper bound, as a request carried beyond the slots and never admitted costs nothing).
 """
 from __future__ import annotations
 
@@ -77,11 +88,12 @@ MODES = ("static", "divided", "divided+context")
 @dataclass
 class SchedulerConfig:
     mode: str = "divided+context"
-    chunk_tokens: int = 32  # new tokens per request per dispatch (divided modes), at least
-    chunk_growth: float = 1.0  # ... and at least this times the batch's longest context
+    chunk_tokens: int = 64  # engine steps per chunk where KV is kept, else new tokens per request, at least
+    chunk_growth: float = 1.0  # where KV is not kept: at least this times the batch's longest context
     extra_requests: float = 0.5  # a batch may carry this x max_batch_size requests beyond its slots
     probe_factor: float = 2.0  # a group whose leader has run P tokens is estimated at this x P
-    aging: float = 0.1  # priority gained per pass-over, in units of chunk_tokens
+    aging: float = 0.02  # priority gained per pass-over, in units of chunk_tokens
+    preempt_margin: float = 2.0  # a kept request ranks this many chunk_tokens higher where it is kept
     poll_s: float = 0.5  # ray.wait timeout: how often the loop checks deadlines and restarts
     chunk_timeout_s: float = 3600.0  # a batch not back by then counts as a dead worker
 
@@ -92,6 +104,8 @@ class SchedulerConfig:
             raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens}")
         if not self.aging >= 0:
             raise ValueError(f"aging must be >= 0, got {self.aging}")
+        if not self.preempt_margin >= 0:
+            raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
         if not self.chunk_growth >= 0:
             raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
         if not self.extra_requests >= 0:
@@ -125,25 +139,7 @@ class RolloutScheduler:
         from ray.exceptions import GetTimeoutError
 
         cfg = self.config
-        self.reqs = {i: r for i, r in enumerate(requests)}
-        self.rollout_id = rollout_id
-        self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
-        self.probe = {}  # group -> request id of its probe
-        for i in self.reqs:
-            self.probe.setdefault(self.gkey[i], i)
-        self.home: dict = {}  # group -> worker index
-        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
-        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
-        self.group_len: dict = {}  # group -> longest finished member
-        self.skipped = {i: 0 for i in self.reqs}
-        self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
-        self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
-        self.busy_s: dict = {}  # worker -> seconds inside chunks
-        self.worker_steps: dict = {}  # worker -> engine steps it ran
-        self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
-        self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
-                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
-                       "reprefills": 0, "reprefill_tokens": 0}
+        self.start(requests, rollout_id)
         if self.drafter is not None:
             self.drafter.new_rollout()
         idle_told: set = set()
@@ -195,6 +191,32 @@ class RolloutScheduler:
                     self.on_idle(w)
         return self._metrics(elapsed, list(self.finish_times.values()))
 
+    def start(self, requests: list[Request], rollout_id=None) -> None:
+        """A new rollout's state: nothing kept, nothing in flight, every unfinished request queued."""
+        self.reqs = {i: r for i, r in enumerate(requests)}
+        self.rollout_id = rollout_id
+        self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
+        self.probe = {}  # group -> request id of its probe
+        for i in self.reqs:
+            self.probe.setdefault(self.gkey[i], i)
+        self.home: dict = {}  # group -> worker index
+        self.holder: dict = {}  # request id -> the worker keeping its KV (it resumes there without prefill)
+        self.kept_on: dict = {}  # worker -> the request ids it reported keeping
+        self.group_len: dict = {}  # group -> longest finished member
+        self.lead: dict = {}  # group -> most tokens any member has produced
+        for i, r in self.reqs.items():
+            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
+        self.skipped = {i: 0 for i in self.reqs}
+        self.pending = [i for i, r in self.reqs.items() if r.finish_reason is None]
+        self.inflight: dict = {}  # ObjectRef -> (worker, ids, dispatch time)
+        self.busy_s: dict = {}  # worker -> seconds inside chunks
+        self.cpu_s: dict = {}  # worker -> CPU seconds of its chunks (where the worker reports them)
+        self.worker_steps: dict = {}  # worker -> engine steps it ran
+        self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
+        self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
+                       "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
+                       "reprefills": 0, "reprefill_tokens": 0}
+
     def _receive(self, w: int, ids: list[int], results: list[dict], now: float) -> int:
         """Fold a returned chunk into the requests; paused ones go back to the queue. Returns
         how many finished. `now`: seconds since the rollout started."""
@@ -202,6 +224,7 @@ class RolloutScheduler:
         if results:
             first = results[0]  # per-call figures are repeated in every result
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
+            self.cpu_s[w] = self.cpu_s.get(w, 0.0) + first.get("cpu_s", 0.0)
             self.counts["engine_steps"] += first.get("engine_steps", 0)
             self.worker_steps[w] = self.worker_steps.get(w, 0) + first.get("engine_steps", 0)
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
@@ -216,6 +239,7 @@ class RolloutScheduler:
             back.discard(i)
             r = self.reqs[i]
             _apply(r, res)
+            self.lead[self.gkey[i]] = max(self.lead.get(self.gkey[i], 0), len(r.output_ids))
             if r.finish_reason is None:
                 self.pending.append(i)
                 continue
@@ -302,24 +326,57 @@ class RolloutScheduler:
         return ids
 
     def _choose(self, w: int, n_ready: int, live: set) -> list[int]:
-        """The requests of w's next batch: its own (whose KV it keeps) first, then its groups', then
-        others', each in the queue's order. Its own go first even before a more urgent one: one
-        left waiting would be taken by another worker while this one is busy, and prefilled again
-        there (and a chunk that prefills long contexts again grows with them)."""
+        """The requests of w's next batch: at most its slots, its fair share of the unfinished ones
+        (but never fewer than the requests it keeps that rank among its slots), and where it keeps KV
+        a share of the surplus beyond its slots, which the engine admits as slots free in the chunk."""
         cfg = self.config
         in_flight = sum(len(ids) for _, ids, _ in self.inflight.values())
         slots = self.pool.max_batch(w)
         share = math.ceil((len(self.pending) + in_flight) / max(1, n_ready))
-        order = self._ordered() if cfg.mode == "divided+context" else list(self.pending)
-        own, free = self._affinity(w, order, live)
+        cands = self._ranked(w, live) if cfg.mode == "divided+context" else self._fifo(w, live)
+        n = min(slots, max(share, sum(self.holder.get(i) == w for i in cands[:slots])))
+        if not self._keeps(w):
+            return cands[:n]
+        # Beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
+        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little).
+        # Not its own displaced requests: carried here they would wait for a slot to free while another
+        # worker could run them.
+        rest = cands[n:] if cfg.mode != "divided+context" else [i for i in cands[n:] if self.holder.get(i) != w]
+        extra = min(int(cfg.extra_requests * slots), len(rest) // max(1, n_ready))
+        return cands[:n] + rest[:extra]
+
+    def _fifo(self, w: int, live: set) -> list[int]:
+        """Divided mode (no estimates): w's own (whose KV it keeps) first, then its groups', then
+        others', each in the queue's order. Its own go first: one left waiting would be taken by
+        another worker while this one is busy, and prefilled again there."""
+        own, free = self._affinity(w, list(self.pending), live)
         local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
         mine = set(local)
-        cands = own + local + [i for i in free if i not in mine]
-        n = min(slots, max(share, len(own)))
-        # beyond its slots, a share of the surplus: it refills the slots freed inside the chunk (only
-        # where paused requests keep their KV: elsewhere one admitted late would re-prefill for little)
-        extra = min(int(cfg.extra_requests * slots), (len(cands) - n) // max(1, n_ready)) if self._keeps(w) else 0
-        return cands[:n + max(0, extra)]
+        return own + local + [i for i in free if i not in mine]
+
+    def _ranked(self, w: int, live: set) -> list[int]:
+        """Context-aware mode: w's candidates by priority (probes, then longest estimated remaining,
+        aged). A request whose KV w keeps ranks `preempt_margin` chunks higher, one kept on another
+        worker as much lower (taking it costs a prefill there), so a kept request is displaced
+        (paused, its KV kept) or moved only for one that is clearly longer: the long requests start
+        as soon as they are known to be long, without requests swapping at every chunk. A request
+        kept on an idle live worker within its batch is left to it: it is dispatched next. On equal
+        estimates, members of the groups w runs go first (their suffix index is here)."""
+        margin = self.config.preempt_margin * self.config.chunk_tokens
+        busy, theirs = self._busy_workers(), {}
+        for i in self.pending:
+            h = self.holder.get(i)
+            if h is not None and h != w and h in live and h not in busy:
+                theirs.setdefault(h, []).append(i)
+        left = {i for h, ids in theirs.items() for i in self._ordered(ids)[:self.pool.max_batch(h)]}
+
+        def key(i):
+            h, home = self.holder.get(i), self.home.get(self.gkey[i], w)
+            bonus = margin if h == w else -margin if h is not None and h in live else 0.0
+            cls, est, tie = self._priority(i)
+            return cls, est + bonus, home == w or home not in live, tie
+
+        return sorted((i for i in self.pending if i not in left), key=key, reverse=True)
 
     def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
         """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
@@ -343,43 +400,43 @@ class RolloutScheduler:
         rank = {i: n for n, i in enumerate(order)}
         return own[:slots], sorted(free + own[slots:], key=rank.__getitem__)
 
-    def _ordered(self) -> list[int]:
-        """Probes first, then longest estimated remaining first, aged."""
+    def _ordered(self, ids: Optional[list[int]] = None) -> list[int]:
+        """Probes first, then longest estimated remaining first, aged (the queue, or `ids`)."""
+        return sorted(self.pending if ids is None else ids, key=self._priority, reverse=True)
+
+    def _priority(self, i: int) -> tuple:
+        """(class, estimated remaining tokens + aging, tie-break): larger runs first. Probes (class
+        1, by tokens produced): unstarted ones first (find every group's length early), then the
+        furthest along."""
         cfg = self.config
-        lead: dict = {}  # group -> most tokens any member has produced
-        for i, r in self.reqs.items():
-            g = self.gkey[i]
-            lead[g] = max(lead.get(g, 0), len(r.output_ids))
-
-        def key(i):
-            g, out = self.gkey[i], len(self.reqs[i].output_ids)
-            if g in self.group_len:
-                est_total = self.group_len[g]
-            elif self.probe[g] == i:  # probes: unstarted ones first (find every group's length
-                return (1, out == 0, out, -i)  # early), then the furthest along
-            else:  # unfinished group: heavy-tailed lengths, so one that ran P tokens runs ~2P
-                est_total = max(cfg.probe_factor * lead[g], lead[g] + cfg.chunk_tokens)
-            remaining = max(est_total - out, 1)
-            return (0, remaining + cfg.aging * cfg.chunk_tokens * self.skipped[i], -i)
-
-        return sorted(self.pending, key=key, reverse=True)
+        g, out = self.gkey[i], len(self.reqs[i].output_ids)
+        if g in self.group_len:
+            est_total = self.group_len[g]
+        elif self.probe[g] == i:
+            return (1, math.inf if out == 0 else out, -i)
+        else:  # unfinished group: heavy-tailed lengths, so one that ran P tokens runs ~2P
+            lead = self.lead.get(g, 0)
+            est_total = max(cfg.probe_factor * lead, lead + cfg.chunk_tokens)
+        remaining = max(est_total - out, 1)
+        return (0, remaining + cfg.aging * cfg.chunk_tokens * self.skipped[i], -i)
 
     def _keeps(self, w: int) -> bool:
         """Whether worker w's engine keeps paused requests' KV (EngineConfig.kept_slots)."""
         return getattr(self.pool, "info", {}).get(w, {}).get("kept_slots", 0) > 0
 
     def _budget(self, w: int, ids: list[int]) -> Optional[int]:
-        """The chunk: chunk_tokens, and at least chunk_growth x the longest context the batch
-        prefills again, so that a re-prefill stays a bounded fraction of the decoding. On a worker
-        that keeps KV only requests moved to it (or evicted there) prefill again, and the chunk is
-        counted in engine steps (each gives every running request at least one token); elsewhere
-        every request prefills again and the chunk is new tokens per request."""
+        """The chunk. On a worker that keeps KV, chunk_tokens engine steps (each gives every running
+        request at least one token): only a request moved to it prefills again, once, and the
+        scheduler moves one only where that pays, so the chunk does not grow for it (a longer chunk
+        would only delay the next rebalancing). Elsewhere every request prefills its context again
+        in every chunk, so the chunk is new tokens per request, at least chunk_growth x the longest
+        context, to keep re-prefill a bounded fraction of the decoding."""
         cfg = self.config
         if cfg.mode == "static":
             return None
-        keeps = self._keeps(w)
-        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids)
-                 for i in ids if not keeps or (self.holder.get(i) != w and self.reqs[i].output_ids)]
+        if self._keeps(w):
+            return cfg.chunk_tokens
+        again = [len(self.reqs[i].prompt_ids) + len(self.reqs[i].output_ids) for i in ids]
         return max(cfg.chunk_tokens, math.ceil(cfg.chunk_growth * max(again, default=0)))
 
     def _item(self, i: int, budget: Optional[int], keeps: bool) -> dict:
@@ -409,13 +466,15 @@ class RolloutScheduler:
         return {
             "mode": self.config.mode,
             "chunk_tokens": None if self.config.mode == "static" else self.config.chunk_tokens,
-        "chunk_growth": None if self.config.mode == "static" else self.config.chunk_growth,
+            "chunk_growth": None if self.config.mode == "static" else self.config.chunk_growth,
             "num_workers": slots,
             "num_samples": len(reqs),
             "rollout_seconds": elapsed,
             "tail_seconds": tail_seconds(finish_times),
             "worker_busy_fraction": sum(self.busy_s.values()) / (elapsed * slots) if elapsed > 0 else 0.0,
             "worker_busy_seconds": {w: round(s, 4) for w, s in sorted(self.busy_s.items())},
+            "worker_cpu_seconds": {w: round(s, 4) for w, s in sorted(self.cpu_s.items())},
+            "max_worker_cpu_seconds": max(self.cpu_s.values(), default=0.0),
             "max_worker_steps": max(self.worker_steps.values(), default=0),
             "generated_tokens": generated,
             "tokens_per_second": generated / elapsed if elapsed > 0 else 0.0,

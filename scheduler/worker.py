@@ -23,7 +23,8 @@ far, its logprobs, seed, sampling params, the old response and its logprobs, gro
 A result (dict): id; token_ids and logprobs (the tokens generated in this call only);
 finish_reason ("stop" | "length", or None when paused at the end of the chunk); stats (the
 counters, cumulative); finished_at_s (seconds from the start of the call to this request's last
-token, None if paused); for the whole call (same in every result): wall_s, engine_steps (target
+token, None if paused); for the whole call (same in every result): wall_s, cpu_s (this process's
+CPU seconds: what the call cost, which other processes on the machine blur less), engine_steps (target
 forwards), spec_off_steps (those without drafts) and fed_tokens (tokens fed to them, prefill
 included) -- the work the call took, independent of how busy the machine was --,
 drafter_seconds (the draft head's share of it) and kept (the scheduler ids of this rollout whose
@@ -80,7 +81,7 @@ class RolloutWorker:
         return self.engine.update_weights(weights)
 
     def run_chunk(self, work: list[dict], drafter: Optional[tuple] = None) -> list[dict]:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         self._load_drafter(drafter)
         dp = self._drafter()
         head_s = dp.stats["seconds"] if dp is not None else 0.0
@@ -94,11 +95,11 @@ class RolloutWorker:
             results += part
             done = RunStats(done.steps + run.steps, done.spec_off_steps + run.spec_off_steps,
                             done.fed_tokens + run.fed_tokens)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         drafter_s = dp.stats["seconds"] - head_s if dp is not None else 0.0
         kept = [key[1] for key in self.engine.kept.keys() if key[0] == work[0].get("rollout")] if work else []
         for r in results:
-            r.update(wall_s=wall, engine_steps=done.steps, fed_tokens=done.fed_tokens,
+            r.update(wall_s=wall, cpu_s=cpu, engine_steps=done.steps, fed_tokens=done.fed_tokens,
                      spec_off_steps=done.spec_off_steps, drafter_seconds=drafter_s, kept=kept)
         self.busy_s += wall
         self.chunks += 1

