@@ -106,10 +106,10 @@ class Backoff:
         self.left = self.length = 0
 
 
-def expected_value(rate: float, k: int, threshold: float, lookahead: float = 0.0) -> tuple[int, float]:
+def expected_value(rate: float, k: int, threshold: float) -> tuple[int, float]:
     """(tokens the controller would grant, their expected accepted run) of a k-token draft whose
     every token lands with `rate`."""
-    return AdaptiveController.cut([rate] * k, threshold, lookahead)
+    return AdaptiveController.cut([rate] * k, threshold)
 
 
 def copy_limit(rate: float, k: int, threshold: float, per_request_s: float,
