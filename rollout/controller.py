@@ -203,7 +203,7 @@ class AdaptiveController:
         """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
         of which `batched` went to batched proposers (a draft head), priced by their own cost."""
         self.cost.observe(fed, seconds - batched)
-        self.ledger.step()
+        self.ledger.step(seconds)
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -254,7 +254,7 @@ class AdaptiveController:
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running, value)
             elif self.priced and most > 0:
-                every = self.ledger.every(p.name, value, self.cost.per_token())
+                every = self.ledger.every(p.name, value)
             offers.append(Offer(p, table, top, most, every))
         return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
 
@@ -325,7 +325,7 @@ class AdaptiveController:
         name, proposed = draft.proposer.name, len(draft.tokens)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        self.ledger.drafted(name, proposed, accepted)
+        self.ledger.drafted(name, accepted)
         self.learn(draft, accepted, judged)
 
     def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
