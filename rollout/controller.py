@@ -46,9 +46,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+from .ask_ledger import MAX_EVERY, AskLedger
 from .proposers.base import Draft, Proposer
 from .request import Request
 from .step_cost import DECAY, StepCost
@@ -64,9 +67,11 @@ MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
 SHARE_PRIOR = 0.25  # steps' worth of trust in the price's assumption that a saved step counts fully
 MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
-# An attempt that finds no draft costs proposing time but no forward slot: charged this share of
-# a token's price, so a step asks only a few requests while nothing is found.
+# An exploration attempt costs its asking time (measured) but no forward slot unless it finds a
+# draft: charged at least this share of a token's price, so a step asks only a few requests while
+# nothing is found.
 FAILED_ATTEMPT = 0.25
+TURNS = math.lcm(*range(1, MAX_EVERY + 1))  # a request's turn: every `every` divides it
 
 
 def level(evidence: int) -> int:
@@ -91,11 +96,22 @@ class StepPlan:
     offers: list
     token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
     token_cost: float = 0.0  # seconds a fed token costs (0: unpriced): what exploration pays per token
+    by_turn: dict = field(default_factory=dict, compare=False, repr=False)  # `offered_to`'s answers
 
     @property
     def drafts(self) -> bool:
         """Some proposer may draft more than exploration's one token this step."""
         return any(o.most > 0 for o in self.offers)
+
+    def offered_to(self, req: Request) -> frozenset:
+        """The proposers the budget asks for req's draft this step: those that may draft, each
+        in req's turn where it is asked every few steps only (rollout/ask_ledger.py)."""
+        turn = (req.forward_passes + req.slot) % TURNS
+        offered = self.by_turn.get(turn)
+        if offered is None:
+            offered = self.by_turn[turn] = frozenset(o.proposer for o in self.offers
+                                                     if o.most > 0 and turn % o.every == 0)
+        return offered
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,7 @@ class Offer:
     table: list[list[float]]
     top: float
     most: int
+    every: int = 1  # a request is asked every this many steps (its asks' yield against their time)
 
 
 @dataclass
@@ -127,6 +144,7 @@ class AdaptiveController:
     # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
     # a step that records nothing (speculation off) must not rebuild them.
     tables: dict = field(default_factory=dict, repr=False)
+    ledger: AskLedger = field(default_factory=AskLedger, repr=False)  # asks' time against their drafts' gain
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -185,6 +203,7 @@ class AdaptiveController:
         """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
         of which `batched` went to batched proposers (a draft head), priced by their own cost."""
         self.cost.observe(fed, seconds - batched)
+        self.ledger.step()
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -231,9 +250,12 @@ class AdaptiveController:
         for p, table in tables:
             top = max(map(max, table))
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
+            every = 1
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running, value)
-            offers.append(Offer(p, table, top, most))
+            elif self.priced and most > 0:
+                every = self.ledger.every(p.name, value, self.cost.per_token())
+            offers.append(Offer(p, table, top, most, every))
         return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
@@ -254,17 +276,20 @@ class AdaptiveController:
             most = 1
         return most
 
-    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
-        """Ask every proposer for a draft, cut each where its tokens' value falls under the
-        threshold (by the evidence behind it and its tokens' confidence), and take the one with
-        the longest expected accepted run. A proposer is not asked when even its best rate could
-        not beat the draft in hand. With none granted, exploration may try one token."""
+    def choose(self, req: Request, room: int, plan: StepPlan, offered: Optional[frozenset] = None) -> Optional[Draft]:
+        """Ask every proposer offered to req (default: every one that may draft) for a draft,
+        cut each where its tokens' value falls under the threshold (by the evidence behind it and
+        its tokens' confidence), and take the one with the longest expected accepted run. A
+        proposer is not asked when even its best rate could not beat the draft in hand. With none
+        granted, exploration may try one token."""
         best, best_value = None, 0.0
         for offer in plan.offers:
+            if offered is not None and offer.proposer not in offered:
+                continue
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
-            draft = offer.proposer.propose(req, cap)
+            draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
             n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
@@ -279,12 +304,19 @@ class AdaptiveController:
         """One draft token from the most promising proposer, paid from the exploration credit."""
         price = plan.token_cost
         offer = max(plan.offers, key=lambda o: o.top)
-        draft = offer.proposer.propose(req, 1)
+        draft = self._ask(offer.proposer, req, 1)
+        # An attempt costs its measured time; one that finds no draft costs nothing else.
+        self.credit -= max(FAILED_ATTEMPT * price, self.ledger.seconds_per_ask(offer.proposer.name))
         if draft is None or not draft.tokens:
-            self.credit -= FAILED_ATTEMPT * price
             return None
         self.credit -= price
         return draft.cut(1)
+
+    def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
+        start = time.perf_counter()
+        draft = proposer.propose(req, k)
+        self.ledger.ask(proposer.name, time.perf_counter() - start)
+        return draft
 
     def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
         """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
@@ -293,6 +325,7 @@ class AdaptiveController:
         name, proposed = draft.proposer.name, len(draft.tokens)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
+        self.ledger.drafted(name, proposed, accepted)
         self.learn(draft, accepted, judged)
 
     def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:

@@ -46,6 +46,7 @@ class Row:
     offset: int = 0  # its first token in the step's batch
     old: Optional[list[float]] = None  # lenient mode: the draft tokens' old logprobs (rollout/lenient.py)
     new: Optional[list[float]] = None  # ... and their logprobs under the current policy
+    offered: frozenset = frozenset()  # the proposers asked for its draft (`StepPlan.offered_to`)
 
     @property
     def draft_tokens(self) -> list[int]:
@@ -276,8 +277,7 @@ class Engine:
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        offered = frozenset(o.proposer for o in plan.offers if o.most > 0) if plan is not None else frozenset()
-        emitted = self._verify(rows, logits, offered, observers, hidden)
+        emitted = self._verify(rows, logits, observers, hidden)
         return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
@@ -304,12 +304,13 @@ class Engine:
             pending = req.pending()
             fed = pending[:budget]
             whole = len(fed) == len(pending)  # reaches the end of what is known: logits follow
-            draft = None
+            draft, offered = None, frozenset()
             if whole and plan is not None:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                draft = self.controller.choose(req, room, plan) if room > 0 else None
-            row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
+                offered = plan.offered_to(req)
+                draft = self.controller.choose(req, room, plan, offered) if room > 0 else None
+            row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens, offered=offered)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
             if whole:  # logits at the last fed token and at every draft token
@@ -320,7 +321,7 @@ class Engine:
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
+    def _verify(self, rows: list[Row], logits: torch.Tensor, observers: Sequence = (),
                 hidden: Optional[torch.Tensor] = None) -> int:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted. Observers of hidden states get, once per step, the
@@ -338,7 +339,7 @@ class Engine:
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                        logprobs[row.first_logit:row.first_logit + n], offered)
+                                        logprobs[row.first_logit:row.first_logit + n])
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
@@ -346,10 +347,10 @@ class Engine:
             p.observe_hidden(spans, hidden)
         return emitted
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> int:
-        """ys, lps: the exact samples at the row's last fed token and at each draft token;
-        offered: the proposers the step's budget would ask for drafts (one that only catches up
-        is not told of a step it could not draft in)."""
+    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> int:
+        """ys, lps: the exact samples at the row's last fed token and at each draft token. A
+        proposer that only catches up is told of the step only where it was asked for the row's
+        draft (row.offered), and that work counts as part of its asking time."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -373,7 +374,11 @@ class Engine:
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
-            if mine is None and p.catches_up and p not in offered:
+            if mine is None and p.catches_up:
+                if p in row.offered:
+                    start = time.perf_counter()
+                    p.observe(req, None, 0, emitted)
+                    self.controller.ledger.ask(p.name, time.perf_counter() - start, count=0)
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
         return len(emitted)
