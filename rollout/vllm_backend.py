@@ -161,7 +161,8 @@ def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
     (`ensure_alive`), but not while it waits: the shutdown that follows stops the thread reading the
     engine's outputs without a word, so a call already waiting never returns (LLM.generate in
     `get_output`, on `outputs_queue`; a utility call such as collective_rpc, on its future in
-    `utility_results`). This hands those waiters the error the client would have raised."""
+    `utility_results`). This hands those waiters the error the client would have raised; it reads
+    those attributes of the client (patching nothing) and watches nothing where they are absent."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     client = llm.llm_engine.engine_core
@@ -177,7 +178,7 @@ def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
         while not done.wait(poll_s):
             if resources.engine_dead:
                 client.outputs_queue.put_nowait(EngineDeadError())
-                for future in list(client.utility_results.values()):
+                for future in list(getattr(client, "utility_results", {}).values()):
                     with contextlib.suppress(Exception):  # (already settled)
                         future.set_exception(EngineDeadError())
                 return
@@ -192,7 +193,7 @@ def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
 
 
 def engine_exit(llm) -> str:
-    """How the engine's processes ended, for an error message (e.g. "EngineCore_DP0 (pid 41) exit
+    """How the engine's processes ended, for an error message (e.g. "EngineCore (pid 41) exit
     code -9": -9 is SIGKILL, what the OOM killer sends)."""
     manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
     procs = getattr(manager, "processes", None) or []
@@ -314,7 +315,8 @@ class VllmBackend:
         """Continue every request by at most max_new_tokens new tokens (None: to its end): its
         prompt and output so far are vLLM's prompt (a prefix cache hit where this engine ran it
         before). Appends tokens, logprobs and counters; sets finish_reason, or leaves it None for
-        a request paused at the end of its chunk."""
+        a request paused at the end of its chunk. A dead engine process raises vLLM's
+        EngineDeadError (`failing_fast`), and no output of the call is applied."""
         from vllm import TokensPrompt
 
         self._check_open()
