@@ -59,6 +59,7 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,55 @@ def environment(values: dict) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
+    """A call into `llm` inside this block raises vLLM's EngineDeadError within poll_s of its engine
+    process dying, instead of waiting forever. vLLM 0.32's client for an engine in another process
+    (vllm/v1/engine/core_client.py, SyncMPClient) notices the death -- MPClient.start_engine_core_monitor
+    waits on the process and sets `resources.engine_dead` -- and checks that flag before it sends
+    (`ensure_alive`), but not while it waits: the shutdown that follows stops the thread reading the
+    engine's outputs without a word, so a call already waiting never returns (LLM.generate in
+    `get_output`, on `outputs_queue`; a utility call such as collective_rpc, on its future in
+    `utility_results`). This hands those waiters the error the client would have raised; it reads
+    those attributes of the client (patching nothing) and watches nothing where they are absent."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    client = llm.llm_engine.engine_core
+    resources = getattr(client, "resources", None)
+    if resources is None or not hasattr(client, "outputs_queue"):
+        yield  # the engine runs in this process (InprocClient): it cannot die alone
+        return
+    if resources.engine_dead:
+        raise EngineDeadError()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            if resources.engine_dead:
+                client.outputs_queue.put_nowait(EngineDeadError())
+                for future in list(getattr(client, "utility_results", {}).values()):
+                    with contextlib.suppress(Exception):  # (already settled)
+                        future.set_exception(EngineDeadError())
+                return
+
+    watcher = threading.Thread(target=watch, name="spectail-vllm-liveness", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def engine_exit(llm) -> str:
+    """How the engine's processes ended, for an error message (e.g. "EngineCore (pid 41) exit
+    code -9": -9 is SIGKILL, what the OOM killer sends)."""
+    manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
+    procs = getattr(manager, "processes", None) or []
+    ended = [f"{p.name} (pid {p.pid}) exit code {p.exitcode}" for p in procs if p.exitcode is not None]
+    return ", ".join(ended) or "its engine process is gone"
 
 
 @dataclass
@@ -265,7 +315,8 @@ class VllmBackend:
         """Continue every request by at most max_new_tokens new tokens (None: to its end): its
         prompt and output so far are vLLM's prompt (a prefix cache hit where this engine ran it
         before). Appends tokens, logprobs and counters; sets finish_reason, or leaves it None for
-        a request paused at the end of its chunk."""
+        a request paused at the end of its chunk. A dead engine process raises vLLM's
+        EngineDeadError (`failing_fast`), and no output of the call is applied."""
         from vllm import TokensPrompt
 
         self._check_open()
@@ -279,7 +330,8 @@ class VllmBackend:
         params = [self._vllm_params(requests[i], rooms[i]) for i in live]
         steps = self._engine_steps()
         t0 = time.monotonic()  # vLLM's per-request timestamps are time.monotonic() (vllm/v1/engine/__init__.py)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if live else []
+        with failing_fast(self.llm):
+            outputs = self.llm.generate(prompts, params, use_tqdm=False) if live else []
         info = RunInfo(seconds=time.monotonic() - t0, engine_steps=self._engine_steps() - steps)
         for i, out in zip(live, outputs):
             self._apply(requests[i], out, rooms[i])
@@ -339,8 +391,9 @@ class VllmBackend:
         self._check_open()
         pairs = checked_update(weights, self.layout)
         start = time.perf_counter()
-        results = self.llm.collective_rpc("spectail_load_weights", args=(pack(pairs),))
-        self.llm.reset_prefix_cache()
+        with failing_fast(self.llm):
+            results = self.llm.collective_rpc("spectail_load_weights", args=(pack(pairs),))
+            self.llm.reset_prefix_cache()
         self.update_seconds.append(time.perf_counter() - start)
         return int(results[0]["tensors"])
 

@@ -492,7 +492,14 @@ def _apply(r: Request, res: dict) -> None:
     r.finish_reason = res["finish_reason"]
 
 
+class WorkerLost(RuntimeError):
+    """A worker raises this when it can run nothing more (its engine is gone) while its process
+    lives on: the scheduler treats it as a lost worker (requeues its requests, replaces it) and the
+    message, unlike Ray's for a dead actor, says why. Ray re-raises it in the driver as a
+    RayTaskError that is also an instance of this class."""
+
+
 def _is_worker_loss(e: BaseException) -> bool:
     from ray import exceptions as rx
 
-    return isinstance(e, (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError, rx.NodeDiedError))
+    return isinstance(e, (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError, rx.NodeDiedError, WorkerLost))

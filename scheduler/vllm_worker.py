@@ -37,6 +37,8 @@ from rollout import EngineConfig
 from rollout.request import Request
 from rollout.vllm_config import VllmConfig
 
+from .rollout_scheduler import WorkerLost
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -56,6 +58,7 @@ class VllmRolloutWorker:
         self.backend = VllmBackend(source, config, vllm, cpu_offset=index * (threads or 1))
         self.busy_s = 0.0
         self.chunks = 0
+        self.lost: Optional[str] = None  # why this worker can run nothing more (its engine died)
 
     def ping(self) -> dict:
         cfg = self.backend.config
@@ -75,9 +78,12 @@ class VllmRolloutWorker:
 
     def _guarded(self, fn, *args):
         """fn(*args), with errors the driver can read without vLLM installed: bad input stays a
-        ValueError, anything else becomes a RuntimeError naming it. A dead vLLM engine makes this
-        worker a lost one: it shuts down and exits, so its requests are requeued elsewhere (and Ray
-        starts a replacement) exactly as when the process dies."""
+        ValueError, anything else becomes a RuntimeError naming it. A dead vLLM engine (the call
+        fails within a second of it: rollout/vllm_backend.py, `failing_fast`) makes this worker a
+        lost one: it shuts its backend down and raises WorkerLost, now and at every later call, so
+        the scheduler requeues its requests elsewhere and replaces it, as when the process dies."""
+        if self.lost is not None:
+            raise WorkerLost(self.lost)
         try:
             return fn(*args)
         except ValueError as e:
@@ -85,12 +91,14 @@ class VllmRolloutWorker:
         except Exception as e:  # noqa: BLE001 -- re-raised as a type every Python can deserialise
             from vllm.v1.engine.exceptions import EngineDeadError
 
-            if isinstance(e, EngineDeadError):
-                import ray
+            from rollout.vllm_backend import engine_exit
 
+            if isinstance(e, EngineDeadError):
+                how = engine_exit(self.backend.llm) if self.backend.llm is not None else "shut down"
+                self.lost = f"vLLM worker {self.index}: its vLLM engine died ({how}); this worker is lost"
                 with contextlib.suppress(Exception):
                     self.backend.shutdown()
-                ray.actor.exit_actor()  # callers see RayActorError: a lost worker
+                raise WorkerLost(self.lost) from None
             raise RuntimeError(f"vLLM worker {self.index}: {type(e).__name__}: {e}") from None
 
     def _run_chunk(self, work: list[dict]) -> list[dict]:

@@ -14,6 +14,8 @@ ray = pytest.importorskip("ray")
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
 from scheduler import RayRolloutBackend, SchedulerConfig  # noqa: E402
+from scheduler.rollout_scheduler import WorkerLost  # noqa: E402
+from scheduler.worker import RolloutWorker  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -220,6 +222,30 @@ def test_dead_worker_without_restart(ray_local, hf, reference):
         ray.kill(b.workers[0])
         with pytest.raises(RuntimeError, match="no rollout worker left"):
             b.generate(prompts, params, seeds=seeds, groups=groups)
+
+
+class LosesItsEngine(RolloutWorker):
+    """Worker 1 raises WorkerLost at its first chunk, as a vLLM worker does when its engine process
+    dies while the worker's own process lives on (scheduler/vllm_worker.py)."""
+
+    def run_chunk(self, work, drafter=None):
+        if self.index == 1:
+            raise WorkerLost("worker 1: its engine died (test)")
+        return super().run_chunk(work, drafter)
+
+
+def test_a_worker_whose_engine_died_is_a_lost_worker(ray_local, hf, reference):
+    """WorkerLost from a worker's call is a lost worker, at once: its requests go back to the queue,
+    the survivor runs them with the same tokens, and the pool's error says why. (Any other error
+    from a worker's call is re-raised: it would be a bug or bad input.)"""
+    prompts, params, seeds, groups = workload()
+    with RayRolloutBackend(hf, CONFIG, num_workers=2, chunk_tokens=4, chunk_growth=0.0, restart_workers=False,
+                           worker_cls=LosesItsEngine) as b:
+        same(b.generate(prompts, params, seeds=seeds, groups=groups), reference)
+        m = b.metrics()
+        assert m["worker_failures"] == 1 and m["requeued_requests"] >= 1 and list(b.workers) == [0]
+        assert set(m["worker_busy_seconds"]) == {0}
+        assert "WorkerLost" in b._pool.last_error and "its engine died (test)" in b._pool.last_error
 
 
 def test_bad_model_path_surfaces_the_worker_error(ray_local, tmp_path):

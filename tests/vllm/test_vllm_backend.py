@@ -2,7 +2,10 @@
 costs tens of seconds): logprobs, weight updates without restart, refused bad updates, seeds,
 chunked continuation, lengths. The engine is started from the in-memory model (written to a
 temporary folder first). Runs where vLLM is installed (`make test-vllm` creates .venv-vllm)."""
+import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environ
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
 from rollout.request import make_requests  # noqa: E402
 from rollout.sampling import token_logprobs  # noqa: E402
-from rollout.vllm_backend import VllmBackend  # noqa: E402
+from rollout.vllm_backend import VllmBackend, engine_exit  # noqa: E402
 from rollout.vllm_config import VllmConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
@@ -195,3 +198,42 @@ def test_start_failures_are_clear(tmp_path, models):
     with pytest.raises(RuntimeError, match="vLLM failed to start"):
         VllmBackend(tmp_path / "llama", too_long, EAGER)
     assert set(Path(tempfile.gettempdir()).glob("spectail-vllm-ckpt-*")) == scratch  # nothing left behind
+
+
+# ---- last: it kills the module's engine ------------------------------------------------------------
+
+def engine_processes() -> list[int]:
+    """This process's vLLM engine-core children (by their process title)."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"EngineCore" in Path(f"/proc/{child}/cmdline").read_bytes():
+                pids.append(int(child))
+    return pids
+
+
+def test_a_dead_engine_fails_the_call_waiting_on_it(backend):
+    """The engine process is frozen, then killed (SIGKILL: what the OOM killer sends) while generate
+    waits on its outputs. vLLM's own client would wait forever (rollout/vllm_backend.py,
+    `failing_fast`): the call raises EngineDeadError instead, and so does every later call, at once."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    (engine,) = engine_processes()
+    os.kill(engine, signal.SIGSTOP)  # it answers nothing: generate below is waiting when the kill lands
+    threading.Timer(1.0, os.kill, (engine, signal.SIGKILL)).start()
+    raised = []
+
+    def call():
+        try:
+            backend.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8), seeds=[0, 1, 2, 3])
+        except Exception as e:  # noqa: BLE001 -- checked below
+            raised.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(timeout=120)  # (a guard against hanging the suite, not a speed bound)
+    assert not caller.is_alive(), "generate still waits on a dead vLLM engine"
+    assert len(raised) == 1 and isinstance(raised[0], EngineDeadError), raised
+    with pytest.raises(EngineDeadError):
+        backend.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8), seeds=[0, 1, 2, 3])
+    assert f"(pid {engine}) exit code -9" in engine_exit(backend.llm)

@@ -150,9 +150,12 @@ def children(pid: int) -> list[int]:
 
 def test_a_vllm_worker_dying_mid_rollout_loses_no_sample(backend, policy):
     """As soon as one chunk comes back, the other worker's vLLM engine process is killed (what the
-    OOM killer does): that worker's call fails, it exits, its requests go back to the queue and
-    the survivor finishes them. Every sample is complete, greedy ones are still spectail's greedy
-    tokens and sampled ones carry the policy's logprobs."""
+    OOM killer does) while that worker waits on it mid-chunk: its call fails at once with
+    WorkerLost naming the worker and the dead engine (not the scheduler's chunk timeout, which the
+    fixture sets to 600 s: vLLM's own client would wait forever, rollout/vllm_backend.py
+    `failing_fast`), the worker is dropped, its requests go back to the queue and the survivor
+    finishes them. Every sample is complete, greedy ones are still spectail's greedy tokens and
+    sampled ones carry the policy's logprobs."""
     greedy, g_params, g_seeds, g_groups = workload(policy, temperature=0.0, groups=2)
     sampled, s_params, s_seeds, s_groups = workload(policy, temperature=1.0, groups=2)
     prompts, seeds = greedy + sampled, g_seeds + [s + 100 for s in s_seeds]
@@ -175,6 +178,8 @@ def test_a_vllm_worker_dying_mid_rollout_loses_no_sample(backend, policy):
         backend.on_chunk = None
     m = backend.metrics()
     assert killed and killed[0] and m["worker_failures"] >= 1 and m["requeued_requests"] >= 1
+    error = backend._pool.last_error
+    assert "WorkerLost" in error and "its vLLM engine died" in error and "exit code -9" in error, error
     assert len(outs) == len(prompts) and all(o.finish_reason in ("stop", "length") for o in outs)
     assert [o.token_ids for o in outs[:len(greedy)]] == spectail_greedy(policy[2], greedy, g_params, g_seeds)
     check_logprobs(policy[1], sampled, outs[len(greedy):], s_params)
