@@ -45,6 +45,7 @@ use), deterministic, as tests and benchmarks of draft lengths need.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import time
@@ -96,12 +97,20 @@ class StepPlan:
     offers: list
     token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
     token_cost: float = 0.0  # seconds a fed token costs (0: unpriced): what exploration pays per token
+    jump: float = 0.0  # seconds a step costs more for feeding any draft (`AdaptiveController.jump`)
     by_turn: dict = field(default_factory=dict, compare=False, repr=False)  # `offered_to`'s answers
 
     @property
     def drafts(self) -> bool:
         """Some proposer may draft more than exploration's one token this step."""
         return any(o.most > 0 for o in self.offers)
+
+    def pays(self, drafts: Sequence[Draft]) -> bool:
+        """The step's drafts together save more than feeding any draft adds to the step (an
+        exploration draft, gain None, is paid for from its own budget)."""
+        if self.jump <= 0 or not drafts or any(d.gain is None for d in drafts):
+            return True
+        return sum(d.gain for d in drafts) >= self.jump
 
     def offered_to(self, req: Request) -> frozenset:
         """The proposers the budget asks for req's draft this step: those that may draft, each
@@ -137,7 +146,8 @@ class AdaptiveController:
     max_batch_for_spec: Optional[int] = None
     accepted: dict = field(default_factory=dict)  # name, (name, level), (name, level, bin) -> tokens
     trials: dict = field(default_factory=dict)
-    cost: StepCost = field(default_factory=StepCost)
+    cost: StepCost = field(default_factory=StepCost)  # steps that fed no draft
+    draft_cost: StepCost = field(default_factory=StepCost)  # steps that fed drafts (rollout/step_cost.py)
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
@@ -185,7 +195,8 @@ class AdaptiveController:
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
                 "credit": self.credit, "saved": list(self.saved),
-                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)},
+                "draft_cost": {"sums": list(self.draft_cost.sums), "anchor": list(self.draft_cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
@@ -194,15 +205,19 @@ class AdaptiveController:
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
         self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
-        self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
-                             anchor=[float(x) for x in state["cost"]["anchor"]])
+        def cost(d):
+            return StepCost(sums=[float(x) for x in d["sums"]], anchor=[float(x) for x in d["anchor"]])
+        self.cost = cost(state["cost"])
+        # (checkpoints from before steps with drafts were fitted apart start that fit afresh)
+        self.draft_cost = cost(state["draft_cost"]) if "draft_cost" in state else StepCost()
 
     # ---- the price -----------------------------------------------------------------------
 
-    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0) -> None:
-        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
-        of which `batched` went to batched proposers (a draft head), priced by their own cost."""
-        self.cost.observe(fed, seconds - batched)
+    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, drafted: int = 0) -> None:
+        """A step fed `fed` tokens, `drafted` of them drafts, emitted `emitted` and took `seconds`
+        (all of it: host work too), of which `batched` went to batched proposers (a draft head),
+        priced by their own cost."""
+        (self.draft_cost if drafted else self.cost).observe(fed, seconds - batched)
         self.ledger.step(seconds)
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
@@ -216,7 +231,24 @@ class AdaptiveController:
 
     def _price(self, value: float) -> float:
         """The priced threshold when an accepted token saves `value` seconds."""
-        return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
+        return max(MIN_PRICE, self.draft_token_cost() / value) if value > 0 else MIN_PRICE
+
+    def _draft_fit(self) -> tuple[float, float]:
+        """(fixed, per token) of steps that feed drafts; the plain steps' until one was timed."""
+        d = self.draft_cost
+        return d.fit() if d.profiled or d.sums[0] > 0 else self.cost.fit()
+
+    def draft_token_cost(self) -> float:
+        """Seconds one more draft token adds to a step that feeds drafts."""
+        return self._draft_fit()[1]
+
+    def jump(self, fed: int) -> float:
+        """Seconds a step of `fed` tokens costs more for feeding any draft at all. On a CPU a
+        step of one token per row runs its matrix products as matrix-vector products, and the
+        kernels block rows by a few at a time: the first draft token of a step can cost several
+        times what each further one does."""
+        fixed, per_token = self._draft_fit()
+        return max(fixed + per_token * fed - self.cost.predict(fed), 0.0)
 
     def token_value(self, rows: int) -> float:
         """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
@@ -256,7 +288,9 @@ class AdaptiveController:
             elif self.priced and most > 0:
                 every = self.ledger.every(p.name, value)
             offers.append(Offer(p, table, top, most, every))
-        return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
+        if not self.priced:
+            return StepPlan(threshold, lookahead, offers)
+        return StepPlan(threshold, lookahead, offers, value, self.draft_token_cost(), self.jump(running))
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:
@@ -292,10 +326,12 @@ class AdaptiveController:
             draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
-            n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
-                                           min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
+            n, value, worth = self._cut(rates_from(offer.table, draft.evidence, draft.confidence,
+                                                   min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
+                if self.priced:
+                    best = dataclasses.replace(best, gain=worth * plan.token_value - n * plan.token_cost)
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
             best = self._explore(req, plan)
         return best
@@ -309,7 +345,7 @@ class AdaptiveController:
         self.credit -= max(FAILED_ATTEMPT * price, self.ledger.seconds_per_ask(offer.proposer.name))
         if draft is None or not draft.tokens:
             return None
-        self.credit -= price
+        self.credit -= price + plan.jump  # (a step that feeds no other draft pays the jump for it)
         return draft.cut(1)
 
     def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
@@ -375,21 +411,30 @@ class AdaptiveController:
 
     @staticmethod
     def cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float]:
-        """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
-        worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
-        what its sample is worth past an earlier rejection: the engine keeps those samples for
-        the lookahead proposer, where a sample d positions past the rejection lands with chance
-        lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection at j)
-        x lookahead[i - j - 1] is added to P_i where P_i alone falls short."""
-        n, p, value, failed = 0, 1.0, 0.0, []
+        return AdaptiveController._cut(rates, threshold, lookahead)[:2]
+
+    @staticmethod
+    def _cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float, float]:
+        """(n, expected accepted tokens, worth) of the longest prefix of a draft whose every token
+        is worth the threshold. Token i is worth the chance P_i that it is reached and accepted,
+        plus what its sample is worth past an earlier rejection: the engine keeps those samples
+        for the lookahead proposer, where a sample d positions past the rejection lands with
+        chance lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection
+        at j) x lookahead[i - j - 1] is added to P_i where P_i alone falls short; worth sums the
+        tokens' P_i, plus R_i where it was needed."""
+        n, p, value, worth, failed = 0, 1.0, 0.0, 0.0, []
         for i, a in enumerate(rates):
-            if p * a < threshold and (not lookahead or p * a + sum(
-                    f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead)) < threshold):
-                break
+            token = p * a
+            if token < threshold:
+                if lookahead:
+                    token += sum(f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead))
+                if token < threshold:
+                    break
             failed.append(p * (1.0 - a))  # the chance the first rejection is at i
             n, p = n + 1, p * a
             value += p
-        return n, value
+            worth += token
+        return n, value, worth
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
