@@ -148,6 +148,7 @@ class AdaptiveController:
     trials: dict = field(default_factory=dict)
     cost: StepCost = field(default_factory=StepCost)  # steps that fed no draft
     draft_cost: StepCost = field(default_factory=StepCost)  # steps that fed drafts (rollout/step_cost.py)
+    jump_limit: Optional[float] = None  # the jump the profile measured: the fits' extrapolations stay under it
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
@@ -194,7 +195,7 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "saved": list(self.saved),
+                "credit": self.credit, "saved": list(self.saved), "jump_limit": self.jump_limit,
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)},
                 "draft_cost": {"sums": list(self.draft_cost.sums), "anchor": list(self.draft_cost.anchor)}}
 
@@ -205,6 +206,7 @@ class AdaptiveController:
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
         self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
+        self.jump_limit = state.get("jump_limit")
         def cost(d):
             return StepCost(sums=[float(x) for x in d["sums"]], anchor=[float(x) for x in d["anchor"]])
         self.cost = cost(state["cost"])
@@ -248,7 +250,12 @@ class AdaptiveController:
         kernels block rows by a few at a time: the first draft token of a step can cost several
         times what each further one does."""
         fixed, per_token = self._draft_fit()
-        return max(fixed + per_token * fed - self.cost.predict(fed), 0.0)
+        jump = fixed + per_token * fed - self.cost.predict(fed)
+        # Both lines are fitted where the steps were (a full batch), and the run's tail has few
+        # rows: far from the fits' data the profile's own measurement bounds them.
+        if self.jump_limit is not None:
+            jump = min(jump, self.jump_limit)
+        return max(jump, 0.0)
 
     def token_value(self, rows: int) -> float:
         """Seconds an accepted draft token saves: its own slot (it is fed now instead of next

@@ -438,7 +438,7 @@ class Engine:
         draft's worth on every row (both). They write into free KV-cache slots at positions no
         request has yet: each request overwrites its slot from position 0."""
         rows, k = min(self.config.max_batch_size, 8), min(self.config.spec.max_draft_tokens, 8)
-        ctl = self.controller
+        ctl, timed = self.controller, []
         for extra, fits in (([0] * rows, (ctl.cost,)), ([1] + [0] * (rows - 1), (ctl.draft_cost,)),
                             ([k] * rows, (ctl.cost, ctl.draft_cost))):
             if 1 + max(extra) > self.config.max_model_len:
@@ -446,9 +446,11 @@ class Engine:
             feed = [(slot, 0, [0] * (1 + e)) for slot, e in enumerate(extra)]
             n = rows + sum(extra)
             batch = ForwardBatch.build(feed, list(range(n)), self.device, self.min_bucket)
-            seconds = min(self._timed_forward(batch) for _ in range(2))
+            timed.append(min(self._timed_forward(batch) for _ in range(2)))
             for fit in fits:
-                fit.add_profile(n, seconds)
+                fit.add_profile(n, timed[-1])
+        if len(timed) >= 2:
+            ctl.jump_limit = max(timed[1] - timed[0], 0.0)
 
     def _timed_forward(self, batch: ForwardBatch) -> float:
         start = time.perf_counter()

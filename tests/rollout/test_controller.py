@@ -240,6 +240,9 @@ def test_a_step_drafts_only_when_its_drafts_pay_for_drafting_at_all():
     assert plan.pays([Draft([1], x, gain=0.002), Draft([2], x, gain=0.003)])
     assert plan.pays([Draft([1], x, gain=0.0), Draft([2], x)])  # exploration pays its own way
     assert plan.pays([])
+    c.jump_limit = 0.001  # what the profile measured bounds the fits' extrapolation
+    assert c.plan_step([x], 1, 1.0).jump == pytest.approx(0.001)
+    c.jump_limit = None
     for i in range(300):  # the machine changes: a draft token now costs what any fed token does
         c.observe_step(fed=1, emitted=1, seconds=0.008)
         c.observe_step(fed=2 + i % 8, emitted=2, seconds=0.008 + (1 + i % 8) * 0.0015, drafted=1 + i % 8)
