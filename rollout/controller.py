@@ -241,8 +241,10 @@ class AdaptiveController:
         return d.fit() if d.profiled or d.sums[0] > 0 else self.cost.fit()
 
     def draft_token_cost(self) -> float:
-        """Seconds one more draft token adds to a step that feeds drafts."""
-        return self._draft_fit()[1]
+        """Seconds one more draft token adds to a step that feeds drafts, at most what a fed token
+        adds to a plain step: where drafts are rare the drafting steps' slope is the profile's
+        alone (their sizes barely vary), and a guess above the plain one would keep them rare."""
+        return min(self._draft_fit()[1], self.cost.per_token())
 
     def jump(self, fed: int) -> float:
         """Seconds a step of `fed` tokens costs more for feeding any draft at all. On a CPU a
