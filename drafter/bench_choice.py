@@ -52,9 +52,9 @@ class ChoiceLog:
                     self.tops[o.proposer.name].append(o.top)
             return plan
 
-        def watched_choose(req, room, plan, offered=None):
-            self._offers(ctl, req, room, plan, offered)
-            chosen = choose(req, room, plan, offered)
+        def watched_choose(req, room, plan):
+            self._offers(ctl, req, room, plan)
+            chosen = choose(req, room, plan)
             self._won(chosen)
             return chosen
 
@@ -67,12 +67,10 @@ class ChoiceLog:
         self._pending: dict = {}
         self.duels: list = []  # ((request, position), loser, its draft, winner, its draft)
 
-    def _offers(self, ctl, req, room: int, plan, offered) -> None:
+    def _offers(self, ctl, req, room: int, plan) -> None:
         self.chooses += 1
         values = {}
         for o in plan.offers:
-            if offered is not None and o.proposer not in offered:
-                continue
             cap = min(o.most, room)
             draft = o.proposer.propose(req, cap) if cap > 0 else None
             if draft is None or not draft.tokens:

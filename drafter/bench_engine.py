@@ -63,9 +63,9 @@ class Recorder:
             return
         choose = ctl.choose
 
-        def wrapped_choose(req, room, plan, offered=None):
+        def wrapped_choose(req, room, plan):
             self.steps.setdefault((req.index, len(req.output_ids)), False)
-            return choose(req, room, plan, offered)
+            return choose(req, room, plan)
 
         ctl.choose = wrapped_choose
         for name in ("history", "suffix"):

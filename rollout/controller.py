@@ -45,14 +45,10 @@ use), deterministic, as tests and benchmarks of draft lengths need.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
-import math
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from .ask_ledger import MAX_EVERY, AskLedger
 from .proposers.base import Draft, Proposer
 from .request import Request
 from .step_cost import DECAY, StepCost
@@ -68,11 +64,9 @@ MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
 SHARE_PRIOR = 0.25  # steps' worth of trust in the price's assumption that a saved step counts fully
 MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
-# An exploration attempt costs its asking time (measured) but no forward slot unless it finds a
-# draft: charged at least this share of a token's price, so a step asks only a few requests while
-# nothing is found.
+# An attempt that finds no draft costs proposing time but no forward slot: charged this share of
+# a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
-TURNS = math.lcm(*range(1, MAX_EVERY + 1))  # a request's turn: every `every` divides it
 
 
 def level(evidence: int) -> int:
@@ -97,30 +91,11 @@ class StepPlan:
     offers: list
     token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
     token_cost: float = 0.0  # seconds a fed token costs (0: unpriced): what exploration pays per token
-    jump: float = 0.0  # seconds a step costs more for feeding any draft (`AdaptiveController.jump`)
-    by_turn: dict = field(default_factory=dict, compare=False, repr=False)  # `offered_to`'s answers
 
     @property
     def drafts(self) -> bool:
         """Some proposer may draft more than exploration's one token this step."""
         return any(o.most > 0 for o in self.offers)
-
-    def pays(self, drafts: Sequence[Draft]) -> bool:
-        """The step's drafts together save more than feeding any draft adds to the step (an
-        exploration draft, gain None, is paid for from its own budget)."""
-        if self.jump <= 0 or not drafts or any(d.gain is None for d in drafts):
-            return True
-        return sum(d.gain for d in drafts) >= self.jump
-
-    def offered_to(self, req: Request) -> frozenset:
-        """The proposers the budget asks for req's draft this step: those that may draft, each
-        in req's turn where it is asked every few steps only (rollout/ask_ledger.py)."""
-        turn = (req.forward_passes + req.slot) % TURNS
-        offered = self.by_turn.get(turn)
-        if offered is None:
-            offered = self.by_turn[turn] = frozenset(o.proposer for o in self.offers
-                                                     if o.most > 0 and turn % o.every == 0)
-        return offered
 
 
 @dataclass(frozen=True)
@@ -132,7 +107,6 @@ class Offer:
     table: list[list[float]]
     top: float
     most: int
-    every: int = 1  # a request is asked every this many steps (its asks' yield against their time)
 
 
 @dataclass
@@ -146,16 +120,13 @@ class AdaptiveController:
     max_batch_for_spec: Optional[int] = None
     accepted: dict = field(default_factory=dict)  # name, (name, level), (name, level, bin) -> tokens
     trials: dict = field(default_factory=dict)
-    cost: StepCost = field(default_factory=StepCost)  # steps that fed no draft
-    draft_cost: StepCost = field(default_factory=StepCost)  # steps that fed drafts (rollout/step_cost.py)
-    jump_limit: Optional[float] = None  # the jump the profile measured: the fits' extrapolations stay under it
+    cost: StepCost = field(default_factory=StepCost)
     emitted: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (seconds, tokens emitted) of steps
     credit: float = 0.0  # seconds of exploration earned and not yet spent
     saved: list = field(default_factory=lambda: [0.0, 0.0])  # decayed (steps drafts saved, steps expected) of runs
     # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
     # a step that records nothing (speculation off) must not rebuild them.
     tables: dict = field(default_factory=dict, repr=False)
-    ledger: AskLedger = field(default_factory=AskLedger, repr=False)  # asks' time against their drafts' gain
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -195,9 +166,8 @@ class AdaptiveController:
         def pairs(d):
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
-                "credit": self.credit, "saved": list(self.saved), "jump_limit": self.jump_limit,
-                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)},
-                "draft_cost": {"sums": list(self.draft_cost.sums), "anchor": list(self.draft_cost.anchor)}}
+                "credit": self.credit, "saved": list(self.saved),
+                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
@@ -206,21 +176,15 @@ class AdaptiveController:
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
         self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
-        self.jump_limit = state.get("jump_limit")
-        def cost(d):
-            return StepCost(sums=[float(x) for x in d["sums"]], anchor=[float(x) for x in d["anchor"]])
-        self.cost = cost(state["cost"])
-        # (checkpoints from before steps with drafts were fitted apart start that fit afresh)
-        self.draft_cost = cost(state["draft_cost"]) if "draft_cost" in state else StepCost()
+        self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
+                             anchor=[float(x) for x in state["cost"]["anchor"]])
 
     # ---- the price -----------------------------------------------------------------------
 
-    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, drafted: int = 0) -> None:
-        """A step fed `fed` tokens, `drafted` of them drafts, emitted `emitted` and took `seconds`
-        (all of it: host work too), of which `batched` went to batched proposers (a draft head),
-        priced by their own cost."""
-        (self.draft_cost if drafted else self.cost).observe(fed, seconds - batched)
-        self.ledger.step(seconds)
+    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0) -> None:
+        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
+        of which `batched` went to batched proposers (a draft head), priced by their own cost."""
+        self.cost.observe(fed, seconds - batched)
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
@@ -233,31 +197,7 @@ class AdaptiveController:
 
     def _price(self, value: float) -> float:
         """The priced threshold when an accepted token saves `value` seconds."""
-        return max(MIN_PRICE, self.draft_token_cost() / value) if value > 0 else MIN_PRICE
-
-    def _draft_fit(self) -> tuple[float, float]:
-        """(fixed, per token) of steps that feed drafts; the plain steps' until one was timed."""
-        d = self.draft_cost
-        return d.fit() if d.profiled or d.sums[0] > 0 else self.cost.fit()
-
-    def draft_token_cost(self) -> float:
-        """Seconds one more draft token adds to a step that feeds drafts, at most what a fed token
-        adds to a plain step: where drafts are rare the drafting steps' slope is the profile's
-        alone (their sizes barely vary), and a guess above the plain one would keep them rare."""
-        return min(self._draft_fit()[1], self.cost.per_token())
-
-    def jump(self, fed: int) -> float:
-        """Seconds a step of `fed` tokens costs more for feeding any draft at all. On a CPU a
-        step of one token per row runs its matrix products as matrix-vector products, and the
-        kernels block rows by a few at a time: the first draft token of a step can cost several
-        times what each further one does."""
-        fixed, per_token = self._draft_fit()
-        jump = fixed + per_token * fed - self.cost.predict(fed)
-        # Both lines are fitted where the steps were (a full batch), and the run's tail has few
-        # rows: far from the fits' data the profile's own measurement bounds them.
-        if self.jump_limit is not None:
-            jump = min(jump, self.jump_limit)
-        return max(jump, 0.0)
+        return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
 
     def token_value(self, rows: int) -> float:
         """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
@@ -291,15 +231,10 @@ class AdaptiveController:
         for p, table in tables:
             top = max(map(max, table))
             most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
-            every = 1
             if p.batched and self.priced:
                 most = self._positions_worth(p, top, threshold, lookahead, running, value)
-            elif self.priced and most > 0:
-                every = self.ledger.every(p.name, value)
-            offers.append(Offer(p, table, top, most, every))
-        if not self.priced:
-            return StepPlan(threshold, lookahead, offers)
-        return StepPlan(threshold, lookahead, offers, value, self.draft_token_cost(), self.jump(running))
+            offers.append(Offer(p, table, top, most))
+        return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:
@@ -319,28 +254,23 @@ class AdaptiveController:
             most = 1
         return most
 
-    def choose(self, req: Request, room: int, plan: StepPlan, offered: Optional[frozenset] = None) -> Optional[Draft]:
-        """Ask every proposer offered to req (default: every one that may draft) for a draft,
-        cut each where its tokens' value falls under the threshold (by the evidence behind it and
-        its tokens' confidence), and take the one with the longest expected accepted run. A
-        proposer is not asked when even its best rate could not beat the draft in hand. With none
-        granted, exploration may try one token."""
+    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
+        """Ask every proposer for a draft, cut each where its tokens' value falls under the
+        threshold (by the evidence behind it and its tokens' confidence), and take the one with
+        the longest expected accepted run. A proposer is not asked when even its best rate could
+        not beat the draft in hand. With none granted, exploration may try one token."""
         best, best_value = None, 0.0
         for offer in plan.offers:
-            if offered is not None and offer.proposer not in offered:
-                continue
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
-            draft = self._ask(offer.proposer, req, cap)
+            draft = offer.proposer.propose(req, cap)
             if draft is None or not draft.tokens:
                 continue
-            n, value, worth = self._cut(rates_from(offer.table, draft.evidence, draft.confidence,
-                                                   min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
+            n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
+                                           min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
-                if self.priced:
-                    best = dataclasses.replace(best, gain=worth * plan.token_value - n * plan.token_cost)
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
             best = self._explore(req, plan)
         return best
@@ -349,19 +279,12 @@ class AdaptiveController:
         """One draft token from the most promising proposer, paid from the exploration credit."""
         price = plan.token_cost
         offer = max(plan.offers, key=lambda o: o.top)
-        draft = self._ask(offer.proposer, req, 1)
-        # An attempt costs its measured time; one that finds no draft costs nothing else.
-        self.credit -= max(FAILED_ATTEMPT * price, self.ledger.seconds_per_ask(offer.proposer.name))
+        draft = offer.proposer.propose(req, 1)
         if draft is None or not draft.tokens:
+            self.credit -= FAILED_ATTEMPT * price
             return None
-        self.credit -= price + plan.jump  # (a step that feeds no other draft pays the jump for it)
+        self.credit -= price
         return draft.cut(1)
-
-    def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
-        start = time.perf_counter()
-        draft = proposer.propose(req, k)
-        self.ledger.ask(proposer.name, time.perf_counter() - start)
-        return draft
 
     def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
         """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
@@ -370,7 +293,6 @@ class AdaptiveController:
         name, proposed = draft.proposer.name, len(draft.tokens)
         req.proposed[name] = req.proposed.get(name, 0) + proposed
         req.accepted[name] = req.accepted.get(name, 0) + accepted
-        self.ledger.drafted(name, accepted)
         self.learn(draft, accepted, judged)
 
     def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
@@ -420,30 +342,21 @@ class AdaptiveController:
 
     @staticmethod
     def cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float]:
-        return AdaptiveController._cut(rates, threshold, lookahead)[:2]
-
-    @staticmethod
-    def _cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float, float]:
-        """(n, expected accepted tokens, worth) of the longest prefix of a draft whose every token
-        is worth the threshold. Token i is worth the chance P_i that it is reached and accepted,
-        plus what its sample is worth past an earlier rejection: the engine keeps those samples
-        for the lookahead proposer, where a sample d positions past the rejection lands with
-        chance lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection
-        at j) x lookahead[i - j - 1] is added to P_i where P_i alone falls short; worth sums the
-        tokens' P_i, plus R_i where it was needed."""
-        n, p, value, worth, failed = 0, 1.0, 0.0, 0.0, []
+        """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
+        worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
+        what its sample is worth past an earlier rejection: the engine keeps those samples for
+        the lookahead proposer, where a sample d positions past the rejection lands with chance
+        lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection at j)
+        x lookahead[i - j - 1] is added to P_i where P_i alone falls short."""
+        n, p, value, failed = 0, 1.0, 0.0, []
         for i, a in enumerate(rates):
-            token = p * a
-            if token < threshold:
-                if lookahead:
-                    token += sum(f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead))
-                if token < threshold:
-                    break
+            if p * a < threshold and (not lookahead or p * a + sum(
+                    f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead)) < threshold):
+                break
             failed.append(p * (1.0 - a))  # the chance the first rejection is at i
             n, p = n + 1, p * a
             value += p
-            worth += token
-        return n, value, worth
+        return n, value
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],

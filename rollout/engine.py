@@ -231,9 +231,9 @@ class Engine:
                     tally.admit(req, steps)
                 running.append(req)
             start = time.perf_counter()
-            drafting, n_fed, n_emitted, prepared, n_drafted = self._step(running)
+            drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
-                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared, n_drafted)
+                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
             steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
             if tally is not None:
                 tally.step(running)
@@ -263,9 +263,9 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int, int, float, int]:
+    def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
         """One forward for every running request. Returns (whether drafts were allowed, tokens
-        fed, tokens emitted, seconds spent by batched proposers before the plan, draft tokens fed)."""
+        fed, tokens emitted, seconds spent by batched proposers before the plan)."""
         plan, prepared = None, 0.0
         if self.controller is not None:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
@@ -278,8 +278,7 @@ class Engine:
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         offered = frozenset(o.proposer for o in plan.offers if o.most > 0) if plan is not None else frozenset()
         emitted = self._verify(rows, logits, offered, observers, hidden)
-        drafted = sum(len(r.draft_tokens) for r in rows)
-        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared, drafted
+        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding
@@ -309,7 +308,7 @@ class Engine:
             if whole and plan is not None:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                draft = self.controller.choose(req, room, plan, plan.offered_to(req)) if room > 0 else None
+                draft = self.controller.choose(req, room, plan) if room > 0 else None
             row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
@@ -318,8 +317,6 @@ class Engine:
             rows.append(row)
             n_tokens += len(tokens)
             budget -= len(tokens)
-        if plan is not None and not plan.pays([r.draft for r in rows if r.draft is not None]):
-            return self._plan(running, None, hidden)  # the drafts would not pay for drafting at all
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
@@ -433,33 +430,25 @@ class Engine:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
     def _profile(self) -> None:
-        """Timed forwards of three sizes, so the step costs have slopes before the first real
-        step: one token per row (a plain step), one draft token more (a step that drafts), and a
-        draft's worth on every row (both). They write into free KV-cache slots at positions no
-        request has yet: each request overwrites its slot from position 0."""
-        rows, k = min(self.config.max_batch_size, 8), min(self.config.spec.max_draft_tokens, 8)
-        ctl, timed = self.controller, []
-        for extra, fits in (([0] * rows, (ctl.cost,)), ([1] + [0] * (rows - 1), (ctl.draft_cost,)),
-                            ([k] * rows, (ctl.cost, ctl.draft_cost))):
-            if 1 + max(extra) > self.config.max_model_len:
+        """Two timed forwards of different sizes (one token per row, then a draft's worth), so the
+        step cost has a slope before the first real step. They write into free KV-cache slots at
+        positions no request has yet: each request overwrites its slot from position 0."""
+        rows = min(self.config.max_batch_size, 8)
+        for per_row in (1, 1 + min(self.config.spec.max_draft_tokens, 8)):
+            if per_row > self.config.max_model_len:
                 continue
-            feed = [(slot, 0, [0] * (1 + e)) for slot, e in enumerate(extra)]
-            n = rows + sum(extra)
-            batch = ForwardBatch.build(feed, list(range(n)), self.device, self.min_bucket)
-            timed.append(min(self._timed_forward(batch) for _ in range(2)))
-            for fit in fits:
-                fit.add_profile(n, timed[-1])
-        if len(timed) >= 2:
-            ctl.jump_limit = max(timed[1] - timed[0], 0.0)
-
-    def _timed_forward(self, batch: ForwardBatch) -> float:
-        start = time.perf_counter()
-        logits, _ = self.model(batch, self.cache)
-        n = logits.shape[0]
-        sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
-                        torch.arange(n, device=logits.device), *sampling.sampling_tensors(
-                            [SamplingParams()] * n, logits.device))[0].tolist()
-        return time.perf_counter() - start
+            feed = [(slot, 0, [0] * per_row) for slot in range(rows)]
+            batch = ForwardBatch.build(feed, list(range(rows * per_row)), self.device, self.min_bucket)
+            seconds = []
+            for _ in range(2):
+                start = time.perf_counter()
+                logits, _ = self.model(batch, self.cache)
+                n = logits.shape[0]
+                sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
+                                torch.arange(n, device=logits.device), *sampling.sampling_tensors(
+                                    [SamplingParams()] * n, logits.device))[0].tolist()
+                seconds.append(time.perf_counter() - start)
+            self.controller.cost.add_profile(rows * per_row, min(seconds))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""

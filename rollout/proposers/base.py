@@ -28,7 +28,6 @@ class Draft:
     proposer: Proposer
     evidence: int = 0
     confidence: Optional[list[float]] = None
-    gain: Optional[float] = None  # set by the budget: seconds it expects the draft to save net of its slots
 
     def cut(self, n: int) -> Draft:
         """The first n tokens of this draft."""

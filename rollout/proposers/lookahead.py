@@ -20,7 +20,6 @@ from .base import Draft, Proposer
 class LookaheadProposer(Proposer):
     name = "lookahead"
     wants_lookahead = True
-    catches_up = True  # (it keeps no state: nothing to tell it after a step)
 
     @classmethod
     def from_config(cls, spec, model=None, engine_config=None) -> LookaheadProposer:

@@ -11,7 +11,6 @@ from .base import Draft, Proposer
 
 class NgramProposer(Proposer):
     name = "ngram"
-    catches_up = True  # (it keeps no state: nothing to tell it after a step)
 
     def __init__(self, ngram_sizes: tuple[int, ...] = (3, 2, 1)):
         self.sizes = tuple(sorted(set(ngram_sizes), reverse=True))

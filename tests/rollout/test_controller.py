@@ -219,38 +219,3 @@ def test_a_fixed_threshold_is_kept_and_bad_values_are_named():
     assert given.controller.min_draft_prob == 0.1 and not given.controller.priced
     with pytest.raises(ValueError, match="min_draft_prob"):
         SpecConfig(min_draft_prob=1.5).validate()
-
-
-def test_a_step_drafts_only_when_its_drafts_pay_for_drafting_at_all():
-    """On a CPU the first draft token of a step costs several times what each further one does
-    (matrix-vector products for one token per row, kernels blocking rows): steps with drafts are
-    fitted apart, the per-token price is their slope, and the jump over a plain step must be paid
-    by the step's drafts together."""
-    c = AdaptiveController(max_draft_tokens=8)
-    c.cost.add_profile(1, 0.008)
-    c.cost.add_profile(9, 0.020)  # a plain fit: 6.5 ms + 1.5 ms a token
-    c.draft_cost.add_profile(2, 0.013)
-    c.draft_cost.add_profile(9, 0.0165)  # steps with drafts: 12 ms + 0.5 ms a token
-    plan = c.plan_step([Named("x", prior=0.5)], 1, 1.0)
-    assert c.draft_token_cost() == pytest.approx(0.0005)
-    assert plan.jump == pytest.approx(0.0125 - 0.008)
-    assert plan.threshold == pytest.approx(0.0005 / plan.token_value)
-    x = Named("x")
-    assert not plan.pays([Draft([1], x, gain=0.002), Draft([2], x, gain=0.002)])  # 4 ms < 4.5 ms
-    assert plan.pays([Draft([1], x, gain=0.002), Draft([2], x, gain=0.003)])
-    assert plan.pays([Draft([1], x, gain=0.0), Draft([2], x)])  # exploration pays its own way
-    assert plan.pays([])
-    c.jump_limit = 0.001  # what the profile measured bounds the fits' extrapolation
-    assert c.plan_step([x], 1, 1.0).jump == pytest.approx(0.001)
-    c.jump_limit = None
-    for i in range(300):  # the machine changes: a draft token now costs what any fed token does
-        c.observe_step(fed=1, emitted=1, seconds=0.008)
-        c.observe_step(fed=2 + i % 8, emitted=2, seconds=0.008 + (1 + i % 8) * 0.0015, drafted=1 + i % 8)
-    assert c.plan_step([x], 1, 1.0).jump == pytest.approx(0.0, abs=5e-4)
-    state = c.state_dict()
-    d = AdaptiveController()
-    d.load_state_dict(state)
-    assert d.draft_token_cost() == pytest.approx(c.draft_token_cost())
-    del state["draft_cost"]  # a checkpoint from before: the draft fit starts afresh from the plain one
-    d.load_state_dict(state)
-    assert d.draft_token_cost() == pytest.approx(d.cost.per_token())
