@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -100,11 +100,14 @@ def measure(proposer: DrafterProposer, max_samples: int = 32, max_k: int = 8) ->
 
 
 def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineConfig, budget_s: float,
-                    advantages: Optional[dict] = None, current_only: bool = False) -> dict:
+                    advantages: Optional[dict] = None, current_only: bool = False,
+                    should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """Train the engine's head (a fresh one of cfg.kind if it has none) on its buffer for up to
     budget_s seconds, then set it as the next version. advantages: {seed: advantage} for reward
     weighting. current_only: only entries of the current policy version (an idle slice that
-    must not spend its time recomputing features). Returns the drafter_* metrics."""
+    must not spend its time recomputing features). should_stop: checked between optimizer steps
+    (drafter/trainer.py `train`); what was trained until then is kept as the next version all the
+    same. Returns the drafter_* metrics (drafter_train_stopped: should_stop ended it)."""
     start = time.perf_counter()
     buf = proposer.buffer
     if buf is None:
@@ -125,7 +128,8 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
 
     budget = max(0.0, budget_s - (time.perf_counter() - start))
     max_steps = steps_for_passes(sum(e.num_tokens for e in entries), cfg.max_passes, tcfg)
-    report = train(online.train, proposer.model, entries, tcfg, budget, max_steps, before_step=refresh)
+    report = train(online.train, proposer.model, entries, tcfg, budget, max_steps, before_step=refresh,
+                   should_stop=should_stop)
     if report["steps"]:
         try:
             proposer.set_head(head, proposer.head_version + 1)
@@ -134,7 +138,7 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
             online.train = None
     return {"drafter_train_steps": report["steps"], "drafter_train_seconds": time.perf_counter() - start,
             "drafter_train_loss": report["loss"], "drafter_refreshed_tokens": refreshed[0],
-            "drafter_version": proposer.head_version}
+            "drafter_version": proposer.head_version, "drafter_train_stopped": report["stopped"]}
 
 
 def _fresh_head(proposer: DrafterProposer, cfg: OnlineConfig) -> DraftHead:

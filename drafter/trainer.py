@@ -146,19 +146,25 @@ def _set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, progress: float)
 
 def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: TrainConfig = TrainConfig(),
           time_budget_s: float = 1.0, max_steps: Optional[int] = None,
-          before_step: Optional[Callable[[list[Entry]], None]] = None) -> dict:
+          before_step: Optional[Callable[[list[Entry]], None]] = None,
+          should_stop: Optional[Callable[[], bool]] = None) -> dict:
     """Optimizer steps on these entries until time_budget_s has passed (checked before each
     step) or max_steps are done. before_step(batch): called with each step's entries before
-    they are read (say to refresh their features). Returns {steps, seconds, loss (mean KL of
-    these steps), tokens}."""
+    they are read (say to refresh their features). should_stop(): also checked before each
+    step; True ends the call there, keeping the steps done (a Ray worker's slice gives the
+    engine back to a chunk: scheduler/engine_turns.py). Returns {steps, seconds, loss (mean KL
+    of these steps), tokens, stopped (should_stop ended it)}."""
     cfg.validate()
     state.head.check_policy(policy)
     entries = [e for e in entries if len(e.sample.response_ids) >= 2]
-    start, steps, kls, tokens = time.perf_counter(), 0, [], 0
+    start, steps, kls, tokens, stopped = time.perf_counter(), 0, [], 0, False
     if not entries:
-        return {"steps": 0, "seconds": 0.0, "loss": None, "tokens": 0}
+        return {"steps": 0, "seconds": 0.0, "loss": None, "tokens": 0, "stopped": False}
     with threads.using(cfg.num_threads):
         while (max_steps is None or steps < max_steps) and time.perf_counter() - start < time_budget_s:
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
             chosen = _pick_batch(entries, state.rng, cfg.batch_tokens)
             if before_step is not None:
                 before_step(chosen)
@@ -178,4 +184,4 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
     state.steps += steps
     state.seconds += seconds
     return {"steps": steps, "seconds": seconds, "loss": sum(kls) / len(kls) if kls else None,
-            "last_loss": kls[-1] if kls else None, "tokens": tokens}
+            "last_loss": kls[-1] if kls else None, "tokens": tokens, "stopped": stopped}

@@ -29,12 +29,12 @@ class DrafterSlices:
     published: Optional[tuple] = None  # (version, [ObjectRef of drafter.export.head_state])
     writer: Optional[int] = None
     inflight: dict = field(default_factory=dict)  # slice ObjectRef -> worker index
-    counts: dict = field(default_factory=dict)  # this rollout's: steps, seconds, slices, published
+    counts: dict = field(default_factory=dict)  # this rollout's: steps, seconds, slices, stopped, published
     broken: bool = False  # a slice raised (not a lost worker): no more slices this rollout
 
     def new_rollout(self) -> None:
         self.counts = {"drafter_train_steps": 0, "drafter_train_seconds": 0.0, "drafter_slices": 0,
-                       "drafter_published": 0}
+                       "drafter_stopped": 0, "drafter_published": 0}
         self.broken = False
         self.collect(timeout_s=0.0)  # a slice still running at the end of the last rollout
 
@@ -81,9 +81,18 @@ class DrafterSlices:
         c["drafter_slices"] += 1
         c["drafter_train_steps"] += res.get("steps", 0)
         c["drafter_train_seconds"] += res.get("seconds", 0.0)
+        c["drafter_stopped"] += int(bool(res.get("stopped")))
         if res.get("state") is not None and (self.published is None or res["version"] > self.published[0]):
             self.published = (res["version"], [ray.put(res["state"])])
             c["drafter_published"] += 1
+
+    def end_rollout(self, pool, timeout_s: float = 30.0) -> None:
+        """The rollout is over: stop the slices in flight at their next optimizer step and count
+        and publish them in this rollout (training uses a rollout's idle time, not the trainer's)."""
+        for w in set(self.inflight.values()):
+            if w in pool.ready():
+                pool.stop_drafter(w)  # its reply says nothing: the slice's own reply is the one awaited
+        self.collect(timeout_s)
 
     def collect(self, timeout_s: float) -> None:
         """Publish the slices that are back within timeout_s (the others stay in flight)."""

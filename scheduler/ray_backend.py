@@ -160,8 +160,11 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         ray = _ray()
-        actor = ray.remote(self.worker_cls).options(**self.options).remote(self.payload, self.engine_config, i,
-                                                                          **self.worker_kwargs)
+        # A worker class that trains in its own concurrency group declares it (scheduler/worker.py);
+        # groups can only be declared here, not in .options() (ray/actor.py, ActorClass.options).
+        groups = getattr(self.worker_cls, "concurrency_groups", None)
+        cls = ray.remote(concurrency_groups=groups)(self.worker_cls) if groups else ray.remote(self.worker_cls)
+        actor = cls.options(**self.options).remote(self.payload, self.engine_config, i, **self.worker_kwargs)
         if self.weights_ref is not None:
             actor.update_weights.remote(self.weights_ref)  # calls run in order: after the constructor
         self._starting[actor.ping.remote()] = (i, actor, time.perf_counter())
@@ -206,8 +209,15 @@ class WorkerPool:
         return self.actors[i].run_chunk.remote(work, drafter)
 
     def train_drafter(self, i: int, seconds: float, drafter: Optional[tuple] = None):
-        """A training slice of the draft head on worker i (scheduler/drafter_slices.py)."""
-        return self.actors[i].train_drafter.remote(seconds, drafter)
+        """A training slice of the draft head on worker i (scheduler/drafter_slices.py), in the
+        worker's own concurrency group: a chunk sent meanwhile does not queue behind it."""
+        from .worker import DRAFTER_GROUP
+
+        return self.actors[i].train_drafter.options(concurrency_group=DRAFTER_GROUP).remote(seconds, drafter)
+
+    def stop_drafter(self, i: int):
+        """End worker i's training slice at its next optimizer step (in the default group)."""
+        return self.actors[i].stop_drafter_slice.remote()
 
     def starting(self) -> dict:
         """Replacements still starting ({ping ref: index}); those past start_timeout_s are dropped."""

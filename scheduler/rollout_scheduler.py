@@ -64,8 +64,8 @@ forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_
 spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
 re-prefills included; chunks lost with a worker are not counted), drafter_seconds (the draft head's
 time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
-drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_published, drafter_version;
-max_worker_steps (the most any
+drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_stopped (slices a chunk or the
+rollout's end cut short), drafter_published, drafter_version; max_worker_steps (the most any
 one worker ran: the rollout's critical path in forwards), worker_cpu_seconds and
 max_worker_cpu_seconds (the CPU seconds of each worker's chunks, and the most: the critical path
 in CPU time, which a machine shared with other jobs blurs far less than wall time), reprefills
@@ -185,6 +185,8 @@ class RolloutScheduler:
                                                     f"chunk_timeout_s={cfg.chunk_timeout_s}"))
 
         elapsed = time.perf_counter() - t0
+        if self.drafter is not None:
+            self.drafter.end_rollout(self.pool)
         if self.on_idle is not None:
             for w in self.pool.ready():
                 if w not in idle_told:

@@ -32,7 +32,11 @@ KV this worker keeps after the call).
 
 The draft head (drafter/proposer.py, when the engine's spec names "drafter"): a chunk may carry
 the newest published version, (version, [ObjectRef of its state]), loaded before the chunk runs;
-`train_drafter` is a training slice on what this worker ran (scheduler/drafter_slices.py).
+`train_drafter` is a training slice on what this worker ran (scheduler/drafter_slices.py). It
+runs in the concurrency group `DRAFTER_GROUP` (the backend declares it and sends slices there),
+so a chunk or a weight update arriving during a slice runs at once: it takes the engine from
+the slice at its next optimizer step (scheduler/engine_turns.py). Every other call stays in
+Ray's default group, one at a time and in the order sent.
 """
 from __future__ import annotations
 
@@ -45,10 +49,24 @@ from rollout import Engine, EngineConfig
 from rollout.engine import RunStats
 from rollout.request import Request
 
+from .engine_turns import EngineTurns
+
+# The Ray concurrency group of `train_drafter` (one slice at a time, beside the default group's
+# one call at a time). Groups are declared with ray.remote(concurrency_groups=...) and a call is
+# sent to one with .options(concurrency_group=...): ray/actor.py (ActorClass._remote reads
+# concurrency_groups; ActorMethod.options takes concurrency_group), Ray 2.60. With max_concurrency
+# 1 the actor still executes each group's calls in order (allow_out_of_order_execution defaults
+# to False; src/ray/core_worker/task_execution/ordered_actor_task_execution_queue.cc keeps a
+# sequence per group and posts each group's calls to that group's own thread pool).
+DRAFTER_GROUP = "drafter"
+
 
 class RolloutWorker:
     """An engine behind a Ray actor. Created by the backend with
-    `ray.remote(RolloutWorker).options(num_cpus=..., num_gpus=...)`."""
+    `ray.remote(concurrency_groups=RolloutWorker.concurrency_groups)(RolloutWorker).options(num_cpus=...,
+    num_gpus=...)`."""
+
+    concurrency_groups = {DRAFTER_GROUP: 1}
 
     def __init__(self, source, engine_config: EngineConfig, index: int = 0):
         self.index = index
@@ -59,6 +77,7 @@ class RolloutWorker:
         self.chunks = 0
         self._drafter_online = None  # drafter.online.OnlineState when this worker trains the head
         self._drafter_refused: Optional[int] = None  # a published version that did not load here
+        self._turns = EngineTurns()  # the engine to one call at a time, chunks before slices
 
     def ping(self) -> dict:
         cfg = self.engine.config
@@ -78,9 +97,30 @@ class RolloutWorker:
 
     def update_weights(self, weights) -> int:
         """weights: a state dict (Ray resolves the ObjectRef the backend passes). All or nothing."""
-        return self.engine.update_weights(weights)
+        with self._turns.chunk_turn():  # a slice must not train against weights being replaced
+            return self.engine.update_weights(weights)
 
     def run_chunk(self, work: list[dict], drafter: Optional[tuple] = None) -> list[dict]:
+        with self._turns.chunk_turn():
+            return self._run_chunk(work, drafter)
+
+    def train_drafter(self, seconds: float, drafter: Optional[tuple] = None) -> dict:
+        """A training slice of about `seconds` on the responses of the current rollout this worker
+        ran; a chunk arriving meanwhile ends it at the next optimizer step. Returns steps, seconds,
+        stopped (a chunk ended it), the head's version and, if it trained, its state to publish
+        (what a stopped slice trained is published like any other)."""
+        with self._turns.slice_turn() as should_stop:
+            return self._train_drafter(seconds, drafter, should_stop)
+
+    def stop_drafter_slice(self) -> None:
+        """Returns once no training slice holds the engine: one running stops at its next
+        optimizer step (the driver's way to end training when a rollout is over)."""
+        with self._turns.chunk_turn():
+            return None
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _run_chunk(self, work: list[dict], drafter: Optional[tuple]) -> list[dict]:
         t0, cpu0 = time.perf_counter(), time.process_time()
         self._load_drafter(drafter)
         dp = self._drafter()
@@ -105,26 +145,31 @@ class RolloutWorker:
         self.chunks += 1
         return results
 
-    def train_drafter(self, seconds: float, drafter: Optional[tuple] = None) -> dict:
-        """A training slice of about `seconds` on the responses of the current rollout this worker
-        ran. Returns steps, seconds, the head's version and, if it trained, its state to publish."""
+    def _train_drafter(self, seconds: float, drafter: Optional[tuple], should_stop) -> dict:
         from drafter.export import head_state
-        from drafter.online import OnlineConfig, OnlineState, train_on_buffer
+        from drafter.online import OnlineState, train_on_buffer
 
         self._load_drafter(drafter)
         dp = self._drafter()
         if dp is None or dp.buffer is None:
-            return {"steps": 0, "seconds": 0.0, "version": 0, "state": None}
-        cfg = OnlineConfig.from_spec(dp.spec, num_threads=self.engine.num_threads)
+            return {"steps": 0, "seconds": 0.0, "stopped": False, "version": 0, "state": None}
+        cfg = self._online_config(dp)
         self._drafter_online = self._drafter_online or OnlineState()
         if self._drafter_refused is not None:  # versions go on after the one refused here
             dp.head_version = max(dp.head_version, self._drafter_refused)
-        report = train_on_buffer(dp, self._drafter_online, cfg, seconds, current_only=True)
+        report = train_on_buffer(dp, self._drafter_online, cfg, seconds, current_only=True, should_stop=should_stop)
         trained = report.get("drafter_train_steps", 0) > 0 and dp.head is not None
         return {"steps": report.get("drafter_train_steps", 0), "seconds": report.get("drafter_train_seconds", 0.0),
+                "stopped": report.get("drafter_train_stopped", False),
                 "version": dp.head_version, "state": head_state(dp.head) if trained else None}
 
-    # ---- internals ---------------------------------------------------------------------------
+    def _online_config(self, dp):
+        from drafter.online import OnlineConfig
+
+        # The engine's thread count: the slice runs in another thread of this process (its
+        # concurrency group's), and torch's count is per thread, so the trainer sets it for the
+        # slice (drafter/trainer.py, threads.using) as the engine sets its own for a chunk.
+        return OnlineConfig.from_spec(dp.spec, num_threads=self.engine.num_threads)
 
     def _drafter(self):
         from drafter.proposer import DrafterProposer

@@ -149,3 +149,25 @@ def test_load_or_warm_start_caches_the_head(policy, rollouts, tmp_path):
     with pytest.warns(UserWarning, match="retraining"):
         _, report = load_or_warm_start(tmp_path / "head", policy, make, HeadConfig(kind="mlp"), max_steps=1)
     assert not report["cached"] and calls == [1, 1]
+
+
+def test_should_stop_ends_training_between_steps_keeping_what_was_done(policy, rollouts):
+    """A Ray worker's slice gives the engine back to a chunk through should_stop: checked before
+    every step, it ends the call there; the steps before it count and changed the head."""
+    rolls, feats = rollouts
+    head = DraftHead.for_policy(policy, HeadConfig(), seed=0)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    state = new_state(head)
+    calls = []
+
+    def should_stop():
+        calls.append(len(calls))
+        return len(calls) > 3  # the 4th check, before a 4th step
+
+    out = train(state, policy, fill(rolls, feats), TrainConfig(), time_budget_s=60, max_steps=50,
+                should_stop=should_stop)
+    assert out["steps"] == 3 and out["stopped"] and state.steps == 3 and len(calls) == 4
+    assert any(not torch.equal(v, before[k]) for k, v in head.state_dict().items())
+    again = train(state, policy, fill(rolls, feats), TrainConfig(), time_budget_s=60, max_steps=2,
+                  should_stop=lambda: False)
+    assert again["steps"] == 2 and not again["stopped"] and state.steps == 5

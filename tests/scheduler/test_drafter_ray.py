@@ -1,6 +1,10 @@
 """The drafter on Ray: idle workers train the head while the rollout runs, versions travel with
 the chunks and are loaded between them, and no token ever changes -- with versions swapped,
-with a version that does not load, and with the writer killed."""
+with a version that does not load, and with the writer killed; a chunk sent to a worker in the
+middle of a training slice runs at once, stopping the slice."""
+import dataclasses
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -13,6 +17,7 @@ from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E4
 from rollout.config import DrafterSpec  # noqa: E402
 from rollout.model import CausalLM  # noqa: E402
 from scheduler import RayRolloutBackend  # noqa: E402
+from scheduler.worker import RolloutWorker  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -74,5 +79,42 @@ def test_idle_workers_train_and_tokens_never_change(ray_local, tmp_path):
         outs = backend.generate(prompts, params, seeds=seeds)
         assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(prompts, params, seeds)]
         assert backend._drafter.published[0] >= kept[0]  # the last published version stayed
+    finally:
+        backend.shutdown()
+
+
+class LongSliceWorker(RolloutWorker):
+    """A worker whose slices are not capped at a few passes over its (tiny) buffer: a slice
+    trains until its time is up or a chunk stops it."""
+
+    def _online_config(self, dp):
+        return dataclasses.replace(super()._online_config(dp), max_passes=1e9)
+
+
+def test_a_chunk_does_not_wait_for_a_training_slice(ray_local, tmp_path):
+    hf = tiny_hf_model("llama", vocab=VOCAB, seed=11)
+    hf.save_pretrained(tmp_path / "policy")
+    policy = CausalLM.from_pretrained(hf)
+    export(DraftHead.for_policy(policy, HeadConfig(window=8), seed=1), tmp_path / "head")
+    spec = SpecConfig(proposers=("suffix", "drafter"), max_draft_tokens=4,
+                      drafter=DrafterSpec(path=str(tmp_path / "head"), window=8))  # no slices of its own
+    config = EngineConfig(max_batch_size=4, max_model_len=96, spec=spec)
+    plain = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96))
+    backend = RayRolloutBackend(str(tmp_path / "policy"), config, num_workers=2, num_cpus_per_worker=1,
+                                chunk_tokens=4, chunk_growth=0.0, start_timeout_s=120,
+                                worker_cls=LongSliceWorker)
+    slice_s = 60.0
+    try:
+        backend.generate(*workload(0)[:2], seeds=workload(0)[2])  # both workers' buffers hold a rollout
+        running = backend._pool.train_drafter(0, slice_s)
+        prompts, params, seeds = workload(1)
+        start = time.perf_counter()
+        outs = backend.generate(prompts, params, seeds=seeds)  # chunks go to worker 0 too
+        elapsed = time.perf_counter() - start
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(prompts, params, seeds)]
+        backend._pool.stop_drafter(0)  # (in case the slice only got the engine after the last chunk)
+        res = ray.get(running, timeout=60)
+        assert elapsed < slice_s / 3, elapsed  # generous: queued behind the slice it would take > slice_s
+        assert res["stopped"] and res["seconds"] < slice_s / 2, res
     finally:
         backend.shutdown()
