@@ -7,8 +7,10 @@ One backend (2 workers of 1 CPU: the demo policy, its cached warm-started head, 
 engine settings and proposers plus the drafter); each repetition rolls out the demo's step
 (64 prompts x 8 samples, that repetition's seeds) twice, interleaved: with no training, then with
 a training slice of --slice seconds given to an idle worker whenever one has no chunk (one
-writer, versions published with the chunks). Reported per run: rollout seconds, tail seconds,
-worker_busy_fraction, drafter_train_steps / slices / version; tokens must be identical between
+writer, versions published with the chunks; a chunk sent to a training worker stops its slice
+at the next optimizer step). Reported per run: rollout seconds, tail seconds,
+worker_busy_fraction, drafter_train_steps / slices / stopped / version, max_engine_wait_s (the
+longest a chunk waited for a slice to give the engine back); tokens must be identical between
 the two modes of a repetition.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rollout.seeds import prompt_key, sample_seed
 from .ray_backend import RayRolloutBackend
 
 KEYS = ("rollout_seconds", "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_slices",
-        "drafter_version", "drafter_seconds", "engine_steps", "chunks")
+        "drafter_stopped", "max_engine_wait_s", "drafter_version", "drafter_seconds", "engine_steps", "chunks")
 
 
 def run(args) -> dict:

@@ -65,7 +65,8 @@ spec_off_steps and fed_tokens (the work: target forwards summed over workers, an
 re-prefills included; chunks lost with a worker are not counted), drafter_seconds (the draft head's
 time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
 drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_stopped (slices a chunk or the
-rollout's end cut short), drafter_published, drafter_version; max_worker_steps (the most any
+rollout's end cut short), drafter_published, drafter_version, max_engine_wait_s (the longest a chunk
+waited for a slice to give its worker's engine back); max_worker_steps (the most any
 one worker ran: the rollout's critical path in forwards), worker_cpu_seconds and
 max_worker_cpu_seconds (the CPU seconds of each worker's chunks, and the most: the critical path
 in CPU time, which a machine shared with other jobs blurs far less than wall time), reprefills
@@ -217,7 +218,7 @@ class RolloutScheduler:
         self.finish_times: dict = {}  # request id -> seconds from the start of the rollout
         self.counts = {"chunks": 0, "group_moves": 0, "worker_failures": 0, "requeued_requests": 0,
                        "engine_steps": 0, "fed_tokens": 0, "spec_off_steps": 0, "drafter_seconds": 0.0,
-                       "reprefills": 0, "reprefill_tokens": 0}
+                       "reprefills": 0, "reprefill_tokens": 0, "max_engine_wait_s": 0.0}
 
     def _receive(self, w: int, ids: list[int], results: list[dict], now: float) -> int:
         """Fold a returned chunk into the requests; paused ones go back to the queue. Returns
@@ -232,6 +233,7 @@ class RolloutScheduler:
             self.counts["fed_tokens"] += first.get("fed_tokens", 0)
             self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
             self.counts["drafter_seconds"] += first.get("drafter_seconds", 0.0)
+            self.counts["max_engine_wait_s"] = max(self.counts["max_engine_wait_s"], first.get("engine_wait_s", 0.0))
             self._note_kept(w, ids, first.get("kept", ()))
         back, done = set(ids), 0
         for res in results:

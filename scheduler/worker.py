@@ -27,7 +27,8 @@ token, None if paused); for the whole call (same in every result): wall_s, cpu_s
 CPU seconds: what the call cost, which other processes on the machine blur less), engine_steps (target
 forwards), spec_off_steps (those without drafts) and fed_tokens (tokens fed to them, prefill
 included) -- the work the call took, independent of how busy the machine was --,
-drafter_seconds (the draft head's share of it) and kept (the scheduler ids of this rollout whose
+drafter_seconds (the draft head's share of it), engine_wait_s (how long the call waited for a
+training slice to give the engine back, before wall_s began) and kept (the scheduler ids of this rollout whose
 KV this worker keeps after the call).
 
 The draft head (drafter/proposer.py, when the engine's spec names "drafter"): a chunk may carry
@@ -101,8 +102,13 @@ class RolloutWorker:
             return self.engine.update_weights(weights)
 
     def run_chunk(self, work: list[dict], drafter: Optional[tuple] = None) -> list[dict]:
+        asked = time.perf_counter()
         with self._turns.chunk_turn():
-            return self._run_chunk(work, drafter)
+            waited = time.perf_counter() - asked
+            results = self._run_chunk(work, drafter)
+        for r in results:
+            r["engine_wait_s"] = waited
+        return results
 
     def train_drafter(self, seconds: float, drafter: Optional[tuple] = None) -> dict:
         """A training slice of about `seconds` on the responses of the current rollout this worker
