@@ -81,6 +81,7 @@ class RolloutWorker:
         self._turns = EngineTurns()  # the engine to one call at a time, chunks before slices
 
     def ping(self) -> dict:
+        # No engine turn: it must answer while a slice trains, and it only reads plain attributes.
         cfg = self.engine.config
         return {"index": self.index, "pid": os.getpid(), "host": socket.gethostname(),
                 "vocab_size": self.engine.vocab_size, "max_batch_size": cfg.max_batch_size,

@@ -1,5 +1,7 @@
 """EngineTurns (scheduler/engine_turns.py): a chunk takes the engine from a training slice at the
 slice's next step, and the two never hold it together."""
+import os
+import sys
 import threading
 
 import pytest
@@ -69,3 +71,36 @@ def test_a_slice_that_does_not_give_the_engine_back_times_out_the_chunk():
     t.join(timeout=30)
     with turns.chunk_turn():  # usable again afterwards
         pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads have their own nice value on Linux only")
+def test_a_slice_runs_at_low_cpu_priority_and_a_chunk_lifts_it_back():
+    turns, seen, started = EngineTurns(wait_s=30, slice_nice=19), [], threading.Event()
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def run():
+        tid = threading.get_native_id()
+        with turns.slice_turn() as should_stop:
+            seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+            started.set()
+            while not should_stop():
+                threading.Event().wait(0.001)
+            seen.append(os.getpriority(os.PRIO_PROCESS, tid))  # after the chunk raised the flag
+        seen.append(os.getpriority(os.PRIO_PROCESS, tid))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(timeout=30)
+    with turns.chunk_turn():
+        pass
+    t.join(timeout=30)
+    assert seen[0] == 19
+    if can_raise_priority():
+        assert seen[1:] == [before, before]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # the calling thread was never touched
+
+
+def can_raise_priority() -> bool:
+    import resource
+
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - os.getpriority(os.PRIO_PROCESS, 0)
