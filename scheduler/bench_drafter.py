@@ -38,6 +38,7 @@ def run(args) -> dict:
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
 
+    load_start = os.getloadavg()
     _, tok, folder, make_problems, _ = demo_policy()
     run_cfg = RunConfig()
     d = run_cfg.rollout.drafter
@@ -77,7 +78,9 @@ def run(args) -> dict:
         summary[mode] = {k: {"min": min(r[k] for r in rs), "median": statistics.median(r[k] for r in rs)}
                          for k in ("rollout_seconds", "worker_busy_fraction", "tail_seconds")}
         summary[mode]["drafter_train_steps"] = [r["drafter_train_steps"] for r in rs]
-    return {"runs": runs, "summary": summary, "slice_s": args.slice, "loadavg": os.getloadavg(),
+        summary[mode]["max_engine_wait_s"] = max(r["max_engine_wait_s"] for r in rs)
+    return {"runs": runs, "summary": summary, "slice_s": args.slice, "loadavg_start": load_start,
+            "loadavg": os.getloadavg(),
             "note": "shared 2-core machine; 2 Ray workers of 1 CPU; off/on interleaved per repetition"}
 
 
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
     print(f"rollout seconds off/on (median): {s['off']['rollout_seconds']['median']:.2f} / "
           f"{s['on']['rollout_seconds']['median']:.2f}; worker_busy_fraction off/on: "
           f"{s['off']['worker_busy_fraction']['median']:.3f} / {s['on']['worker_busy_fraction']['median']:.3f}; "
-          f"drafter_train_steps per rollout with training: {s['on']['drafter_train_steps']}")
+          f"drafter_train_steps per rollout with training: {s['on']['drafter_train_steps']}; the longest a chunk "
+          f"waited for a slice: {s['on']['max_engine_wait_s'] * 1e3:.1f} ms")
     save_report({**result, "load_average_after": os.getloadavg()}, args.out)
     return 0
 
