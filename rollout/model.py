@@ -19,6 +19,7 @@ from torch import nn
 
 from .batch import MIN_BUCKET, AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
+from .linear import PackedLinear
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # bfloat16 attention on the CPU gives a query the same bits in grids of at least MIN_QUERIES
@@ -132,25 +133,14 @@ def invariant_grid(group: AttentionGroup, cache_len: int) -> AttentionGroup:
                                max_row_len=length, kv_len=kv_len)
 
 
-class Linear(nn.Linear):
-    """nn.Linear whose one-row calls in bfloat16 on the CPU run as two rows: oneDNN takes a
-    matrix-vector kernel for a single row, which can sum in another order than its kernel for two
-    rows or more, so a request decoding alone would round differently from the same row in a batch."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
-            return super().forward(x.repeat(2, 1))[:1]
-        return super().forward(x)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
-        self.v_proj = Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
+        self.q_proj = PackedLinear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = PackedLinear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = PackedLinear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = PackedLinear(cfg.num_heads * hd, d, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -189,9 +179,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = Linear(d, i, bias=cfg.mlp_bias)
-        self.up_proj = Linear(d, i, bias=cfg.mlp_bias)
-        self.down_proj = Linear(i, d, bias=cfg.mlp_bias)
+        self.gate_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
+        self.up_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
+        self.down_proj = PackedLinear(i, d, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -225,7 +215,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Backbone(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)

@@ -1,7 +1,7 @@
 """bfloat16 on the CPU: the same tokens and the same logprob bits with speculation on and off, at
 other batch sizes and with divided rollouts. A verify row computes a position in a forward of
 another shape than the decode that computes it with speculation off; the logits must not depend
-on that shape (batch.KEY_STEP, model.Linear; docs/dtypes.md). Equal logprobs catch any change in
+on that shape (batch.KEY_STEP, linear.PackedLinear; docs/dtypes.md). Equal logprobs catch any change in
 a logit row's bits, not only those that happen to flip a token."""
 import random
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.model import Linear
+from rollout.linear import PackedLinear
 from tests.conftest import tiny_hf_model
 from tests.rollout.test_engine import OracleProposer
 
@@ -77,8 +77,11 @@ def test_divided_rollout_and_chunked_prefill_give_the_same_bits(hf):
 
 def test_a_one_row_bf16_linear_call_rounds_like_a_row_of_a_batch():
     torch.manual_seed(0)
-    layer = Linear(4864, 896, bias=False).to(torch.bfloat16)
+    layer = PackedLinear(4864, 896, bias=False).to(torch.bfloat16)
     x = torch.randn(5, 4864).to(torch.bfloat16)
+    with torch.inference_mode():  # the engine's (packed) path
+        batched = layer(x)
+        assert all(torch.equal(layer(x[i:i + 1])[0], batched[i]) for i in range(5))
     batched = layer(x)
     for i in range(5):
         assert torch.equal(layer(x[i:i + 1])[0], batched[i])

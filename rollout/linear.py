@@ -1,0 +1,88 @@
+"""The engine's linear layers on the CPU: oneDNN with each weight packed once.
+
+`F.linear` in float32 goes to MKL's sgemm, which repacks the weight on every call and takes a
+separate kernel for one, two to three, and four or more rows: a step that feeds one draft token
+beside its decode row costs about twice a decode step, so speculation pays a jump for its first
+draft token that later ones do not. oneDNN with the weight reordered ahead of time into its
+blocked layout (the path inductor's weight prepacking emits: torch/_inductor/fx_passes/
+mkldnn_fusion.py, `_reorder_linear_weight` then `_linear_pointwise`) runs the same matmul at
+small row counts at a fraction of that cost, and gives a row the same bits for any row count
+from two up and at any row position, in float32 and bfloat16 (`tests/rollout/test_linear.py`).
+A single row can take a matrix-vector kernel that sums in another order, so one-row calls run as
+two rows: a request decoding alone is computed as it is in a batch, or in a verify row.
+
+The pack is a derived copy of the module's weight, which stays the owner (state_dict,
+update_weights, the drafter reading lm_head): it is rebuilt whenever the weight is written or
+replaced. Small weights stay with MKL, whose per-call overhead is lower there.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+from torch import nn
+
+# Weights with fewer numbers than this (a tiny model's) run faster through MKL than packed.
+PACK_MIN_WEIGHTS = 1 << 17
+PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row count works with it
+MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
+# oneDNN builds (and caches) a kernel per row count: calls of more rows than this run padded to a
+# multiple of ROW_BUCKET, so the verify and prompt steps' varying row counts reuse a few kernels.
+BUCKET_FROM, ROW_BUCKET = 64, 32
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether a linear layer with this weight runs packed through oneDNN."""
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.numel() >= PACK_MIN_WEIGHTS and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled)
+
+
+def padded_rows(n: int) -> int:
+    if n < MIN_ROWS:
+        return MIN_ROWS
+    return -(-n // ROW_BUCKET) * ROW_BUCKET if n > BUCKET_FROM else n
+
+
+class PackedLinear(nn.Linear):
+    """nn.Linear that runs packed through oneDNN where `packs` says so (inference only: the
+    packed operator has no gradient), and plain elsewhere. One-row bfloat16 calls that stay plain
+    run as two rows, for the same reason as above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (w.numel() >= PACK_MIN_WEIGHTS and x.dtype == w.dtype and packs(w)
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return self._packed_forward(x)
+        if x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
+            return super().forward(x.repeat(2, 1))[:1]
+        return super().forward(x)
+
+    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        n = x.shape[0]
+        rows = padded_rows(n)
+        if rows != n:
+            x = torch.cat([x, x[:1].expand(rows - n, -1)])
+        y = torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+        return y[:n].reshape(*shape[:-1], self.out_features)
+
+    def _pack(self) -> torch.Tensor:
+        """The packed copy of the current weight: rebuilt when the weight object, its storage or
+        its version (any in-place write) changed since it was made."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype)
+        cached: Optional[tuple] = self.__dict__.get("_packed")
+        if cached is None or cached[0]() is not w or cached[1] != key:
+            with torch.no_grad():
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS)
+            cached = self.__dict__["_packed"] = (weakref.ref(w), key, packed)
+        return cached[2]
+
+    def __getstate__(self):
+        # A copy (deepcopy, pickle) repacks on its first call rather than carrying oneDNN's layout.
+        state = super().__getstate__()
+        state.pop("_packed", None)
+        return state

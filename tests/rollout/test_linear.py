@@ -1,0 +1,78 @@
+"""The packed oneDNN linear layers (rollout/linear.py): the same map as nn.Linear, a row's bits
+independent of how many rows share the call, and a pack that follows every change of the weight."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+from rollout import linear
+from rollout.linear import PackedLinear
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def layer(n_in=512, n_out=640, dtype=torch.float32, bias=True, seed=0):
+    torch.manual_seed(seed)
+    m = PackedLinear(n_in, n_out, bias=bias).to(dtype)
+    m.requires_grad_(False)
+    assert linear.packs(m.weight)
+    return m
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_packed_is_the_same_map_as_nn_linear(dtype, tol):
+    m = layer(dtype=dtype)
+    x = torch.randn(37, 512).to(dtype)
+    with torch.inference_mode():
+        got = m(x)
+    ref = torch.nn.functional.linear(x.double(), m.weight.double(), m.bias.double())
+    assert got.dtype == dtype and got.shape == (37, 640)
+    assert torch.allclose(got.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(512, 640), (1376, 512)])  # (1376, 512): wide input, one row differs unpadded
+def test_a_row_has_the_same_bits_whatever_shares_the_call(dtype, shape):
+    m = layer(*shape, dtype=dtype)
+    x = torch.randn(140, shape[0]).to(dtype)
+    with torch.inference_mode():
+        ref = m(x[:1])[0]
+        for n in list(range(2, 70)) + [96, 100, 140]:
+            assert torch.equal(m(x[:n])[0], ref), n
+            moved = torch.cat([x[1:n], x[:1]])  # the same row last
+            assert torch.equal(m(moved)[-1], ref), n
+
+
+def test_the_pack_follows_in_place_writes_and_replaced_weights():
+    m = layer()
+    x = torch.randn(3, 512)
+    with torch.inference_mode():
+        before = m(x)
+    with torch.no_grad():
+        m.weight.mul_(2.0)  # as update_weights / load_state_dict write
+    with torch.inference_mode():
+        assert torch.allclose(m(x) - m.bias, 2 * (before - m.bias), rtol=1e-5, atol=1e-5)
+    m.weight = torch.nn.Parameter(torch.zeros_like(m.weight), requires_grad=False)
+    with torch.inference_mode():
+        assert torch.equal(m(x), m.bias.expand(3, -1))
+
+
+def test_copies_and_gradients_take_the_plain_path_safely():
+    m = layer()
+    x = torch.randn(4, 512)
+    with torch.inference_mode():
+        y = m(x)
+    for other in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        with torch.inference_mode():
+            assert torch.equal(other(x), y)
+    m.requires_grad_(True)
+    out = m(x)  # autograd: the packed operator has no gradient
+    out.sum().backward()
+    assert m.weight.grad is not None and torch.allclose(out, y, rtol=1e-5, atol=1e-5)
+
+
+def test_small_weights_stay_with_mkl():
+    m = PackedLinear(128, 256)
+    assert not linear.packs(m.weight)
+    assert not linear.packs(layer().weight.double())
