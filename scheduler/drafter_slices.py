@@ -6,12 +6,13 @@ nothing: `RolloutWorker.train_drafter(seconds)` trains its engine's draft head f
 One worker at a time is the writer; the others only read (when the writer is running a chunk
 and another worker is idle, that one takes over from the last published version).
 
-A slice only uses a worker's idle time: it runs in the worker's own Ray concurrency group, so a chunk (or a
-weight update) sent to the writer while it trains is not queued behind it; the chunk takes the
-engine from the slice at the slice's next optimizer step (scheduler/engine_turns.py), and the
-slice returns what it trained until then (`stopped`). When the rollout is over, the slices still
-running are stopped the same way and counted in it (`end_rollout`), so no training spills into
-the trainer's time between rollouts.
+A slice only uses a worker's idle time: it runs in the worker's own Ray concurrency group, so a
+chunk (or a weight update) sent to the writer while it trains is not queued behind it; the
+chunk takes the engine from the slice at the slice's next optimizer step (scheduler/
+engine_turns.py), and the slice returns what it trained until then (`stopped`). Its thread runs
+at low CPU priority, so where workers share cores it does not slow the ones still running
+chunks. When the rollout is over, the slices still running are stopped the same way and counted
+in it (`end_rollout`), so no training spills into the trainer's time between rollouts.
 
 Every slice that made progress is published: the driver puts the head's state in the object
 store once (so it owns it: the version outlives a dying writer) and sends (version, [ref]) with
