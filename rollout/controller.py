@@ -99,6 +99,16 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """A proposer's rates as they stand: the table, its best rate, and the chance that token d
+    of a draft from it (evidence 0, confidence unknown) lands (`lookahead_reach`)."""
+
+    table: list
+    top: float
+    reach: tuple
+
+
+@dataclass(frozen=True)
 class Offer:
     """A proposer's standing in one step: its rate table, its best rate, and the most draft
     tokens that rate earns at this load (a proposer is never asked for more)."""
@@ -193,17 +203,16 @@ class AdaptiveController:
         rate before any step was timed is the profile's: one token per row)."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
-        return self._price(self.token_value(rows))
+        per_token = self.cost.per_token()
+        return _price(per_token, self.token_value(rows, per_token))
 
-    def _price(self, value: float) -> float:
-        """The priced threshold when an accepted token saves `value` seconds."""
-        return max(MIN_PRICE, self.cost.per_token() / value) if value > 0 else MIN_PRICE
-
-    def token_value(self, rows: int) -> float:
+    def token_value(self, rows: int, per_token: Optional[float] = None) -> float:
         """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
         step) plus its request's share of a step's remaining cost, as far as the runs so far
-        show that a saved step shortens the rollout (`critical_share`)."""
-        per_token, per_emitted = self.cost.per_token(), self.seconds_per_emitted(rows)
+        show that a saved step shortens the rollout (`critical_share`). per_token: the step
+        cost's slope, when the caller has it."""
+        per_token = self.cost.per_token() if per_token is None else per_token
+        per_emitted = self.seconds_per_emitted(rows)
         return per_token + self.critical_share * max(per_emitted - per_token, 0.0)
 
     def seconds_per_emitted(self, rows: int) -> float:
@@ -222,19 +231,18 @@ class AdaptiveController:
         so a table is read once per step."""
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
-        value = self.token_value(running) if self.priced else 0.0
-        threshold = self._price(value) if self.priced else self.threshold(load, running)
-        tables = [(p, self.table(p)) for p in proposers]
-        lookahead = max((lookahead_reach(t, self.max_draft_tokens) for p, t in tables if p.wants_lookahead),
-                        default=(), key=sum)
+        per_token = self.cost.per_token() if self.priced else 0.0
+        value = self.token_value(running, per_token) if self.priced else 0.0
+        threshold = _price(per_token, value) if self.priced else self.threshold(load, running)
+        standings = [(p, self.standing(p)) for p in proposers]
+        lookahead = max((s.reach for p, s in standings if p.wants_lookahead), default=(), key=sum)
         offers = []
-        for p, table in tables:
-            top = max(map(max, table))
-            most = self.draft_len(top, self.max_draft_tokens, threshold, lookahead)
+        for p, s in standings:
+            most = self.draft_len(s.top, self.max_draft_tokens, threshold, lookahead)
             if p.batched and self.priced:
-                most = self._positions_worth(p, top, threshold, lookahead, running, value)
-            offers.append(Offer(p, table, top, most))
-        return StepPlan(threshold, lookahead, offers, value, self.cost.per_token() if self.priced else 0.0)
+                most = self._positions_worth(p, s.top, threshold, lookahead, running, value)
+            offers.append(Offer(p, s.table, s.top, most))
+        return StepPlan(threshold, lookahead, offers, value, per_token)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:
@@ -320,9 +328,16 @@ class AdaptiveController:
 
     def table(self, proposer: Proposer) -> list[list[float]]:
         """rates[level][bin] of this proposer now; bin 0 (confidence unknown) is the level's rate."""
+        return self.standing(proposer).table
+
+    def standing(self, proposer: Proposer) -> Standing:
+        """The proposer's rate table with what every step reads of it, built once per change of
+        its rates."""
         cached = self.tables.get(proposer.name)
         if cached is None:
-            cached = self.tables[proposer.name] = self._table(proposer)
+            table = self._table(proposer)
+            cached = self.tables[proposer.name] = Standing(table, max(map(max, table)),
+                                                           lookahead_reach(table, self.max_draft_tokens))
         return cached
 
     def _table(self, proposer: Proposer) -> list[list[float]]:
@@ -357,6 +372,12 @@ class AdaptiveController:
             n, p = n + 1, p * a
             value += p
         return n, value
+
+
+def _price(per_token: float, value: float) -> float:
+    """The priced threshold when a fed token costs `per_token` seconds and an accepted one saves
+    `value`."""
+    return max(MIN_PRICE, per_token / value) if value > 0 else MIN_PRICE
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
