@@ -30,4 +30,6 @@ class KVCache:
         if first_slot is not None:
             end = first_slot + slots.shape[0]
             return self.k[layer][first_slot:end, :, :length], self.v[layer][first_slot:end, :, :length]
-        return self.k[layer][slots, :, :length], self.v[layer][slots, :, :length]
+        # index_select copies the rows several times faster than indexing with a tensor does
+        return (self.k[layer][:, :, :length].index_select(0, slots),
+                self.v[layer][:, :, :length].index_select(0, slots))

@@ -163,15 +163,17 @@ class Attention(nn.Module):
         expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
         for g, group in enumerate(batch.groups):
             rows, length = group.num_rows, group.max_row_len
+            # index_select / index_copy_ move the same data as indexing with [...], several times faster on the CPU
             grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
-            grid[group.pad_index] = q[group.token_index]
+            grid.index_copy_(0, group.pad_index, q.index_select(0, group.token_index))
             grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
             keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
             if expand > 1:
                 keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
             o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
                                                enable_gqa=expand == 1 and cfg.num_heads != cfg.num_kv_heads)
-            out[group.token_index] = o.transpose(1, 2).reshape(rows * length, -1)[group.pad_index]
+            o = o.transpose(1, 2).reshape(rows * length, -1)
+            out.index_copy_(0, group.token_index, o.index_select(0, group.pad_index))
         return self.o_proj(out)
 
 
