@@ -27,9 +27,11 @@ from torch import nn
 PACK_MIN_WEIGHTS = 1 << 17
 PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row count works with it
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
-# oneDNN builds (and caches) a kernel per row count: calls of more rows than this run padded to a
-# multiple of ROW_BUCKET, so the verify and prompt steps' varying row counts reuse a few kernels.
-BUCKET_FROM, ROW_BUCKET = 64, 32
+# oneDNN builds (and caches, ONEDNN_PRIMITIVE_CACHE_CAPACITY: 1024 by default) a kernel per row
+# count and weight shape: calls of more rows than a decode batch run padded to a multiple of a few
+# rows, so the verify and prompt steps' varying row counts reuse some 150 kernels per shape. The
+# steps stay fine where drafts add a few rows to a full batch: each padded row costs a row's matmul.
+ROW_STEPS = ((64, 1), (512, 8), (None, 64))  # (up to this many rows, pad to a multiple of this)
 
 
 def packs(weight: torch.Tensor) -> bool:
@@ -40,9 +42,11 @@ def packs(weight: torch.Tensor) -> bool:
 
 
 def padded_rows(n: int) -> int:
+    """The rows a call of n rows runs with (the extra ones are copies of its first row)."""
     if n < MIN_ROWS:
         return MIN_ROWS
-    return -(-n // ROW_BUCKET) * ROW_BUCKET if n > BUCKET_FROM else n
+    step = next(step for most, step in ROW_STEPS if most is None or n <= most)
+    return -(-n // step) * step
 
 
 class PackedLinear(nn.Linear):
