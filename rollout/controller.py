@@ -262,11 +262,13 @@ class AdaptiveController:
             most = 1
         return most
 
-    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[Draft]:
+    def choose(self, req: Request, room: int, plan: StepPlan, free: int = 0) -> Optional[Draft]:
         """Ask every proposer for a draft, cut each where its tokens' value falls under the
         threshold (by the evidence behind it and its tokens' confidence), and take the one with
         the longest expected accepted run. A proposer is not asked when even its best rate could
-        not beat the draft in hand. With none granted, exploration may try one token."""
+        not beat the draft in hand. With none granted, `free` draft tokens (rows the step's
+        forward computes anyway: a lone decode row runs as two, rollout/linear.py) are taken
+        whatever they are worth when the price is measured; else exploration may try one token."""
         best, best_value = None, 0.0
         for offer in plan.offers:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
@@ -279,9 +281,19 @@ class AdaptiveController:
                                            min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
+        if best is None and self.priced and free > 0 and room > 0:
+            best = self._free(req, plan, min(free, room))
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
             best = self._explore(req, plan)
         return best
+
+    @staticmethod
+    def _free(req: Request, plan: StepPlan, n: int) -> Optional[Draft]:
+        """n draft tokens from the most promising proposer that drafts per request (a batched
+        one drafts only in the steps its offer prepared)."""
+        offer = max((o for o in plan.offers if not o.proposer.batched), key=lambda o: o.top, default=None)
+        draft = offer.proposer.propose(req, n) if offer is not None else None
+        return draft.cut(n) if draft is not None and draft.tokens else None
 
     def _explore(self, req: Request, plan: StepPlan) -> Optional[Draft]:
         """One draft token from the most promising proposer, paid from the exploration credit."""

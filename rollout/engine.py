@@ -23,7 +23,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from . import lenient, sampling, threads
+from . import lenient, linear, sampling, threads
 from .batch import ForwardBatch, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
@@ -77,6 +77,9 @@ class Engine:
         self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
         self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
+        # A forward of one token runs its packed linear layers as MIN_ROWS rows (rollout/linear.py):
+        # a lone decoding request's first draft tokens ride on rows that are computed anyway.
+        self.lone_row_free = linear.MIN_ROWS - 1 if linear.packs(model.lm_head.weight) else 0
         self.last_run = RunStats()
         self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
         if self.device.type == "cpu":
@@ -308,7 +311,8 @@ class Engine:
             if whole and plan is not None:
                 room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
                            cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                draft = self.controller.choose(req, room, plan) if room > 0 else None
+                free = self.lone_row_free if len(running) == 1 and len(fed) == 1 else 0
+                draft = self.controller.choose(req, room, plan, free) if room > 0 else None
             row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))

@@ -219,3 +219,51 @@ def test_a_fixed_threshold_is_kept_and_bad_values_are_named():
     assert given.controller.min_draft_prob == 0.1 and not given.controller.priced
     with pytest.raises(ValueError, match="min_draft_prob"):
         SpecConfig(min_draft_prob=1.5).validate()
+
+
+def test_free_draft_tokens_are_taken_whatever_they_are_worth_when_priced():
+    """A lone decode row runs its packed linear layers as two rows: the engine passes that row
+    as `free`, and a priced budget fills it even with drafts that never land."""
+    class Sometimes(Named):
+        def propose(self, req, k):
+            return Draft([7] * k, self)
+
+    p, req = Sometimes("x", prior=0.5), Request(0, [1], SP(), 0)
+    for fixed in (None, 0.3):
+        c = AdaptiveController(min_draft_prob=fixed, max_draft_tokens=8)
+        c.cost.add_profile(1, 0.010)
+        c.cost.add_profile(9, 0.050)
+        for _ in range(20):
+            record(c, req, p, 0, proposed=2, accepted=0)  # never lands: out of the price's reach
+        plan = c.plan_step([p], 1, 1.0)
+        assert plan.offers[0].most == 0
+        c.credit = 0.0  # no exploration
+        assert c.choose(req, 8, plan) is None
+        got = c.choose(req, 8, plan, free=1)
+        assert (got is None) if fixed is not None else (got.tokens == [7])  # a fixed threshold stays deterministic
+        assert c.choose(req, 0, plan, free=1) is None  # no room, no draft
+
+
+def test_a_lone_request_fills_its_free_row_with_a_draft_and_keeps_its_tokens():
+    """vocab 4096 x 48: the lm_head packs (rollout/linear.py), so a lone decode row computes two
+    rows anyway and the priced budget drafts a token into the second one, landing or not."""
+    hf = tiny_hf_model("llama", vocab=4096, seed=7)
+    prompts, params = [[5, 6, 7] * 3], SamplingParams(temperature=1.0, max_tokens=30)
+    plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=4, max_model_len=64))
+    priced = Engine.from_pretrained(hf, EngineConfig(max_batch_size=4, max_model_len=64, spec=SpecConfig(
+        proposers=("ngram",), max_draft_tokens=4)))
+    assert priced.lone_row_free == 1
+    small = Engine.from_pretrained(tiny_hf_model("llama", vocab=101), EngineConfig(max_batch_size=4, max_model_len=64))
+    assert small.lone_row_free == 0  # MKL runs one row as one row: nothing is free
+    ref = plain.generate(prompts, params, seeds=[3])
+
+    class Wrong(Named):
+        def propose(self, req, k):  # the token the engine will emit, plus one: never lands
+            return Draft([(ref[0].token_ids[len(req.output_ids)] + 1) % 4096] * k, self)
+
+    priced.proposers = [Wrong("wrong", prior=0.01)]
+    out = priced.generate(prompts, params, seeds=[3])
+    assert out[0].token_ids == ref[0].token_ids and out[0].logprobs == pytest.approx(ref[0].logprobs, abs=1e-5)
+    steps = out[0].stats["forward_passes"]
+    assert out[0].stats["accepted"].get("wrong", 0) == 0
+    assert out[0].stats["proposed"].get("wrong", 0) >= steps - 2  # every step's free row used, not left to exploration
