@@ -52,9 +52,9 @@ class ChoiceLog:
                     self.tops[o.proposer.name].append(o.top)
             return plan
 
-        def watched_choose(req, room, plan):
+        def watched_choose(req, room, plan, free=0):
             self._offers(ctl, req, room, plan)
-            chosen = choose(req, room, plan)
+            chosen = choose(req, room, plan, free)
             self._won(chosen)
             return chosen
 

@@ -63,9 +63,9 @@ class Recorder:
             return
         choose = ctl.choose
 
-        def wrapped_choose(req, room, plan):
+        def wrapped_choose(req, room, plan, free=0):
             self.steps.setdefault((req.index, len(req.output_ids)), False)
-            return choose(req, room, plan)
+            return choose(req, room, plan, free)
 
         ctl.choose = wrapped_choose
         for name in ("history", "suffix"):
