@@ -2,8 +2,8 @@
 
 `F.linear` in float32 goes to MKL's sgemm, which repacks the weight on every call and takes a
 separate kernel for one, two to three, and four or more rows: a step that feeds one draft token
-beside its decode row costs about twice a decode step, so speculation pays a jump for its first
-draft token that later ones do not. oneDNN with the weight reordered ahead of time into its
+beside its decode row costs far more than a decode step, so speculation pays a jump for its
+first draft token that later ones do not (docs/dtypes.md). oneDNN with the weight reordered ahead of time into its
 blocked layout (the path inductor's weight prepacking emits: torch/_inductor/fx_passes/
 mkldnn_fusion.py, `_reorder_linear_weight` then `_linear_pointwise`) runs the same matmul at
 small row counts at a fraction of that cost, and gives a row the same bits for any row count

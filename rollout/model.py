@@ -163,7 +163,7 @@ class Attention(nn.Module):
         expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
         for g, group in enumerate(batch.groups):
             rows, length = group.num_rows, group.max_row_len
-            # index_select / index_copy_ move the same data as indexing with [...], several times faster on the CPU
+            # index_select / index_copy_ move the same data as indexing with [...], faster on the CPU
             grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
             grid.index_copy_(0, group.pad_index, q.index_select(0, group.token_index))
             grid = grid.view(rows, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
