@@ -28,10 +28,13 @@ PACK_MIN_WEIGHTS = 1 << 17
 PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row count works with it
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
 # oneDNN builds (and caches, ONEDNN_PRIMITIVE_CACHE_CAPACITY: 1024 by default) a kernel per row
-# count and weight shape: calls of more rows than a decode batch run padded to a multiple of a few
-# rows, so the verify and prompt steps' varying row counts reuse some 150 kernels per shape. The
-# steps stay fine where drafts add a few rows to a full batch: each padded row costs a row's matmul.
-ROW_STEPS = ((64, 1), (512, 8), (None, 64))  # (up to this many rows, pad to a multiple of this)
+# count and weight shape. Calls of up to EXACT_ROWS rows run as they are: a draft token beside a
+# full decode batch then costs one row, as the draft budget's step cost assumes
+# (rollout/controller.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
+# two at or under their size: padding adds less than that share of the rows, and each doubling
+# of the row count adds PAD_PARTS kernels per shape.
+EXACT_ROWS = 128
+PAD_PARTS = 16
 
 
 def packs(weight: torch.Tensor) -> bool:
@@ -45,7 +48,9 @@ def padded_rows(n: int) -> int:
     """The rows a call of n rows runs with (the extra ones are copies of its first row)."""
     if n < MIN_ROWS:
         return MIN_ROWS
-    step = next(step for most, step in ROW_STEPS if most is None or n <= most)
+    if n <= EXACT_ROWS:
+        return n
+    step = 1 << max(n.bit_length() - PAD_PARTS.bit_length(), 0)  # n's power of two / PAD_PARTS
     return -(-n // step) * step
 
 

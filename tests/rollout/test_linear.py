@@ -35,13 +35,22 @@ def test_packed_is_the_same_map_as_nn_linear(dtype, tol):
 @pytest.mark.parametrize("shape", [(512, 640), (1376, 512)])  # (1376, 512): wide input, one row differs unpadded
 def test_a_row_has_the_same_bits_whatever_shares_the_call(dtype, shape):
     m = layer(*shape, dtype=dtype)
-    x = torch.randn(140, shape[0]).to(dtype)
+    x = torch.randn(300, shape[0]).to(dtype)
     with torch.inference_mode():
         ref = m(x[:1])[0]
-        for n in list(range(2, 70)) + [96, 100, 140]:
+        for n in list(range(2, 131)) + [140, 200, 300]:
             assert torch.equal(m(x[:n])[0], ref), n
             moved = torch.cat([x[1:n], x[:1]])  # the same row last
             assert torch.equal(m(moved)[-1], ref), n
+
+
+def test_padding_is_exact_up_to_a_full_batch_and_a_small_share_above():
+    assert [linear.padded_rows(n) for n in (1, 2, 65, linear.EXACT_ROWS)] == [2, 2, 65, linear.EXACT_ROWS]
+    sizes = {linear.padded_rows(n) for n in range(1, 4097)}
+    for n in range(linear.EXACT_ROWS + 1, 4097):
+        rows = linear.padded_rows(n)
+        assert n <= rows < n * (1 + 1 / linear.PAD_PARTS) and linear.padded_rows(rows) == rows
+    assert len(sizes) <= linear.EXACT_ROWS + linear.PAD_PARTS * 5  # kernels per weight shape
 
 
 def test_the_pack_follows_in_place_writes_and_replaced_weights():
