@@ -371,16 +371,18 @@ class AdaptiveController:
     def cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float] = ()) -> tuple[int, float]:
         """(n, expected accepted tokens) of the longest prefix of a draft whose every token is
         worth the threshold. Token i is worth the chance P_i that it is reached and accepted, plus
-        what its sample is worth past an earlier rejection: the engine keeps those samples for
-        the lookahead proposer, where a sample d positions past the rejection lands with chance
-        lookahead[d - 1] (`lookahead_reach`). So R_i = sum over j < i of P(first rejection at j)
-        x lookahead[i - j - 1] is added to P_i where P_i alone falls short."""
+        what the sample its row yields (the one at position i + 1) is worth past a rejection at
+        or before it: the engine keeps those samples for the lookahead proposer, where a sample d
+        positions past the rejection lands with chance lookahead[d - 1] (`lookahead_reach`). So
+        R_i = sum over j <= i of P(first rejection at j) x lookahead[i - j] is added to P_i where
+        P_i alone falls short: even a token that is rarely accepted is worth its row when the
+        sample past it often lands (Jacobi-style decoding)."""
         n, p, value, failed = 0, 1.0, 0.0, []
         for i, a in enumerate(rates):
-            if p * a < threshold and (not lookahead or p * a + sum(
-                    f * lookahead[i - j - 1] for j, f in enumerate(failed) if i - j <= len(lookahead)) < threshold):
-                break
             failed.append(p * (1.0 - a))  # the chance the first rejection is at i
+            if p * a < threshold and (not lookahead or p * a + sum(
+                    f * lookahead[i - j] for j, f in enumerate(failed) if i - j < len(lookahead)) < threshold):
+                break
             n, p = n + 1, p * a
             value += p
         return n, value

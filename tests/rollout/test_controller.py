@@ -183,16 +183,25 @@ def test_a_draft_token_is_also_worth_its_sample_as_lookahead_past_an_earlier_rej
     rates = [0.5] * 8
     assert c.cut(rates, 0.2) == (2, 0.75)  # 0.5, 0.25 reach 0.2; 0.125 does not
     n, value = c.cut(rates, 0.2, lookahead=[0.9 ** d for d in range(1, 9)])
-    # token 3: P_3 = 0.125, plus R_3 = 0.5 x 0.9**2 + 0.25 x 0.9 = 0.63 (first rejection at 1 or 2)
+    # token 2 (0-based): P = 0.125, plus the sample its row yields at position 3, 3 - j positions
+    # past a first rejection at j <= 2: 0.5 x 0.9**3 + 0.25 x 0.9**2 + 0.125 x 0.9
     assert n == 8 and value == sum(0.5 ** i for i in range(1, 9))  # the value chooses proposers: direct only
     assert c.cut(rates, 0.2, lookahead=[0.1 ** d for d in range(1, 9)])[0] == 2  # rarely landing: adds little
     assert c.draft_len(0.5, 16, 0.2, lookahead=[0.9 ** d for d in range(1, 17)]) == 16
-    # Samples that land in runs (a long shot first, then nearly sure): at threshold 0.25 token 3 is
-    # worth 0.125 + 0.5 x 0.3 x 0.9 + 0.25 x 0.3 = 0.335, where the same first rate taken as
-    # geometric (0.3**d) gives 0.125 + 0.5 x 0.09 + 0.075 = 0.245
+    # Samples that land in runs (a long shot first, then nearly sure): at threshold 0.25 token 2 is
+    # worth 0.125 + 0.5 x 0.243 + 0.25 x 0.27 + 0.125 x 0.3 = 0.35 and token 4 0.24, where the
+    # same first rate taken as geometric (0.3**d) gives token 2 0.125 + 0.0135 + 0.0225 + 0.0375 = 0.2
     runs = [0.3 * 0.9 ** (d - 1) for d in range(1, 9)]
-    assert c.cut(rates, 0.25, lookahead=runs)[0] == 5
+    assert c.cut(rates, 0.25, lookahead=runs)[0] == 4
     assert c.cut(rates, 0.25, lookahead=[0.3 ** d for d in range(1, 9)])[0] == 2
+
+
+def test_a_token_never_accepted_is_worth_its_row_when_the_sample_past_it_lands():
+    # Feeding draft token 0 yields the sample at position 1: after the (sure) rejection of token 0
+    # it is the lookahead's first token, which lands half the time (Jacobi-style decoding).
+    assert AdaptiveController.cut([0.0, 0.0], 0.3, lookahead=[0.5, 0.4]) == (2, 0.0)
+    assert AdaptiveController.cut([0.0, 0.0], 0.3, lookahead=[0.5, 0.1]) == (1, 0.0)
+    assert AdaptiveController.cut([0.0], 0.6, lookahead=[0.5]) == (0, 0.0)
 
 
 def test_later_tokens_of_a_draft_are_judged_and_learnt_with_the_agreement_before_them():
