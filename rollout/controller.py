@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -67,6 +68,12 @@ MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail
 # An attempt that finds no draft costs proposing time but no forward slot: charged this share of
 # a token's price, so a step asks only a few requests while nothing is found.
 FAILED_ATTEMPT = 0.25
+# Asking a proposer costs host time whether or not its draft is used. A proposer whose asks have
+# earned less than they cost is asked for this share of the requests at the least (so it is
+# noticed when its drafts start to pay), for more in proportion to what its asks earn; the
+# first MIN_ASKS asks are always made.
+ASK_FLOOR = 1 / 16
+MIN_ASKS = 16
 
 
 def level(evidence: int) -> int:
@@ -137,6 +144,10 @@ class AdaptiveController:
     # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
     # a step that records nothing (speculation off) must not rebuild them.
     tables: dict = field(default_factory=dict, repr=False)
+    # name -> decayed [asks, seconds they took, tokens they earned: the expected accepted run of
+    # the drafts chosen], and the share of asks owed to each.
+    asking: dict = field(default_factory=dict)
+    ask_credit: dict = field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
@@ -152,6 +163,7 @@ class AdaptiveController:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
+        self.asking = {name: [x * GLOBAL_DECAY for x in stats] for name, stats in self.asking.items()}
 
     def end_run(self) -> None:
         """A run is over: what only spared its steps work (the cached tables) is dropped, so an
@@ -177,6 +189,7 @@ class AdaptiveController:
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
                 "credit": self.credit, "saved": list(self.saved),
+                "asking": {k: list(v) for k, v in self.asking.items()}, "ask_credit": dict(self.ask_credit),
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -185,7 +198,10 @@ class AdaptiveController:
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
-        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
+        # (.get: checkpoints from before these were learnt)
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
+        self.asking = {k: [float(x) for x in v] for k, v in state.get("asking", {}).items()}
+        self.ask_credit = {k: float(v) for k, v in state.get("ask_credit", {}).items()}
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
@@ -274,18 +290,41 @@ class AdaptiveController:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
+            name = offer.proposer.name
+            if self.priced and not self._may_ask(name, plan.token_value):
+                continue
+            start = time.perf_counter()
             draft = offer.proposer.propose(req, cap)
+            stats = self.asking.setdefault(name, [0.0, 0.0, 0.0])
+            stats[0], stats[1] = stats[0] + 1, stats[1] + time.perf_counter() - start
             if draft is None or not draft.tokens:
                 continue
             n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
                                            min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value = draft.cut(n), value
+        if best is not None:
+            self.asking[best.proposer.name][2] += best_value
         if best is None and self.priced and free > 0 and room > 0:
             best = self._free(req, plan, min(free, room))
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
             best = self._explore(req, plan)
         return best
+
+    def ask_share(self, name: str, token_value: float) -> float:
+        """The share of requests to ask this proposer for a draft: all while its asks earn their
+        time (token_value: the seconds an accepted token saves), else at least ASK_FLOOR."""
+        asks, seconds, earned = self.asking.get(name, (0.0, 0.0, 0.0))
+        if asks < MIN_ASKS or token_value <= 0:
+            return 1.0
+        cost = seconds / token_value  # in accepted tokens' worth
+        return 1.0 if earned >= cost else max(ASK_FLOOR, earned / cost)
+
+    def _may_ask(self, name: str, token_value: float) -> bool:
+        """Ration asks by `ask_share`, deterministically: a share s asks once per 1/s chances."""
+        credit = self.ask_credit.get(name, 0.0) + self.ask_share(name, token_value)
+        self.ask_credit[name] = credit - (credit >= 1.0)
+        return credit >= 1.0
 
     @staticmethod
     def _free(req: Request, plan: StepPlan, n: int) -> Optional[Draft]:

@@ -3,7 +3,7 @@ import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import MIN_PRICE, AdaptiveController, rates_from
+from rollout.controller import ASK_FLOOR, MIN_ASKS, MIN_PRICE, AdaptiveController, rates_from
 from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
@@ -176,6 +176,34 @@ def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
             record(c, req, sure, 0, proposed=len(d.tokens), accepted=len(d.tokens))
         c.observe_step(8, 8, 0.018)
     assert explored > 0 and c.plan_step([sure], 8, 1.0).offers[0].most > 0
+
+
+def test_a_proposer_whose_asks_find_nothing_is_asked_for_few_requests_and_one_that_pays_for_all():
+    class Counting(Named):
+        def __init__(self, name, tokens):
+            super().__init__(name, prior=0.9)
+            self.tokens, self.asks = tokens, 0
+
+        def propose(self, req, k):
+            self.asks += 1
+            return Draft(self.tokens[:k], self) if self.tokens else None
+
+    def asks(c, proposers, chances=2000):
+        req = Request(0, [1], SP(), 0)
+        for _ in range(chances):
+            c.choose(req, 4, c.plan_step(proposers, 8, 1.0))
+        return [p.asks for p in proposers]
+
+    priced = AdaptiveController(max_draft_tokens=4)
+    priced.cost.add_profile(8, 0.05)
+    priced.cost.add_profile(72, 0.05)  # drafts cost no step time: only the asks do
+    empty, paying = Counting("empty", []), Counting("paying", [7, 7, 7, 7])
+    n_paying, n_empty = asks(priced, [paying, empty])
+    assert n_paying == 2000  # (its draft is the better one: the empty one is asked after it)
+    assert MIN_ASKS + ASK_FLOOR * 1900 <= n_empty <= MIN_ASKS + ASK_FLOOR * 2000 + 1
+    assert priced.ask_share("empty", 1.0) == ASK_FLOOR and priced.ask_share("paying", 1.0) == 1.0
+    fixed = AdaptiveController(min_draft_prob=0.1, max_draft_tokens=4)  # deterministic: never rationed
+    assert asks(fixed, [Counting("empty", []), Counting("paying", [7, 7, 7, 7])]) == [2000, 2000]
 
 
 def test_a_draft_token_is_also_worth_its_sample_as_lookahead_past_an_earlier_rejection():
