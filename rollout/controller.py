@@ -117,13 +117,21 @@ class Standing:
 
 @dataclass(frozen=True)
 class Offer:
-    """A proposer's standing in one step: its rate table, its best rate, and the most draft
-    tokens that rate earns at this load (a proposer is never asked for more)."""
+    """A proposer's standing in one step: its rate table, its best rate, the most draft tokens
+    that rate earns at this load (a proposer is never asked for more), and the share of the
+    requests it is asked for (`ask_share`)."""
 
     proposer: Proposer
     table: list[list[float]]
     top: float
     most: int
+    share: float = 1.0
+
+    @property
+    def observed(self) -> bool:
+        """Every request of the step may ask it: a proposer that only catches up in `observe`
+        is told of each step (else it catches up when asked, rollout/proposers/base.py)."""
+        return self.most > 0 and self.share >= 1.0
 
 
 @dataclass
@@ -144,8 +152,8 @@ class AdaptiveController:
     # Rate tables by proposer name, valid until the rates next move (record, new_run, a load):
     # a step that records nothing (speculation off) must not rebuild them.
     tables: dict = field(default_factory=dict, repr=False)
-    # name -> decayed [asks, seconds they took, tokens they earned: the expected accepted run of
-    # the drafts chosen], and the share of asks owed to each.
+    # name -> decayed [asks, seconds they took, what they earned: the chosen drafts' surplus over
+    # the price, in accepted tokens' worth], and the share of asks owed to each.
     asking: dict = field(default_factory=dict)
     ask_credit: dict = field(default_factory=dict)
 
@@ -257,7 +265,9 @@ class AdaptiveController:
             most = self.draft_len(s.top, self.max_draft_tokens, threshold, lookahead)
             if p.batched and self.priced:
                 most = self._positions_worth(p, s.top, threshold, lookahead, running, value)
-            offers.append(Offer(p, s.table, s.top, most))
+            # (a batched proposer's cost is its prepared positions, priced above: its asks are free)
+            share = self.ask_share(p.name, value) if self.priced and not p.batched else 1.0
+            offers.append(Offer(p, s.table, s.top, most, share))
         return StepPlan(threshold, lookahead, offers, value, per_token)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
@@ -285,13 +295,13 @@ class AdaptiveController:
         not beat the draft in hand. With none granted, `free` draft tokens (rows the step's
         forward computes anyway: a lone decode row runs as two, rollout/linear.py) are taken
         whatever they are worth when the price is measured; else exploration may try one token."""
-        best, best_value = None, 0.0
+        best, best_value, best_surplus = None, 0.0, 0.0
         for offer in plan.offers:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
             name = offer.proposer.name
-            if self.priced and not self._may_ask(name, plan.token_value):
+            if offer.share < 1.0 and not self._may_ask(name, offer.share):
                 continue
             start = time.perf_counter()
             draft = offer.proposer.propose(req, cap)
@@ -299,12 +309,12 @@ class AdaptiveController:
             stats[0], stats[1] = stats[0] + 1, stats[1] + time.perf_counter() - start
             if draft is None or not draft.tokens:
                 continue
-            n, value = self.cut(rates_from(offer.table, draft.evidence, draft.confidence,
-                                           min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
+            n, value, surplus = _cut(rates_from(offer.table, draft.evidence, draft.confidence,
+                                                min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
-                best, best_value = draft.cut(n), value
+                best, best_value, best_surplus = draft.cut(n), value, surplus
         if best is not None:
-            self.asking[best.proposer.name][2] += best_value
+            self.asking[best.proposer.name][2] += best_surplus
         if best is None and self.priced and free > 0 and room > 0:
             best = self._free(req, plan, min(free, room))
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
@@ -320,9 +330,9 @@ class AdaptiveController:
         cost = seconds / token_value  # in accepted tokens' worth
         return 1.0 if earned >= cost else max(ASK_FLOOR, earned / cost)
 
-    def _may_ask(self, name: str, token_value: float) -> bool:
-        """Ration asks by `ask_share`, deterministically: a share s asks once per 1/s chances."""
-        credit = self.ask_credit.get(name, 0.0) + self.ask_share(name, token_value)
+    def _may_ask(self, name: str, share: float) -> bool:
+        """Ration asks deterministically: a share s asks once per 1/s chances."""
+        credit = self.ask_credit.get(name, 0.0) + share
         self.ask_credit[name] = credit - (credit >= 1.0)
         return credit >= 1.0
 
@@ -416,21 +426,30 @@ class AdaptiveController:
         R_i = sum over j <= i of P(first rejection at j) x lookahead[i - j] is added to P_i where
         P_i alone falls short: even a token that is rarely accepted is worth its row when the
         sample past it often lands (Jacobi-style decoding)."""
-        n, p, value, failed = 0, 1.0, 0.0, []
-        for i, a in enumerate(rates):
-            failed.append(p * (1.0 - a))  # the chance the first rejection is at i
-            if p * a < threshold and (not lookahead or p * a + sum(
-                    f * lookahead[i - j] for j, f in enumerate(failed) if i - j < len(lookahead)) < threshold):
-                break
-            n, p = n + 1, p * a
-            value += p
-        return n, value
+        return _cut(rates, threshold, lookahead)[:2]
 
 
 def _price(per_token: float, value: float) -> float:
     """The priced threshold when a fed token costs `per_token` seconds and an accepted one saves
     `value`."""
     return max(MIN_PRICE, per_token / value) if value > 0 else MIN_PRICE
+
+
+def _cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float]) -> tuple[int, float, float]:
+    """`AdaptiveController.cut`, and the surplus of the tokens kept: the sum of what each is
+    worth beyond the threshold (what a draft earns the rollout, in accepted tokens' worth)."""
+    n, p, value, surplus, failed = 0, 1.0, 0.0, 0.0, []
+    for i, a in enumerate(rates):
+        failed.append(p * (1.0 - a))  # the chance the first rejection is at i
+        worth = p * a
+        if worth < threshold and lookahead:
+            worth += sum(f * lookahead[i - j] for j, f in enumerate(failed) if i - j < len(lookahead))
+        if worth < threshold:
+            break
+        n, p = n + 1, p * a
+        value += p
+        surplus += worth - threshold
+    return n, value, surplus
 
 
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],

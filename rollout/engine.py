@@ -279,7 +279,7 @@ class Engine:
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        offered = frozenset(o.proposer for o in plan.offers if o.most > 0) if plan is not None else frozenset()
+        offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
         emitted = self._verify(rows, logits, offered, observers, hidden)
         return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
 
@@ -352,8 +352,8 @@ class Engine:
 
     def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> int:
         """ys, lps: the exact samples at the row's last fed token and at each draft token;
-        offered: the proposers the step's budget would ask for drafts (one that only catches up
-        is not told of a step it could not draft in)."""
+        offered: the proposers the step's budget would ask for every request's draft (one that
+        only catches up is not told of a step it could not draft in, or drafts in rarely)."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now

@@ -57,7 +57,8 @@ class Proposer:
         request (`req.lookahead`) only when some proposer reads them.
     catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
         which `propose` and `finish` do too; the engine then skips it in steps whose budget would
-        not ask it for a draft, so a budget that has switched it off costs no bookkeeping per token.
+        not ask it for every request's draft, so a budget that has switched it off, or asks it
+        rarely, costs no bookkeeping per token.
     wants_hidden: the engine asks the forward for the final hidden state of every fed token and
         hands them over (`observe_hidden`); False costs nothing. May change between steps.
     batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
