@@ -45,6 +45,7 @@ use), deterministic, as tests and benchmarks of draft lengths need.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -102,7 +103,12 @@ class StepPlan:
     @property
     def drafts(self) -> bool:
         """Some proposer may draft more than exploration's one token this step."""
-        return any(o.most > 0 for o in self.offers)
+        return bool(self.live)
+
+    @functools.cached_property
+    def live(self) -> tuple:
+        """The offers that may draft this step (most > 0), in order."""
+        return tuple(o for o in self.offers if o.most > 0)
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ class AdaptiveController:
         forward computes anyway: a lone decode row runs as two, rollout/linear.py) are taken
         whatever they are worth when the price is measured; else exploration may try one token."""
         best, best_value, best_surplus = None, 0.0, 0.0
-        for offer in plan.offers:
+        for offer in plan.live:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
