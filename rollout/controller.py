@@ -75,6 +75,10 @@ FAILED_ATTEMPT = 0.25
 # first MIN_ASKS asks are always made.
 ASK_FLOOR = 1 / 16
 MIN_ASKS = 16
+# Asks are judged over the last few steps (their tallies decay by this each step): what a
+# proposer could not find a while ago (no siblings written yet, no old response in an epoch's
+# first step) does not hold it back once it can.
+ASK_DECAY = 0.9
 
 
 def level(evidence: int) -> int:
@@ -177,7 +181,6 @@ class AdaptiveController:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
-        self.asking = {name: [x * GLOBAL_DECAY for x in stats] for name, stats in self.asking.items()}
 
     def end_run(self) -> None:
         """A run is over: what only spared its steps work (the cached tables) is dropped, so an
@@ -225,6 +228,8 @@ class AdaptiveController:
         """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
         of which `batched` went to batched proposers (a draft head), priced by their own cost."""
         self.cost.observe(fed, seconds - batched)
+        for stats in self.asking.values():
+            stats[:] = [x * ASK_DECAY for x in stats]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
         self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 

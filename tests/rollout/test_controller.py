@@ -202,6 +202,15 @@ def test_a_proposer_whose_asks_find_nothing_is_asked_for_few_requests_and_one_th
     assert n_paying == 2000  # (its draft is the better one: the empty one is asked after it)
     assert MIN_ASKS + ASK_FLOOR * 1900 <= n_empty <= MIN_ASKS + ASK_FLOOR * 2000 + 1
     assert priced.ask_share("empty", 1.0) == ASK_FLOOR and priced.ask_share("paying", 1.0) == 1.0
+    empty.tokens = [7, 7, 7, 7]  # its drafts start to pay (an epoch's second step: old responses exist)
+    req = Request(0, [1], SP(), 0)
+    for _ in range(16):  # at most 1/ASK_FLOOR chances to its next ask, which pays for all of them
+        priced.choose(req, 4, priced.plan_step([empty], 8, 1.0))
+    assert priced.ask_share("empty", 1.0) == 1.0
+    idle = AdaptiveController(max_draft_tokens=4, asking={"x": [1000.0, 1.0, 0.0]})
+    for _ in range(60):  # steps without asks: old tallies fade, so it is asked again
+        idle.observe_step(8, 8, 0.05)
+    assert idle.ask_share("x", 1.0) == 1.0
     fixed = AdaptiveController(min_draft_prob=0.1, max_draft_tokens=4)  # deterministic: never rationed
     assert asks(fixed, [Counting("empty", []), Counting("paying", [7, 7, 7, 7])]) == [2000, 2000]
 
