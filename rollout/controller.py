@@ -38,9 +38,12 @@ earlier for it: not when it ends with the slowest of many requests alike. Each r
 and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
-switches back on when drafts start landing (a new epoch, a trained drafter). A fixed
-`min_draft_prob` replaces the price by `min_draft_prob x load` (load: the fraction of slots in
-use), deterministic, as tests and benchmarks of draft lengths need.
+switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
+costs host time too, which the price per fed token charges to no draft: where a proposer's
+chosen drafts have earned less over the last few steps than its asks took, it is asked for a
+share of the requests (`ask_share`). A fixed `min_draft_prob` replaces the price by
+`min_draft_prob x load` (load: the fraction of slots in use), deterministic, as tests and
+benchmarks of draft lengths need.
 """
 from __future__ import annotations
 
