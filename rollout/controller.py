@@ -69,15 +69,12 @@ MIN_PRICE = 0.02
 EXPLORE_FRACTION = 0.01  # of the measured step time, spent on one-token drafts under the price
 SHARE_PRIOR = 0.25  # steps' worth of trust in the price's assumption that a saved step counts fully
 MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail) raise the credit at most so much
-# An attempt that finds no draft costs proposing time but no forward slot: charged this share of
-# a token's price, so a step asks only a few requests while nothing is found.
-FAILED_ATTEMPT = 0.25
 # Asking a proposer costs host time whether or not its draft is used. A proposer whose asks have
 # earned less than they cost is asked for this share of the requests at the least (so it is
 # noticed when its drafts start to pay), for more in proportion to what its asks earn; the
 # first MIN_ASKS asks are always made.
 ASK_FLOOR = 1 / 16
-MIN_ASKS = 16
+MIN_ASKS = 4
 # Asks are judged over the last few steps (their tallies decay by this each step): what a
 # proposer could not find a while ago (no siblings written yet, no old response in an epoch's
 # first step) does not hold it back once it can.
@@ -184,6 +181,10 @@ class AdaptiveController:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
         self.saved = [x * GLOBAL_DECAY for x in self.saved]
+        # Asks are judged within a run: an old response or a sibling missing in the last run
+        # (an epoch's first step) says nothing of this one.
+        self.asking.clear()
+        self.ask_credit.clear()
 
     def end_run(self) -> None:
         """A run is over: what only spared its steps work (the cached tables) is dropped, so an
@@ -360,14 +361,13 @@ class AdaptiveController:
 
     def _explore(self, req: Request, plan: StepPlan) -> Optional[Draft]:
         """One draft token from the most promising proposer, paid from the exploration credit."""
-        price = plan.token_cost
         offer = max(plan.offers, key=lambda o: o.top)
+        start = time.perf_counter()
         draft = offer.proposer.propose(req, 1)
-        if draft is None or not draft.tokens:
-            self.credit -= FAILED_ATTEMPT * price
-            return None
-        self.credit -= price
-        return draft.cut(1)
+        # A token's slot and the ask's time, found or not: attempts that find nothing would
+        # otherwise cost more host time than the credit says (every request every step).
+        self.credit -= time.perf_counter() - start + plan.token_cost
+        return draft.cut(1) if draft is not None and draft.tokens else None
 
     def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
         """A verified draft: its compared tokens (the accepted ones plus the first mismatch) are
