@@ -75,9 +75,9 @@ MAX_SHARE = 2.0  # runs whose drafts saved more steps than expected (a long tail
 # first MIN_ASKS asks are always made.
 ASK_FLOOR = 1 / 16
 MIN_ASKS = 4
-# Asks are judged over the last few steps (their tallies decay by this each step): what a
-# proposer could not find a while ago (no siblings written yet, no old response in an epoch's
-# first step) does not hold it back once it can.
+# Asks are judged over a run's last few steps (their tallies decay by this each step, and a new
+# run starts them afresh): what a proposer could not find a while ago (no siblings written yet,
+# no old response in an epoch's first step) does not hold it back once it can.
 ASK_DECAY = 0.9
 
 
