@@ -40,7 +40,7 @@ land the learnt rates fall under the price and speculation switches itself off; 
 exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
 switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
 costs host time too, which the price per fed token charges to no draft: where a proposer's
-chosen drafts have earned less over the last few steps than its asks took, it is asked for a
+chosen drafts have earned less over the run's last steps than its asks took, it is asked for a
 share of the requests (`ask_share`). A fixed `min_draft_prob` replaces the price by
 `min_draft_prob x load` (load: the fraction of slots in use), deterministic, as tests and
 benchmarks of draft lengths need.
@@ -210,7 +210,6 @@ class AdaptiveController:
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
                 "credit": self.credit, "saved": list(self.saved),
-                "asking": {k: list(v) for k, v in self.asking.items()}, "ask_credit": dict(self.ask_credit),
                 "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -219,10 +218,7 @@ class AdaptiveController:
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
-        # (.get: checkpoints from before these were learnt)
-        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]
-        self.asking = {k: [float(x) for x in v] for k, v in state.get("asking", {}).items()}
-        self.ask_credit = {k: float(v) for k, v in state.get("ask_credit", {}).items()}
+        self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
 
