@@ -311,26 +311,32 @@ class AdaptiveController:
             cap = min(offer.most, room)  # draft_len(top, k) = min(draft_len(top, K), k) for k <= K
             if cap == 0 or expected_run(offer.top, cap) <= best_value:
                 continue
-            name = offer.proposer.name
-            if offer.share < 1.0 and not self._may_ask(name, offer.share):
+            if offer.share < 1.0 and not self._may_ask(offer.proposer.name, offer.share):
                 continue
-            start = time.perf_counter()
-            draft = offer.proposer.propose(req, cap)
-            stats = self.asking.setdefault(name, [0.0, 0.0, 0.0])
-            stats[0], stats[1] = stats[0] + 1, stats[1] + time.perf_counter() - start
+            draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
             n, value, surplus = _cut(rates_from(offer.table, draft.evidence, draft.confidence,
                                                 min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value, best_surplus = draft.cut(n), value, surplus
-        if best is not None:
+        if best is not None and self.priced:
             self.asking[best.proposer.name][2] += best_surplus
         if best is None and self.priced and free > 0 and room > 0:
             best = self._free(req, plan, min(free, room))
         if best is None and self.priced and room > 0 and self.credit >= plan.token_cost:
             best = self._explore(req, plan)
         return best
+
+    def _ask(self, proposer: Proposer, req: Request, k: int) -> Optional[Draft]:
+        """proposer.propose(req, k), its time tallied where the price rations asks."""
+        if not self.priced:
+            return proposer.propose(req, k)
+        start = time.perf_counter()
+        draft = proposer.propose(req, k)
+        stats = self.asking.setdefault(proposer.name, [0.0, 0.0, 0.0])
+        stats[0], stats[1] = stats[0] + 1, stats[1] + time.perf_counter() - start
+        return draft
 
     def ask_share(self, name: str, token_value: float) -> float:
         """The share of requests to ask this proposer for a draft: all while its asks earn their
