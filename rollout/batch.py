@@ -87,7 +87,7 @@ class ForwardBatch:
 
         buckets: dict[tuple[int, int], list[int]] = {}
         for i, (_, start, ids) in enumerate(rows):
-            key = (max(min_bucket, _pow2(start + len(ids))), 2 if len(ids) > PREFILL_ROW else 0)
+            key = (bucket(start + len(ids), min_bucket), 2 if len(ids) > PREFILL_ROW else 0)
             buckets.setdefault(key, []).append(i)
         if torch.device(device).type == "cpu":
             _split_verify_rows(buckets, rows)
@@ -114,8 +114,9 @@ def _split_verify_rows(buckets: dict, rows: list) -> None:
             buckets[bucket, 1] = verify
 
 
-def _pow2(kv_len: int) -> int:
-    return 1 << (kv_len - 1).bit_length()
+def bucket(kv_len: int, min_bucket: int = MIN_BUCKET) -> int:
+    """The context bucket of a row reaching kv_len: the power of two above it, at least min_bucket."""
+    return max(min_bucket, 1 << (kv_len - 1).bit_length())
 
 
 def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:

@@ -23,8 +23,8 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from . import lenient, linear, sampling, threads
-from .batch import ForwardBatch, min_bucket_for
+from . import lenient, linear, sampling, slot_order, threads
+from .batch import ForwardBatch, bucket, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
 from .critical_path import RunTally
@@ -72,7 +72,9 @@ class Engine:
         self.weights_version = 0
         # A proposer that reads the hidden states of a request's whole context (a draft head) would
         # find none for a request resumed from kept KV: such an engine keeps none.
+        # For the same reason its per-slot state does not follow a request that changes slots.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
+        self.reorders_slots = not any(p.wants_hidden for p in self.proposers)
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
@@ -233,6 +235,8 @@ class Engine:
                 if tally is not None:
                     tally.admit(req, steps)
                 running.append(req)
+            if self.reorders_slots:
+                free = self._arrange(running, free)
             start = time.perf_counter()
             drafting, n_fed, n_emitted, prepared = self._step(running)
             if self.controller is not None:
@@ -252,6 +256,21 @@ class Engine:
         if tally is not None:
             self.controller.observe_run(*tally.result())
         return RunStats(steps, spec_off, fed)
+
+    def _arrange(self, running: list[Request], free: list[int]) -> list[int]:
+        """Move running requests into slots ordered by context bucket (rollout/slot_order.py), so
+        attention reads the cache in place. Returns the free slots, as a heap."""
+        keys = [bucket(r.num_tokens, self.min_bucket) for r in running]
+        moved = [(r, s) for r, s in zip(running, slot_order.arrange([r.slot for r in running], keys))
+                 if s != r.slot]
+        if not moved:
+            return free
+        length = max(r.num_cached for r, _ in moved)
+        if length > 0:
+            self.cache.move([r.slot for r, _ in moved], [s for _, s in moved], length)
+        for r, s in moved:
+            r.slot = s
+        return list(range(len(running), self.config.max_batch_size))  # sorted: a heap
 
     def _leave(self, req: Request, free: list, kept, on_finish) -> None:
         """A finished or paused request leaves this engine: its slot is freed (a paused one's KV

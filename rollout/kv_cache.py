@@ -23,6 +23,15 @@ class KVCache:
         self.k[layer][slots, :, positions] = k
         self.v[layer][slots, :, positions] = v
 
+    def move(self, src: list[int], dst: list[int], length: int) -> None:
+        """Positions [0, length) of slots src[i] into slots dst[i], every layer. All sources are
+        read before any destination is written, so the moves may swap slots among themselves."""
+        device = self.k[0].device
+        src_t, dst_t = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
+        with torch.inference_mode():
+            for t in (*self.k, *self.v):
+                t[:, :, :length].index_copy_(0, dst_t, t[:, :, :length].index_select(0, src_t))
+
     def read(self, layer: int, slots: torch.Tensor, first_slot: int | None,
              length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [R, kv_heads, length, head_dim] of these slots: a view when the slots
