@@ -356,6 +356,15 @@ class DrafterProposer(Proposer):
         except ValueError:
             pass  # non-finite features (a diverged policy): not worth training on
 
+    def slots_moved(self, src, dst, length: int) -> None:
+        """Features and head rows are kept per slot: they move with their requests (a head's rows
+        may run a draft past the context, and a windowed head's ring is shorter: whole slots)."""
+        if self.store is not None:
+            move_slots(self.store, src, dst)
+        if self.cache is not None:
+            move_slots(self.cache.k, src, dst)
+            move_slots(self.cache.v, src, dst)
+
     def _store(self, hidden: torch.Tensor) -> torch.Tensor:
         d = hidden.shape[-1]
         if self.store is None or self.store.dtype != hidden.dtype or self.store.device != hidden.device:
@@ -364,6 +373,12 @@ class DrafterProposer(Proposer):
 
     def state_sizes(self) -> dict[str, int]:
         return {}
+
+
+def move_slots(t: torch.Tensor, src, dst) -> None:
+    """t[dst[i]] = t[src[i]] for all i, every source read before any destination is written."""
+    index = [torch.tensor(x, dtype=torch.int64, device=t.device) for x in (src, dst)]
+    t.index_copy_(0, index[1], t.index_select(0, index[0]))
 
 
 def copy_value(req: Request, plan, cap: int, enough: float = math.inf) -> float:

@@ -230,17 +230,17 @@ class DrafterSection:
     window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
     start from (null: the embedded policy's cached warm start, trained on first use for at most
     warm_start_s seconds; a checkpoint policy starts from a fresh head). intermediate_size,
-    num_heads, num_kv_heads: a fresh head's decoder layer (null: the policy's); narrower than
-    the policy's layer by default, since every draft position pays for it. Off by default: on a
+    num_heads, num_kv_heads: a fresh head's decoder layer (null, the default: the policy's; a
+    narrower layer costs a little less per draft position and lands less). Off by default: on a
     CPU its own cost and training time do not yet pay for its drafts after the first step
     (docs/results.md)."""
 
     enabled: bool = False
     kind: Literal["attention", "mlp"] = "attention"
     window: Optional[int] = 64
-    intermediate_size: Optional[int] = 128
-    num_heads: Optional[int] = 2
-    num_kv_heads: Optional[int] = 1
+    intermediate_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
     path: Optional[str] = None
     warm_start_s: float = 300.0
     train: DrafterTrainSection = field(default_factory=DrafterTrainSection)

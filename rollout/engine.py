@@ -72,9 +72,8 @@ class Engine:
         self.weights_version = 0
         # A proposer that reads the hidden states of a request's whole context (a draft head) would
         # find none for a request resumed from kept KV: such an engine keeps none.
-        # For the same reason its per-slot state does not follow a request that changes slots.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
-        self.reorders_slots = not any(p.wants_hidden for p in self.proposers)
+        self.reorders_slots = True  # (rollout/slot_order.py; tests and benchmarks compare it off)
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
@@ -265,9 +264,12 @@ class Engine:
                  if s != r.slot]
         if not moved:
             return free
+        src, dst = [r.slot for r, _ in moved], [s for _, s in moved]
         length = max(r.num_cached for r, _ in moved)
         if length > 0:
-            self.cache.move([r.slot for r, _ in moved], [s for _, s in moved], length)
+            self.cache.move(src, dst, length)
+        for p in self.proposers:
+            p.slots_moved(src, dst, length)
         for r, s in moved:
             r.slot = s
         return list(range(len(running), self.config.max_batch_size))  # sorted: a heap

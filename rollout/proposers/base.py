@@ -91,6 +91,10 @@ class Proposer:
     def weights_updated(self, version: int) -> None:
         """The engine's weights were replaced (its version counter is now `version`)."""
 
+    def slots_moved(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
+        """The engine moved the requests of KV-cache slots src[i] to slots dst[i] (their first
+        `length` positions; rollout/slot_order.py): state kept per slot must follow them."""
+
     def propose(self, req: Request, k: int) -> Optional[Draft]:
         """Up to k tokens that would follow req.prompt_ids + req.output_ids, or None.
         Deterministic given the request's state."""

@@ -92,8 +92,8 @@ def test_the_run_config_turns_the_drafter_on(tmp_path, policy):
     spec = cfg.rollout.engine.spec
     assert drafter is not None and spec.proposers[-1] == "drafter" and spec.drafter.path == str(tmp_path / "head")
     assert spec.drafter.idle_slice_s == 0.5 and spec.drafter.window == cfg.rollout.drafter.window
-    assert spec.drafter.layer() == cfg.rollout.drafter.shape() == {"intermediate_size": 128, "num_heads": 2,
-                                                                   "num_kv_heads": 1}  # what Ray workers read
+    assert spec.drafter.layer() == cfg.rollout.drafter.shape() == {"intermediate_size": None, "num_heads": None,
+                                                                   "num_kv_heads": None}  # what Ray workers read
     off = load_config(None, [])  # off by default
     assert start(off, None) is None and "drafter" not in off.rollout.engine.spec.proposers
     with pytest.raises(ValueError, match="rollout.drafter.train.lr"):

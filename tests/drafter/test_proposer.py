@@ -95,7 +95,20 @@ def test_an_oracle_head_is_accepted_everywhere(policy64):
     response position of each draft token. Off by one anywhere, and it is rejected."""
     oracle = EngineOracle(HeadConfig().resolved(policy64.cfg), policy64.cfg.hidden_size, VOCAB).double()
     prompts, params, seeds = workload(8, seed=3)
-    out = engine(policy64, head=oracle, batch=4).generate(prompts, params, seeds)
+    eng = engine(policy64, head=oracle, batch=4)
+    dp, moved = DrafterProposer.of(eng), []
+    slots_moved = dp.slots_moved
+
+    def follow(src, dst, length):  # the oracle's rows are kept per slot too: they move along
+        seqs = oracle.__dict__.setdefault("seqs", {})
+        rows = [seqs.pop(s, {}) for s in src]
+        seqs.update(zip(dst, rows))
+        moved.append(len(src))
+        slots_moved(src, dst, length)
+
+    dp.slots_moved = follow
+    out = eng.generate(prompts, params, seeds)
+    assert moved  # requests changed slots mid-run
     proposed = sum(o.stats["proposed"]["drafter"] for o in out)
     assert proposed > 60 and sum(o.stats["accepted"]["drafter"] for o in out) == proposed
 
