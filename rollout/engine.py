@@ -83,11 +83,15 @@ class Engine:
         self.lone_row_free = linear.MIN_ROWS - 1 if linear.packs(model.lm_head.weight) else 0
         self.last_run = RunStats()
         self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
+        self.cores = None  # watches the cores other programs hold, where the engine chose its thread count
         if self.device.type == "cpu":
             per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
             self.num_threads = threads.engine_threads(config.num_threads, per_token)
-            threads.announce(f"engine uses {self.num_threads} torch thread(s) for a model of "
-                             f"{per_token / 1e6:.1f}M parameters per token")
+            if config.num_threads is None and self.num_threads > 1:
+                self.cores = threads.CoreWatch.of_this_process()
+            fewer = ", fewer while other programs keep cores busy" if self.cores else ""
+            threads.announce(f"engine uses {'up to ' if self.cores else ''}{self.num_threads} torch thread(s) "
+                             f"for a model of {per_token / 1e6:.1f}M parameters per token{fewer}")
 
     @classmethod
     def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> Engine:
@@ -179,7 +183,7 @@ class Engine:
         # heap (a trainer's is large).
         gc.disable()
         try:
-            with threads.using(self.num_threads):
+            with threads.using(self.cores.threads(self.num_threads) if self.cores else self.num_threads):
                 self.last_run = self._loop(waiting, on_finish, kept, max_steps)
         except BaseException:
             self._abandon(requests)

@@ -18,7 +18,12 @@ slower with 2 threads than with 1. Two choices fix that:
   Ray sets to an actor's num_cpus). The engine and the trainer take turns in one process, so
   each sets its own count while it runs (`using`).
 
-Overrides: EngineConfig.num_threads (rollout.engine.num_threads in a run config),
+- cores other programs hold. Beside a program that keeps a core busy, a second thread waits
+  for its descheduled sibling at every parallel region, which costs more than the split saves.
+  So an engine that chose its own count takes, at the start of each run, one thread per core
+  that other programs left free over the time since its previous run (`CoreWatch`).
+
+Overrides: EngineConfig.num_threads (rollout.engine.num_threads in a run config: a fixed count),
 trainer.num_threads, and the OpenMP variables above.
 """
 from __future__ import annotations
@@ -27,6 +32,8 @@ import contextlib
 import math
 import os
 import sys
+import time
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 # A model whose matmuls per token are smaller than this gains nothing from a second thread
@@ -100,6 +107,72 @@ def engine_threads(requested: Optional[int], params_per_token: int) -> int:
     if requested:
         return int(requested)
     return 1 if params_per_token < SMALL_MODEL_PARAMS else usable_cores()
+
+
+@dataclass
+class CoreWatch:
+    """How many of this process's cores other programs keep busy, from /proc/stat: the busy time
+    of those cores since the last look, less this process's own CPU time (so an engine's own run
+    does not count against it), over the wall time between the looks."""
+
+    cores: tuple
+    last: Optional[tuple] = None  # (wall s, busy core-seconds of `cores`, own CPU s)
+    chosen: Optional[int] = None
+
+    MIN_WINDOW_S = 0.5  # shorter windows hold too few clock ticks: the last choice stands
+    FIRST_LOOK_S = 0.1
+
+    @classmethod
+    def of_this_process(cls) -> Optional[CoreWatch]:
+        """None where /proc/stat is not readable (not Linux)."""
+        try:
+            cores = tuple(sorted(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return None
+        watch = cls(cores)
+        return watch if watch._look() is not None else None
+
+    def threads(self, most: int) -> int:
+        """Threads for the next run: one per core other programs left free (rounded), 1 to most."""
+        now = self._look()
+        if now is None:
+            return most
+        if self.last is None:
+            time.sleep(self.FIRST_LOOK_S)
+            self.last, now = now, self._look()
+        wall = now[0] - self.last[0]
+        if wall < self.MIN_WINDOW_S and self.chosen is not None:
+            return self.chosen
+        others = max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2])) / max(wall, 1e-9)
+        self.last = now
+        self.chosen = free_threads(len(self.cores), others, most)
+        return self.chosen
+
+    def _look(self) -> Optional[tuple]:
+        busy = _busy_core_seconds(self.cores)
+        return None if busy is None else (time.monotonic(), busy, time.process_time())
+
+
+def free_threads(cores: int, others_busy: float, most: int) -> int:
+    """Threads for `cores` cores of which other programs keep `others_busy` busy: the free ones,
+    rounded to the nearest whole core, at least 1 and at most `most`."""
+    return max(1, min(most, math.floor(cores - others_busy + 0.5)))
+
+
+def _busy_core_seconds(cores: tuple) -> Optional[float]:
+    """Seconds the given CPUs spent not idle (user, nice, system, irq, softirq, steal) since boot."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted, ticks = {f"cpu{c}" for c in cores}, 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def trainer_threads(requested: Optional[int]) -> int:

@@ -53,3 +53,52 @@ def test_engine_threads_by_model_size_and_the_callers_count_restored():
     eng.generate([[1, 2, 3]], SamplingParams(max_tokens=3), seeds=[1],
                  on_finish=lambda r: seen.append(torch.get_num_threads()))
     assert seen == [1] and torch.get_num_threads() == before
+
+
+def test_free_threads_leave_the_cores_other_programs_hold():
+    assert threads.free_threads(2, 0.05, 2) == 2  # a quiet machine
+    assert threads.free_threads(2, 0.4, 2) == 2
+    assert threads.free_threads(2, 0.6, 2) == 1  # a busy program beside us
+    assert threads.free_threads(2, 2.7, 2) == 1  # never fewer than one
+    assert threads.free_threads(8, 3.0, 4) == 4  # never more than asked
+    assert threads.free_threads(8, 6.2, 4) == 2
+
+
+class ScriptedWatch(threads.CoreWatch):
+    """/proc/stat as a script: per look, (wall s, busy core-seconds of the cores, own CPU s)."""
+
+    def __init__(self, cores, looks):
+        super().__init__(cores)
+        self.looks = iter(looks)
+
+    def _look(self):
+        return next(self.looks)
+
+
+def test_a_core_watch_counts_other_programs_not_this_one():
+    # 2 cores, 10 s apart: 19 busy core-seconds of which 18 were this process's own run
+    watch = ScriptedWatch((0, 1), [(10.0, 19.0, 18.0)])
+    watch.last = (0.0, 0.0, 0.0)
+    assert watch.threads(2) == 2
+    # the next 10 s: 18 busy core-seconds, only 9 of them ours: another program held a core
+    watch.looks = iter([(20.0, 37.0, 27.0)])
+    assert watch.threads(2) == 1
+    # a look right after the last one holds too few ticks to judge: the last choice stands
+    watch.looks = iter([(20.1, 37.1, 27.0)])
+    assert watch.threads(2) == 1 and watch.last == (20.0, 37.0, 27.0)
+
+
+def test_an_engine_that_chose_its_threads_runs_with_the_free_cores():
+    eng = Engine.from_pretrained(tiny_hf_model(), EngineConfig(max_batch_size=2, max_model_len=32))
+    assert eng.num_threads == 1 and eng.cores is None  # a small model: one thread, nothing to watch
+    eng.num_threads = 2
+    eng.cores = ScriptedWatch((0, 1), [(10.0, 19.0, 0.0), (20.0, 20.0, 0.5)])
+    eng.cores.last = (0.0, 0.0, 0.0)
+    seen = []
+    for _ in range(2):
+        eng.generate([[1, 2, 3]], SamplingParams(max_tokens=2), seeds=[1],
+                     on_finish=lambda r: seen.append(torch.get_num_threads()))
+    assert seen == [1, 2]  # 1.9 cores busy with others, then 0.05
+    if threads.CoreWatch.of_this_process() is not None:  # Linux: the real /proc/stat reads
+        busy = threads.CoreWatch.of_this_process()
+        assert 1 <= busy.threads(2) <= 2
