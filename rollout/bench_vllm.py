@@ -4,6 +4,8 @@
                                         [--methods plain,ngram,suffix] [--quick]
     make bench-vllm
 
+    python -m rollout.bench --peer vllm --workload demo --batch 64 [...]   the demo's real task
+
 The workload is rollout/bench.py's: a random 31.8M Llama (vocab 16000) written with
 `save_pretrained` to a folder both engines load, 64 prompts of 16-64 tokens, long-tail response
 lengths forced per request (vLLM: max_tokens and ignore_eos), batch 32, T = 1, seeds 0..n-1.
@@ -11,7 +13,12 @@ vLLM runs in its own environment (.venv-vllm, `make venv-vllm`) as a subprocess
 (rollout/vllm_peer.py) that keeps ONE engine alive per configuration across rounds (a start
 takes 35-270 s). Per dtype and thread count, rounds interleave vLLM and spectail runs (vLLM
 plain, spectail plain, vLLM ngram, spectail ngram, vLLM suffix, ...); the transformers
-`generate` row runs once per dtype and thread count. One thread: both engines pinned to one
+`generate` row runs once per dtype and thread count. `--workload demo`: the demo's cached
+warm-started policy (0.6M parameters) and its embedded task's prompts (--prompts problems x
+--samples), each request forced to the length the policy samples for it (spectail, T = 1,
+stopping at EOS): the real task's length distribution; no transformers row; and spectail with
+the demo's own proposers (suffix and lookahead, each problem's samples a GRPO group), set against
+vLLM's fastest configuration. One thread: both engines pinned to one
 core (vLLM's processes use about two cores even with one OpenMP thread, so it runs under
 `taskset -c CORE`; spectail's engine thread is pinned to the same core). vLLM keeps OpenMP's
 own wait policy (spectail's passive waiting is not passed on to it).
@@ -41,12 +48,16 @@ import torch
 
 from . import Engine, EngineConfig, SamplingParams, SpecConfig
 from .bench import bench_model, run_hf, save_report, workload
+from .model import CausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SPECTAIL_SPECS = {"plain": None, "ngram": SpecConfig(proposers=("ngram",), max_draft_tokens=4)}
 VLLM_METHODS = {"plain": None, "ngram": "ngram", "suffix": "suffix"}
 PAIRS = {"plain": "plain", "ngram": "ngram", "suffix": "ngram"}  # vLLM config -> spectail row it is set against
+# The demo's proposers (rl_integration/config.py, demo_engine; no history at a first step): set
+# against vLLM's fastest configuration.
+DEMO_SPEC = SpecConfig(proposers=("suffix", "lookahead"), max_draft_tokens=24)
 _PRELUDE = "import torch, runpy; runpy.run_module('rollout.vllm_peer', run_name='__main__')"
 
 
@@ -138,10 +149,10 @@ def spectail_engine(folder: str, dtype: str, threads: int, spec, batch: int, max
     return engine
 
 
-def run_spectail(engine: Engine, prompts, lengths) -> dict:
+def run_spectail(engine: Engine, prompts, lengths, groups=None) -> dict:
     params = [SamplingParams(temperature=1.0, max_tokens=n) for n in lengths]
     start = time.perf_counter()
-    outs = engine.generate(prompts, params, seeds=list(range(len(prompts))))
+    outs = engine.generate(prompts, params, seeds=list(range(len(prompts))), groups=groups)
     seconds = time.perf_counter() - start
     if [len(o.token_ids) for o in outs] != lengths:
         raise RuntimeError("spectail's engine did not produce the requested lengths")
@@ -196,14 +207,17 @@ def start_peers(args, folder: str, dtype: str, threads: int, core, max_model_len
 
 def group(args, folder: str, dtype: str, threads: int, core, work) -> tuple[list, dict]:
     """All rounds of one dtype and thread count, interleaved; the HF row once."""
-    prompts, lengths, useful, max_model_len = work
+    prompts, lengths, useful, max_model_len, groups = work
     log_dir = Path(args.out).parent / "vllm_logs"
     peers, failed = start_peers(args, folder, dtype, threads, core, max_model_len, log_dir)
     pin = core if threads == 1 else None
     records = []
     try:
+        specs = {name: spec for name, spec in SPECTAIL_SPECS.items() if name in {PAIRS[m] for m in args.methods}}
+        if groups is not None:  # the demo: also its own proposers, GRPO groups drafting for each other
+            specs["demo-spec"] = DEMO_SPEC
         engines = {name: spectail_engine(folder, dtype, threads, spec, args.batch, max_model_len)
-                   for name, spec in SPECTAIL_SPECS.items() if name in {PAIRS[m] for m in args.methods}}
+                   for name, spec in specs.items()}
         if not args.no_hf:
             model = bench_model(args.vocab).to(torch_dtype_of(dtype))
             with pinned(pin), torch_threads(threads):
@@ -222,10 +236,33 @@ def group(args, folder: str, dtype: str, threads: int, core, work) -> tuple[list
                     with pinned(pin):
                         run = functools.partial(run_spectail, engines[mine], prompts, lengths)
                         records.append(measured(run, useful, engine="spectail", config=mine, **labels))
+            if "demo-spec" in engines:
+                with pinned(pin):
+                    run = functools.partial(run_spectail, engines["demo-spec"], prompts, lengths, groups)
+                    records.append(measured(run, useful, engine="spectail", config="demo-spec", **labels))
     finally:
         for peer in peers.values():
             close_peer(peer)
     return records, failed
+
+
+def demo_workload(num_problems: int, samples: int) -> tuple[str, list, list]:
+    """(policy folder, prompts, lengths) of the demo's real task. Imported here only: the demo
+    (rl_integration) sits above rollout."""
+    import dataclasses
+
+    from rl_integration.config import RunConfig
+    from rl_integration.demo.policy import PolicyConfig, load_or_train_policy
+    from rl_integration.demo.task import make_problems
+
+    task = RunConfig().task.embedded
+    _, tok, folder = load_or_train_policy(task, PolicyConfig())
+    problems = make_problems(dataclasses.replace(task, num_problems=num_problems))
+    prompts = [tok(p.prompt)["input_ids"] for p in problems for _ in range(samples)]
+    engine = Engine.from_pretrained(folder, EngineConfig(max_batch_size=64, max_model_len=1024))
+    params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[tok.eos_token_id])
+    outs = engine.generate(prompts, params, seeds=list(range(len(prompts))))
+    return folder, prompts, [len(o.token_ids) for o in outs]
 
 
 def run_hf_timed(model, prompts, lengths, batch: int) -> dict:
@@ -266,6 +303,14 @@ def ratios(summary: list[dict]) -> list[dict]:
         if mine is not None:
             out.append({"dtype": dtype, "threads": threads, "vllm": config, "spectail": PAIRS[config],
                         "median_ratio": mine["median"] / v["median"], "best_ratio": mine["best"] / v["best"]})
+    for (dtype, threads, engine, config), mine in by.items():  # an unpaired row: against vLLM's fastest
+        if engine != "spectail" or config in PAIRS.values():
+            continue
+        peers = [v for (d, t, e, _), v in by.items() if (d, t, e) == (dtype, threads, "vllm")]
+        if peers:
+            v = max(peers, key=lambda p: p["median"])
+            out.append({"dtype": dtype, "threads": threads, "vllm": v["config"], "spectail": config,
+                        "median_ratio": mine["median"] / v["median"], "best_ratio": mine["best"] / v["best"]})
     return out
 
 
@@ -285,7 +330,10 @@ def print_report(summary: list[dict], rats: list[dict], failed: dict) -> None:
 def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--workload", choices=["random", "demo"], default="random",
+                    help="random: a random 31.8M Llama, long-tail forced lengths; demo: the demo's policy and task")
+    ap.add_argument("--prompts", type=int, default=64, help="requests (demo: problems)")
+    ap.add_argument("--samples", type=int, default=8, help="demo: samples per problem")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--median", type=int, default=48, help="median response length")
     ap.add_argument("--max-len", type=int, default=384, help="longest response")
@@ -320,29 +368,38 @@ def main(argv=None) -> dict:
     args = parse(sys.argv[1:] if argv is None else list(argv))
     if not args.vllm_python.exists():
         sys.exit(f"bench --peer vllm: no vLLM environment at {args.vllm_python}: create it with `make venv-vllm`")
-    prompts, lengths = workload(args.prompts, args.vocab, args.median, args.max_len)
-    useful = sum(lengths)
-    max_model_len = max(len(p) for p in prompts) + args.max_len + 1
     records, failed = [], {}
     with tempfile.TemporaryDirectory(prefix="spectail-bench-") as folder:
-        model = bench_model(args.vocab)
-        model.save_pretrained(folder)
-        params = sum(p.numel() for p in model.parameters())
-        del model
-        print(f"model: random Llama, {params / 1e6:.1f}M parameters, vocab {args.vocab}, saved to {folder}; "
-              f"{args.prompts} prompts, batch {args.batch}, {useful} tokens; rounds {args.rounds}; "
+        if args.workload == "demo":
+            args.no_hf = True
+            folder, prompts, lengths = demo_workload(args.prompts, args.samples)
+            groups = [i // args.samples for i in range(len(prompts))]
+            params = sum(p.numel() for p in CausalLM.from_pretrained(folder).parameters())
+            what = f"the demo's policy, {params / 1e6:.1f}M parameters, at {folder}; its task's"
+        else:
+            prompts, lengths = workload(args.prompts, args.vocab, args.median, args.max_len)
+            groups = None
+            model = bench_model(args.vocab)
+            model.save_pretrained(folder)
+            params = sum(p.numel() for p in model.parameters())
+            del model
+            what = f"random Llama, {params / 1e6:.1f}M parameters, vocab {args.vocab}, saved to {folder};"
+        useful = sum(lengths)
+        max_model_len = max(len(p) for p in prompts) + max(lengths) + 1
+        print(f"model: {what} {len(prompts)} prompts, batch {args.batch}, {useful} tokens; rounds {args.rounds}; "
               f"one-thread runs pinned to core {args.core}; load {os.getloadavg()}", flush=True)
         for dtype in args.dtypes:
             for threads in args.threads:
                 recs, fails = group(args, folder, dtype, threads, args.core,
-                                    (prompts, lengths, useful, max_model_len))
+                                    (prompts, lengths, useful, max_model_len, groups))
                 records += recs
                 failed.update({f"{dtype} {threads}t {m}": why for m, why in fails.items()})
     summary = summarise(records)
     rats = ratios(summary)
     print_report(summary, rats, failed)
     report = {"shared_machine_note": "figures from a machine other processes may share; see load averages",
-              "model_parameters": params, "prompts": args.prompts, "batch": args.batch, "useful_tokens": useful,
+              "workload": args.workload, "model_parameters": params, "prompts": len(prompts), "batch": args.batch,
+              "useful_tokens": useful,
               "lengths": lengths, "rounds": args.rounds, "core": args.core, "vllm_compiled": not args.eager,
               "records": records, "summary": summary, "ratios": rats, "failed": failed}
     return save_report(report, args.out)
