@@ -82,16 +82,42 @@ class Engine:
         # a lone decoding request's first draft tokens ride on rows that are computed anyway.
         self.lone_row_free = linear.MIN_ROWS - 1 if linear.packs(model.lm_head.weight) else 0
         self.last_run = RunStats()
-        self.num_threads = None  # on an accelerator torch's CPU threads are not the engine's business
-        self.cores = None  # watches the cores other programs hold, where the engine chose its thread count
-        if self.device.type == "cpu":
-            per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
-            self.num_threads = threads.engine_threads(config.num_threads, per_token)
-            if config.num_threads is None and self.num_threads > 1:
-                self.cores = threads.CoreWatch.of_this_process()
-            fewer = ", fewer while other programs keep cores busy" if self.cores else ""
-            threads.announce(f"engine uses {'up to ' if self.cores else ''}{self.num_threads} torch thread(s) "
-                             f"for a model of {per_token / 1e6:.1f}M parameters per token{fewer}")
+        # On an accelerator torch's CPU threads are not the engine's business. `cores` watches the
+        # cores other programs hold, where the engine chose its own thread count.
+        self.num_threads, self.cores = self._threads(config.num_threads) if self.device.type == "cpu" else (None, None)
+
+    def _threads(self, requested: Optional[int]) -> tuple[int, Optional[threads.CoreWatch]]:
+        """Torch threads on the CPU: as requested, else by model size (rollout/threads.py), then one
+        where a second thread measured slower here; with a watch on the cores other programs hold."""
+        model = self.model
+        per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
+        n, cores, why = threads.engine_threads(requested, per_token), None, ""
+        if requested is None and n > 1:
+            most, n = n, self._fastest_threads(n)
+            cores = threads.CoreWatch.of_this_process() if n > 1 else None
+            why = f" ({most} measured slower here)" if n < most else ""
+        fewer = ", fewer while other programs keep cores busy" if cores else ""
+        threads.announce(f"engine uses {'up to ' if cores else ''}{n} torch thread(s){why} for a model of "
+                         f"{per_token / 1e6:.1f}M parameters per token{fewer}")
+        return n, cores
+
+    def _fastest_threads(self, most: int) -> int:
+        """1 or `most` threads, whichever ran a decode-shaped forward (up to 8 rows) faster here,
+        interleaved: on some machines (virtual CPUs that share a physical core, say) a second
+        thread slows every forward even when nothing else runs. Like `_profile` it writes into
+        slots at position 0, which every request overwrites."""
+        rows = min(self.config.max_batch_size, 8)
+        batch = ForwardBatch.build([(slot, 0, [0]) for slot in range(rows)], list(range(rows)), self.device,
+                                   self.min_bucket)
+        best = {1: math.inf, most: math.inf}
+        for n in (1, most, 1, most):
+            with threads.using(n):
+                self.model(batch, self.cache)  # the first call of a thread count pays its set-up
+                start = time.perf_counter()
+                for _ in range(2):
+                    self.model(batch, self.cache)
+                best[n] = min(best[n], time.perf_counter() - start)
+        return 1 if best[1] < best[most] else most
 
     @classmethod
     def from_pretrained(cls, model_or_path, config: EngineConfig = EngineConfig()) -> Engine:

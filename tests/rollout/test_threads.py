@@ -102,3 +102,27 @@ def test_an_engine_that_chose_its_threads_runs_with_the_free_cores():
     if threads.CoreWatch.of_this_process() is not None:  # Linux: the real /proc/stat reads
         busy = threads.CoreWatch.of_this_process()
         assert 1 <= busy.threads(2) <= 2
+
+
+def test_an_engine_keeps_one_thread_where_a_second_measured_slower():
+    import time
+
+    eng = Engine.from_pretrained(tiny_hf_model(), EngineConfig(max_batch_size=2, max_model_len=32))
+    real = eng.model
+
+    class Slower:
+        """The engine's model, slower at one thread count (as on virtual CPUs sharing a core)."""
+
+        def __init__(self, slow):
+            self.slow = slow
+
+        def __call__(self, batch, cache):
+            if torch.get_num_threads() == self.slow:
+                time.sleep(0.02)
+            return real(batch, cache)
+
+    before = torch.get_num_threads()
+    for slow, chosen in ((2, 1), (1, 2)):
+        eng.model = Slower(slow)
+        assert eng._fastest_threads(2) == chosen
+    assert torch.get_num_threads() == before
