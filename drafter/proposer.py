@@ -37,6 +37,7 @@ import torch
 
 from rollout.config import DrafterSpec
 from rollout.controller import AdaptiveController, confidence_bin, expected_run, level, rates_from
+from rollout.kv_cache import move_slots
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
@@ -373,12 +374,6 @@ class DrafterProposer(Proposer):
 
     def state_sizes(self) -> dict[str, int]:
         return {}
-
-
-def move_slots(t: torch.Tensor, src, dst) -> None:
-    """t[dst[i]] = t[src[i]] for all i, every source read before any destination is written."""
-    index = [torch.tensor(x, dtype=torch.int64, device=t.device) for x in (src, dst)]
-    t.index_copy_(0, index[1], t.index_select(0, index[0]))
 
 
 def copy_value(req: Request, plan, cap: int, enough: float = math.inf) -> float:

@@ -70,10 +70,10 @@ class Engine:
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)
         self.weights_version = 0
+        self.reorders_slots = True  # (rollout/slot_order.py; tests and benchmarks compare it off)
         # A proposer that reads the hidden states of a request's whole context (a draft head) would
         # find none for a request resumed from kept KV: such an engine keeps none.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
-        self.reorders_slots = True  # (rollout/slot_order.py; tests and benchmarks compare it off)
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None

@@ -1,8 +1,9 @@
 """A static, slot-based KV cache: one slot per running request, preallocated once.
 
 A request's keys and values for sequence position p live at [slot, :, p]. Nothing is ever
-freed or copied: a rejected draft is rolled back by the engine lowering the request's cached
-length, and stale entries beyond it are masked out by position until they are overwritten.
+freed: a rejected draft is rolled back by the engine lowering the request's cached length, and
+stale entries beyond it are masked out by position until they are overwritten. A request may be
+moved to another slot between steps (rollout/slot_order.py), its cached positions copied once.
 """
 from __future__ import annotations
 
@@ -28,9 +29,8 @@ class KVCache:
         read before any destination is written, so the moves may swap slots among themselves."""
         device = self.k[0].device
         src_t, dst_t = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-        with torch.inference_mode():
-            for t in (*self.k, *self.v):
-                t[:, :, :length].index_copy_(0, dst_t, t[:, :, :length].index_select(0, src_t))
+        for t in (*self.k, *self.v):
+            move_slots(t[:, :, :length], src_t, dst_t)
 
     def read(self, layer: int, slots: torch.Tensor, first_slot: int | None,
              length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,3 +42,11 @@ class KVCache:
         # index_select copies the rows faster than indexing with a tensor does (docs/results.md)
         return (self.k[layer][:, :, :length].index_select(0, slots),
                 self.v[layer][:, :, :length].index_select(0, slots))
+
+
+def move_slots(t: torch.Tensor, src, dst) -> None:
+    """t[dst[i]] = t[src[i]] along the first dimension (src, dst: lists or int64 tensors), every
+    source read before any destination is written."""
+    src, dst = (torch.as_tensor(x, dtype=torch.int64, device=t.device) for x in (src, dst))
+    with torch.inference_mode():
+        t.index_copy_(0, dst, t.index_select(0, src))
