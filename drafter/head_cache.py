@@ -11,8 +11,9 @@ their rotation, so the order of a ring's rows does not matter to attention.
 
 Each draft position attends from one row per request (`Rows.last`): the queries are scattered into
 a grid over the slot range the requests span (the engine keeps its running requests in its
-lowest slots, rollout/slot_order.py, so the range is nearly dense) and attend to the slots in place: a small batched matmul, with no gather
-and no fused kernel whose set-up dominates at these sizes.
+lowest slots, rollout/slot_order.py, so the range is nearly dense) and attend to the slots in
+place: a small batched matmul, with no gather and no fused kernel whose set-up dominates at these
+sizes.
 """
 from __future__ import annotations
 
