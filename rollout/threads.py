@@ -4,7 +4,7 @@ torch's CPU kernels run on an OpenMP pool. By default its threads spin at the en
 parallel region waiting for their siblings. On a machine where another program holds a core,
 the sibling is often descheduled, so the spinning thread burns its whole time slice waiting,
 at every op: a small model (where every op is a parallel region) then runs tens of times
-slower with 2 threads than with 1. Two choices fix that:
+slower with 2 threads than with 1. Three choices fix that:
 
 - the wait policy. `OMP_WAIT_POLICY=PASSIVE` makes waiting threads sleep. OpenMP reads it
   once, when torch loads it, so it is set here, at the import of `rollout` (which every
@@ -15,9 +15,10 @@ slower with 2 threads than with 1. Two choices fix that:
   model's tiny ops cannot amortise: below `SMALL_MODEL_PARAMS` parameters per token an
   engine uses one thread (measured: `python -m rollout.bench --busy`, bench_results/threads.json),
   above it the cores this process may use (affinity, cgroup quota and OMP_NUM_THREADS, which
-  Ray sets to an actor's num_cpus). The engine and the trainer take turns in one process, so
-  each sets its own count while it runs (`using`).
-
+  Ray sets to an actor's num_cpus), unless one thread ran a decode-shaped forward faster when
+  the engine was built (`Engine._fastest_threads`: virtual CPUs may share a physical core). The
+  engine and the trainer take turns in one process, so each sets its own count while it runs
+  (`using`).
 - cores other programs hold. Beside a program that keeps a core busy, a second thread waits
   for its descheduled sibling at every parallel region, which costs more than the split saves.
   So an engine that chose its own count takes, at the start of each run, one thread per core
