@@ -369,7 +369,7 @@ def main(argv=None) -> dict:
     if not args.vllm_python.exists():
         sys.exit(f"bench --peer vllm: no vLLM environment at {args.vllm_python}: create it with `make venv-vllm`")
     records, failed = [], {}
-    with tempfile.TemporaryDirectory(prefix="spectail-bench-") as folder:
+    with tempfile.TemporaryDirectory(prefix="spectail-bench-") as scratch:
         if args.workload == "demo":
             args.no_hf = True
             folder, prompts, lengths = demo_workload(args.prompts, args.samples)
@@ -378,7 +378,7 @@ def main(argv=None) -> dict:
             what = f"the demo's policy, {params / 1e6:.1f}M parameters, at {folder}; its task's"
         else:
             prompts, lengths = workload(args.prompts, args.vocab, args.median, args.max_len)
-            groups = None
+            groups, folder = None, scratch
             model = bench_model(args.vocab)
             model.save_pretrained(folder)
             params = sum(p.numel() for p in model.parameters())
