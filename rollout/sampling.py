@@ -32,14 +32,16 @@ is plain, fully defined integer arithmetic and its bits are identical on CPU and
                                 is what decides whether a rare token wins).
     G = -log(E)                 in float32.
 
-The hash bits are bit-identical across devices; G then goes through the device's own `log`,
-which may round differently in the last bit on CPU and CUDA (that changes a token only on
-an exact near-tie of two scores).
+The two logarithms are written out (`_log_positive`: integer work on the bits, then correctly
+rounded +, -, *, / only, within a few ulp of the true log) instead of calling the device's
+`log`, whose last bit differs between libraries: so G has the same bits on every device, and
+the CPU kernel (rollout/noise_kernel.c, the same arithmetic in C) matches this file bit for bit.
 
-Speed: on CPU the [M, V] work runs in row chunks of about half a million elements, so the
-int64/float64 scratch stays in cache and no big temporary is allocated; `sample` fuses the
-noise into the argmax per chunk and never builds the full noise tensor. Every step is
-elementwise or a per-row reduction (argmax, log_softmax), none of which mixes rows.
+Speed: on CPU `sample` and `gumbel_noise` run that kernel, one pass per row with the argmax
+fused in and no [M, V] scratch (rollout/noise_kernel.py builds it on first use; without a C
+compiler they run the torch code below). Elsewhere the [M, V] work runs in row chunks (on CPU of
+about half a million elements, so the scratch stays in cache). Every step is elementwise or a
+per-row reduction (argmax, log_softmax), none of which mixes rows.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ import functools
 from typing import Iterator, Sequence
 
 import torch
+
+from . import noise_kernel
 
 _M32 = 0xFFFFFFFF
 # lowbias32 multipliers (Chris Wellons' hash-prospector). _C2 >= 2**31, so it is stored as
@@ -124,12 +128,49 @@ def _scratch(rows: int, vocab_size: int, device: torch.device) -> tuple[torch.Te
     return x, torch.empty_like(x), torch.empty(rows, vocab_size, dtype=torch.float64, device=device)
 
 
+def _f32_quotient(a: float, b: float) -> float:
+    """a / b divided in float32 (as C's 1.0f / 11.0f), as a Python float that holds it exactly."""
+    return float(torch.tensor(a, dtype=torch.float32) / b)
+
+
+# log m = 2 atanh(s) = 2 s (1 + s^2/3 + s^4/5 + ...), highest power first; ln 2 = HI + LO with
+# e * HI exact. The float32 coefficients are float32 divisions, as the C file's 1.0f / 11.0f.
+_LOG_F64 = (tuple(1.0 / n for n in range(21, 0, -2)), float.fromhex("0x1.6a09e667f3bcdp+0"),
+            float.fromhex("0x1.62e42feep-1"), float.fromhex("0x1.a39ef35793c76p-33"))
+_LOG_F32 = (tuple(_f32_quotient(1.0, n) for n in range(11, 0, -2)), float.fromhex("0x1.6a09e6p+0"),
+            float.fromhex("0x1.62e3p-1"), float.fromhex("0x1.2fefa2p-17"))
+
+
+def _log_positive(x: torch.Tensor) -> torch.Tensor:
+    """log x for positive, normal float64 or float32 x, by the arithmetic of rollout/noise_kernel.c:
+    only integer work and correctly rounded +, -, *, /, so every device gives the same bits.
+    x = 2^e m, m in [sqrt(1/2), sqrt(2)); s = (m - 1) / (m + 1); log m = 2 atanh(s)."""
+    wide = x.dtype == torch.float64
+    int_type, shift, bias, mantissa, one = ((torch.int64, 52, 1023, 0x000FFFFFFFFFFFFF, 0x3FF0000000000000) if wide
+                                            else (torch.int32, 23, 127, 0x007FFFFF, 0x3F800000))
+    coefficients, sqrt2, ln2_hi, ln2_lo = _LOG_F64 if wide else _LOG_F32
+    bits = x.view(int_type)
+    m = ((bits & mantissa) | one).view(x.dtype)
+    big = m > sqrt2
+    m = torch.where(big, m * 0.5, m)
+    e = ((bits >> shift) - bias + big.to(int_type)).to(x.dtype)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    s2 = s * s
+    p = torch.full_like(s2, coefficients[0])
+    for c in coefficients[1:]:
+        p = p * s2 + c
+    t = s * p
+    return e * ln2_hi + ((t + t) + e * ln2_lo)
+
+
 def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
                       out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E).
 
-    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. Everything is in place on the
-    scratch buffers: this is the hot loop of every engine step."""
+    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. The hash runs in place on the scratch
+    buffers; the two logarithms are `_log_positive`. This is the reference the CPU kernel
+    (rollout/noise_kernel.c) matches bit for bit, and the path of every other device."""
     m = out.shape[0]
     x, tmp, u = (s[:m] for s in scratch)
     torch.bitwise_xor(a, hv, out=x)
@@ -144,9 +185,21 @@ def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
     x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=tmp))
     # u = (x + 1/2) / 2**32: exact in float64 (x < 2**32), never 0 nor 1
     u.copy_(x).mul_(_TWO_POW_M32).add_(_TWO_POW_M33)
-    u.log_()  # log u in [-22.9, -1.2e-10]; float64 so that E = -log u keeps its digits near u = 1
-    out.copy_(u)  # to float32: E's relative precision is all G needs
-    return out.neg_().log_()
+    # log u in [-22.9, -1.2e-10], in float64 so that E = -log u keeps its digits near u = 1;
+    # then to float32: E's relative precision is all G needs
+    out.copy_(_log_positive(u)).neg_()
+    return out.copy_(_log_positive(out))
+
+
+def _kernel():
+    """The CPU noise kernel, or None (rollout/noise_kernel.py says why)."""
+    return noise_kernel.load()
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_keys32(vocab_size: int) -> torch.Tensor:
+    """[V] int32: the CPU vocabulary keys with the kernel's 32-bit layout (the same bits)."""
+    return _vocab_keys(vocab_size, torch.device("cpu"))[0].to(torch.int32).contiguous()
 
 
 def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int) -> torch.Tensor:
@@ -161,7 +214,11 @@ def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_siz
     out = torch.empty(m, vocab_size, dtype=torch.float32, device=device)
     if m == 0 or vocab_size == 0:
         return out
-    a, b = _row_keys(seeds, torch.as_tensor(positions, device=device))
+    positions = torch.as_tensor(positions, device=device)
+    kernel = _kernel() if device.type == "cpu" else None
+    if kernel is not None:
+        return noise_kernel.gumbel(kernel, seeds, positions, _vocab_keys32(vocab_size), out)
+    a, b = _row_keys(seeds, positions)
     hv = _vocab_keys(vocab_size, device)
     chunks = list(_row_chunks(m, vocab_size, device))
     scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), vocab_size, device)
@@ -297,7 +354,8 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
     greedy = temperature == 0
     any_greedy, any_random = bool(greedy.any()), not bool(greedy.all())
     chunks = list(_row_chunks(m, vocab_size, device))
-    if any_random:
+    kernel = _kernel() if device.type == "cpu" else None
+    if any_random and kernel is None:
         a, b = _row_keys(seeds, positions)
         hv = _vocab_keys(vocab_size, device)
         rows = max(r1 - r0 for r0, r1 in chunks)
@@ -307,10 +365,14 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
     for r0, r1 in chunks:
         z = process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
         if any_random:
-            log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
-            # z + G == z - log(E) exactly (G = -log E and IEEE a + (-b) == a - b), so this is
-            # bit-for-bit argmax(process_logits(...) + gumbel_noise(...)).
-            tok = torch.sub(z, log_e, out=log_e).argmax(dim=-1)
+            if kernel is not None:
+                tok = noise_kernel.perturbed_argmax(kernel, seeds[r0:r1], positions[r0:r1], _vocab_keys32(vocab_size),
+                                                    z.contiguous())
+            else:
+                log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
+                # z + G == z - log(E) exactly (G = -log E and IEEE a + (-b) == a - b), so this is
+                # bit-for-bit argmax(process_logits(...) + gumbel_noise(...)).
+                tok = torch.sub(z, log_e, out=log_e).argmax(dim=-1)
             if any_greedy:
                 tok = torch.where(greedy[r0:r1], z.argmax(dim=-1), tok)
         else:
