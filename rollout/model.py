@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention_kernel
 from .batch import MIN_BUCKET, AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
 from .linear import PackedLinear
@@ -155,6 +156,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, batch.token_slots, batch.positions, k, v)
+        if masks is None:  # the CPU kernel: no grids (rollout/attention_kernel.py)
+            o = attention_kernel.attend(q, cache.k[layer], cache.v[layer], batch.token_slots, batch.positions,
+                                        self.window)
+            return self.o_proj(o.view(n, -1))
 
         out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
         # CUDA's fused attention kernels take grouped KV heads in half precision only; in float32
@@ -232,10 +237,12 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-            batch = dataclasses.replace(batch, groups=[invariant_grid(g, cache.max_len) for g in batch.groups])
-        masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
-                 for w in set(self.cfg.sliding_windows)}
+        masks = None  # None: every layer attends through the CPU kernel
+        if not attention_kernel.supports(x.device, x.dtype, self.cfg.num_heads, self.cfg.num_kv_heads):
+            if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+                batch = dataclasses.replace(batch, groups=[invariant_grid(g, cache.max_len) for g in batch.groups])
+            masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
+                     for w in set(self.cfg.sliding_windows)}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, batch, cache, i, masks)
         hidden = self.model.norm(x[batch.logit_index])

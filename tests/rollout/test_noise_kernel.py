@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout import noise_kernel, sampling
+from rollout import c_kernels, noise_kernel, sampling
 
 CPU = torch.device("cpu")
 
@@ -120,24 +120,24 @@ def test_sampling_without_the_kernel_gives_the_same_tokens(monkeypatch):
 def test_an_unbuildable_kernel_warns_and_sampling_goes_on(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("SPECTAIL_KERNEL_DIR", str(tmp_path))
-    noise_kernel.load.cache_clear()
+    c_kernels.load.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert noise_kernel.load() is None
-        assert any("noise kernel is unavailable" in str(w.message) for w in caught)
+        assert any("noise_kernel is unavailable" in str(w.message) for w in caught)
         assert list(tmp_path.iterdir()) == []  # no half-written library left behind
         tokens, _ = sampling.sample(torch.randn(3, 50), torch.arange(3), torch.zeros(3, dtype=torch.int64),
                                     torch.ones(3), torch.zeros(3, dtype=torch.int64), torch.ones(3))
         assert tokens.shape == (3,)
     finally:
-        noise_kernel.load.cache_clear()
+        c_kernels.load.cache_clear()
 
 
 def test_the_switch_turns_the_kernel_off(monkeypatch):
-    monkeypatch.setenv("SPECTAIL_NOISE_KERNEL", "0")
-    noise_kernel.load.cache_clear()
+    monkeypatch.setenv("SPECTAIL_C_KERNELS", "0")
+    c_kernels.load.cache_clear()
     try:
         assert noise_kernel.load() is None
     finally:
-        noise_kernel.load.cache_clear()
+        c_kernels.load.cache_clear()

@@ -1,0 +1,165 @@
+/* Attention for the CPU, one token at a time: the token at position p of a request reads its
+   slot's keys and values at positions max(0, p - window + 1) .. p, and nothing else.
+
+   Each token's output is a fixed sequence of arithmetic on its own query and those keys, so it
+   has the same bits whatever else is in the forward: how many rows, how many queries per row
+   (decode, verify or prefill), which slots. That is the engine's batch invariance, here by
+   construction (rollout/attention_kernel.py; torch's fused CPU attention picks its blocking by
+   the shapes, and rounds differently for a lone query in bfloat16).
+
+   Scores and the softmax are float32 whatever the cache's type; bfloat16 keys and values are
+   widened as they are read, and the output is rounded to bfloat16 at the end. The grouped query
+   heads of one key/value head are done together, so their keys are read once. Dot products and
+   the softmax's sum keep LANES partial sums (the vector width gcc gives them) added in a fixed
+   tree; exp is written out so that it vectorizes. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+#define MAX_GROUP 16
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for x <= 0 (scores less their maximum): 2^k e^r with |r| <= ln2 / 2, a degree-6
+   polynomial for e^r; under -87 it is 0 where float's exponent runs out. */
+static inline float exp_nonpositive(float x) {
+    float y = x < -87.0f ? -87.0f : x;
+    float t = y * 1.44269504f + 12582912.0f;  /* adding 1.5 * 2^23 rounds to an integer */
+    float k = t - 12582912.0f;
+    float r = y - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = (int32_t)k + 127;
+    uint32_t bits = (uint32_t)e << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+/* attend_one over keys and values of type T, widened to float by LOAD as they are read: one
+   token's G query heads (q: [G, D] float32) against n rows of D keys and values of one head, into
+   out [G, D] float32. scores: [G, n] scratch. */
+#define LOAD_F32(x) (x)
+#define LOAD_BF16(x) from_bf16(x)
+#define ATTEND_ONE(NAME, T, LOAD)                                                                  \
+    static void NAME(const float *q, int64_t G, int64_t D, const T *k, const T *v, int64_t n,        \
+                     float scale, float *scores, float *out) {                                      \
+        float top[MAX_GROUP], total[MAX_GROUP];                                                     \
+        for (int64_t g = 0; g < G; g++)                                                             \
+            top[g] = -__builtin_inff();                                                             \
+        for (int64_t j = 0; j < n; j++) {                                                           \
+            const T *kj = k + j * D;                                                                \
+            for (int64_t g = 0; g < G; g++) {                                                       \
+                const float *qg = q + g * D;                                                        \
+                float acc[LANES] = {0};                                                             \
+                int64_t d = 0;                                                                      \
+                for (; d + LANES <= D; d += LANES)                                                  \
+                    for (int l = 0; l < LANES; l++)                                                 \
+                        acc[l] += qg[d + l] * LOAD(kj[d + l]);                                      \
+                for (int l = 0; d + l < D; l++)                                                     \
+                    acc[l] += qg[d + l] * LOAD(kj[d + l]);                                          \
+                for (int width = LANES / 2; width > 0; width /= 2)                                  \
+                    for (int l = 0; l < width; l++)                                                 \
+                        acc[l] += acc[l + width];                                                   \
+                float s = acc[0] * scale;                                                           \
+                scores[g * n + j] = s;                                                              \
+                top[g] = s > top[g] ? s : top[g];                                                   \
+            }                                                                                       \
+        }                                                                                           \
+        for (int64_t g = 0; g < G; g++) {                                                           \
+            total[g] = softmax_numerators(scores + g * n, n, top[g]);                               \
+            memset(out + g * D, 0, (size_t)D * sizeof(float));                                      \
+        }                                                                                           \
+        for (int64_t j = 0; j < n; j++) {                                                           \
+            const T *vj = v + j * D;                                                                \
+            for (int64_t g = 0; g < G; g++) {                                                       \
+                float w = scores[g * n + j];                                                        \
+                float *o = out + g * D;                                                             \
+                for (int64_t d = 0; d < D; d++)                                                     \
+                    o[d] += w * LOAD(vj[d]);                                                        \
+            }                                                                                       \
+        }                                                                                           \
+        for (int64_t g = 0; g < G; g++) {                                                           \
+            float inv = 1.0f / total[g];                                                            \
+            for (int64_t d = 0; d < D; d++)                                                         \
+                out[g * D + d] *= inv;                                                              \
+        }                                                                                           \
+    }
+
+/* s[j] <- e^(s[j] - top) in place; returns their sum (LANES partial sums, a fixed tree). */
+static float softmax_numerators(float *s, int64_t n, float top) {
+    float sum[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            s[j + l] = exp_nonpositive(s[j + l] - top);
+            sum[l] += s[j + l];
+        }
+    for (; j < n; j++) {
+        s[j] = exp_nonpositive(s[j] - top);
+        sum[0] += s[j];
+    }
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++)
+            sum[l] += sum[l + width];
+    return sum[0];
+}
+
+ATTEND_ONE(attend_one_f32, float, LOAD_F32)
+ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16)
+
+/* Tokens t0 <= t < t1. q, out: [N, H, D]; caches: [slots, Hkv, max_len, D]; window 0: none.
+   bf16 != 0: q, caches and out hold bfloat16 (uint16), else float32. Returns 0, or -1 when
+   scratch memory could not be had. */
+int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t max_len, int bf16,
+                  const void *q, const void *kc, const void *vc, const int64_t *slots, const int64_t *positions,
+                  int64_t window, float scale, void *out) {
+    int64_t G = H / Hkv;
+    if (G > MAX_GROUP)
+        return -2;
+    float *scratch = malloc(sizeof(float) * (size_t)(G * max_len + 2 * G * D));
+    if (scratch == NULL)
+        return -1;
+    float *scores = scratch, *qf = scores + G * max_len, *of = qf + G * D;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t p = positions[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, n = p - lo + 1;
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t head = ((slots[t] * Hkv + h) * max_len + lo) * D;
+            int64_t qat = (t * H + h * G) * D;
+            if (bf16) {
+                const uint16_t *q16 = (const uint16_t *)q + qat;
+                for (int64_t i = 0; i < G * D; i++)
+                    qf[i] = from_bf16(q16[i]);
+                attend_one_bf16(qf, G, D, (const uint16_t *)kc + head, (const uint16_t *)vc + head, n, scale, scores,
+                                of);
+                uint16_t *o16 = (uint16_t *)out + qat;
+                for (int64_t i = 0; i < G * D; i++)
+                    o16[i] = to_bf16(of[i]);
+            } else {
+                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + head, (const float *)vc + head, n,
+                               scale, scores, (float *)out + qat);
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,64 @@
+"""Attention on the CPU through rollout/attention_kernel.c: each token attends to its own slot's
+cached keys up to its position, one token at a time, so its output has the same bits in any batch.
+
+This replaces, on the CPU, the grids of rollout/batch.py (rows padded into [R, L] query grids
+against a bucket of keys, with masks) and torch's fused attention, which picks its blocking by
+the grid's shape and in bfloat16 rounds a lone query differently from several (the reason the
+engine padded bfloat16 grids to four queries and whole buckets: `model.invariant_grid`). The
+kernel reads only the keys a token sees, in float32 arithmetic for float32 and bfloat16 caches.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import c_kernels
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.attend_tokens.argtypes = [i64, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64,
+                                      ctypes.c_float, ptr]
+    library.attend_tokens.restype = ctypes.c_int
+    return library
+
+
+def load() -> Optional[ctypes.CDLL]:
+    return c_kernels.load("attention_kernel", _bind)
+
+
+MAX_GROUP = 16  # query heads per key/value head at most (the C file's)
+
+
+def supports(device: torch.device, dtype: torch.dtype, heads: int, num_kv_heads: int) -> bool:
+    """Whether the kernel can run a model's attention (else the model uses torch's)."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and heads % num_kv_heads == 0
+            and heads // num_kv_heads <= MAX_GROUP and load() is not None)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+           positions: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """q [N, H, D] -> [N, H, D]: token i attends to k/v_cache[slots[i], :, lo..positions[i]]
+    (lo = positions[i] - window + 1 with a window, else 0), scaled by 1/sqrt(D). The caches are
+    [slots, Hkv, max_len, D], of q's dtype, and already hold the tokens' own keys."""
+    library = load()
+    q = q.contiguous()
+    n, heads, head_dim = q.shape
+    num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    out = torch.empty_like(q)
+    bf16 = int(q.dtype == torch.bfloat16)
+    scale = head_dim ** -0.5
+
+    def run(t0: int, t1: int) -> int:
+        return library.attend_tokens(t0, t1, heads, num_kv_heads, head_dim, max_len, bf16, q.data_ptr(),
+                                     k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr(),
+                                     window or 0, scale, out.data_ptr())
+
+    codes = c_kernels.over_rows(run, n)
+    if any(codes):
+        raise RuntimeError(f"attention kernel failed (code {min(codes)}): -1 no scratch memory for {max_len} "
+                           f"positions, -2 more than {MAX_GROUP} query heads per key/value head")
+    return out

@@ -1,0 +1,101 @@
+"""The CPU attention kernel: right against a float64 reference, and a token's output the same bits
+in any batch (alone, with others, in another order, at another thread split).
+
+The engine-level guarantees that rest on it (speculation on and off, batch sizes and divided
+rollouts give the same bits in bfloat16 and float32) are tests/rollout/test_bf16_identity.py's;
+the last test here checks that those engines do run the kernel, and that the torch attention it
+replaces (still the path of other devices) gives the same tokens.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout import Engine, EngineConfig, SamplingParams, attention_kernel
+from tests.conftest import tiny_hf_model
+
+
+def kernel_or_skip():
+    if attention_kernel.load() is None:
+        pytest.skip("the CPU attention kernel could not be built here (no C compiler?)")
+
+
+def case(dtype, heads=8, kv_heads=4, head_dim=64, slots=12, max_len=96, tokens=20, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(slots, kv_heads, max_len, head_dim, generator=gen).to(dtype)
+    v = torch.randn(slots, kv_heads, max_len, head_dim, generator=gen).to(dtype)
+    q = (torch.randn(tokens, heads, head_dim, generator=gen) * 2).to(dtype)
+    token_slots = torch.randint(0, slots, (tokens,), generator=gen)
+    positions = torch.randint(0, max_len, (tokens,), generator=gen)
+    return q, k, v, token_slots, positions
+
+
+def reference(q, k, v, slots, positions, window):
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for i in range(q.shape[0]):
+        p = int(positions[i])
+        lo = max(0, p - window + 1) if window else 0
+        keys = k[slots[i], :, lo:p + 1].double().repeat_interleave(group, 0)
+        values = v[slots[i], :, lo:p + 1].double().repeat_interleave(group, 0)
+        scores = torch.einsum("hd,hjd->hj", q[i].double(), keys) / q.shape[2] ** 0.5
+        out[i] = torch.einsum("hj,hjd->hd", scores.softmax(-1), values)
+    return out
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("shape", [dict(), dict(heads=4, kv_heads=4, head_dim=16), dict(heads=6, kv_heads=2,
+                                                                                          head_dim=24),
+                                   dict(heads=2, kv_heads=1, head_dim=12)])
+@pytest.mark.parametrize("window", [None, 7])
+def test_the_kernel_is_attention(dtype, tolerance, shape, window):
+    kernel_or_skip()
+    q, k, v, slots, positions = case(dtype, **shape)
+    got = attention_kernel.attend(q, k, v, slots, positions, window)
+    assert got.dtype == dtype and got.shape == q.shape
+    assert (got.double() - reference(q, k, v, slots, positions, window)).abs().max() < tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_token_has_the_same_bits_in_any_batch(dtype, monkeypatch):
+    kernel_or_skip()
+    q, k, v, slots, positions = case(dtype, tokens=40, seed=1)
+    full = attention_kernel.attend(q, k, v, slots, positions, None)
+    for index in ([5], [3, 17, 2], list(range(39, -1, -1)), [0, 0, 7, 7, 7]):
+        index = torch.tensor(index)
+        assert torch.equal(attention_kernel.attend(q[index], k, v, slots[index], positions[index], None), full[index])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # four row ranges on four threads
+    assert torch.equal(attention_kernel.attend(q, k, v, slots, positions, None), full)
+
+
+def test_keys_past_a_token_do_not_reach_it():
+    kernel_or_skip()
+    q, k, v, slots, positions = case(torch.float32, tokens=10, seed=2)
+    before = attention_kernel.attend(q, k, v, slots, positions, None)
+    k2, v2 = k.clone(), v.clone()
+    for s, p in zip(slots.tolist(), positions.tolist()):
+        k2[s, :, p + 1:], v2[s, :, p + 1:] = float("nan"), float("nan")  # stale entries past a rollback
+    # (a slot shared by two tokens keeps the later one's keys: those tokens are checked apart)
+    alone = [i for i in range(10) if slots.tolist().count(int(slots[i])) == 1]
+    after = attention_kernel.attend(q, k2, v2, slots, positions, None)
+    assert alone and torch.equal(after[alone], before[alone])
+
+
+def test_engines_run_the_kernel_and_torch_attention_gives_the_same_tokens(monkeypatch):
+    kernel_or_skip()
+    hf = tiny_hf_model("llama", vocab=101, seed=4)
+    calls = []
+    real = attention_kernel.attend
+    monkeypatch.setattr(attention_kernel, "attend", lambda *a: calls.append(1) or real(*a))
+    prompts = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14]]
+    params = SamplingParams(temperature=1.0, max_tokens=30)
+
+    def run():
+        engine = Engine.from_pretrained(hf, EngineConfig(max_batch_size=4, max_model_len=64, num_threads=1))
+        return [o.token_ids for o in engine.generate(prompts, params, seeds=[1, 2, 3])]
+
+    with_kernel = run()
+    assert calls  # the tests' models run through the kernel
+    monkeypatch.setattr(attention_kernel, "supports", lambda *a: False)
+    calls.clear()
+    assert run() == with_kernel and not calls
