@@ -16,6 +16,7 @@ by kernel launches, a dozen per group and layer, while padded FLOPs are nearly f
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -61,8 +62,27 @@ class ForwardBatch:
     positions: torch.Tensor  # [N] int64, sequence position of each token (= its cache index)
     token_slots: torch.Tensor  # [N] int64, KV-cache slot of each token
     logit_index: torch.Tensor  # [M] int64, which of the N tokens need logits
-    groups: list[AttentionGroup]
+    rows: list  # (slot, start position, new token ids) per row, as given to `build`
+    min_bucket: int
     hidden_index: Optional[torch.Tensor] = None  # [H] int64, whose hidden states to return; None: logit_index
+
+    @functools.cached_property
+    def groups(self) -> list[AttentionGroup]:
+        """The attention grids, built the first time torch's attention asks for them (the CPU
+        kernel, rollout/attention_kernel.py, needs none)."""
+        device = self.token_ids.device
+        rows = self.rows
+        offsets = [0] * len(rows)
+        for i in range(1, len(rows)):
+            offsets[i] = offsets[i - 1] + len(rows[i - 1][2])
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for i, (_, start, ids) in enumerate(rows):
+            key = (bucket(start + len(ids), self.min_bucket), 2 if len(ids) > PREFILL_ROW else 0)
+            buckets.setdefault(key, []).append(i)
+        if device.type == "cpu":
+            _split_verify_rows(buckets, rows)
+        return [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)
+                for _, members in sorted(buckets.items())]
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
@@ -78,26 +98,16 @@ class ForwardBatch:
         slots = [r[0] for r in rows]
         if len(set(slots)) != len(slots):
             raise ValueError(f"rows of one forward must use distinct slots, got {slots}")
-        tokens, positions, token_slots, offsets = [], [], [], []
+        tokens, positions, token_slots = [], [], []
         for slot, start, ids in rows:
-            offsets.append(len(tokens))
             tokens.extend(ids)
             positions.extend(range(start, start + len(ids)))
             token_slots.extend([slot] * len(ids))
 
-        buckets: dict[tuple[int, int], list[int]] = {}
-        for i, (_, start, ids) in enumerate(rows):
-            key = (bucket(start + len(ids), min_bucket), 2 if len(ids) > PREFILL_ROW else 0)
-            buckets.setdefault(key, []).append(i)
-        if torch.device(device).type == "cpu":
-            _split_verify_rows(buckets, rows)
-        groups = [_group([(offsets[i], *rows[i]) for i in sorted(members, key=lambda i: rows[i][0])], device)
-                  for _, members in sorted(buckets.items())]
-
         def t(x):
             return torch.tensor(x, dtype=torch.int64, device=device)
 
-        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), groups,
+        return ForwardBatch(t(tokens), t(positions), t(token_slots), t(logit_index), list(rows), min_bucket,
                             None if hidden_index is None else t(hidden_index))
 
 

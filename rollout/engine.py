@@ -70,7 +70,9 @@ class Engine:
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)
         self.weights_version = 0
-        self.reorders_slots = True  # (rollout/slot_order.py; tests and benchmarks compare it off)
+        # Slots ordered by context bucket let torch's attention grids read the cache in place
+        # (rollout/slot_order.py); the CPU kernel reads each token's own slot wherever it is.
+        self.reorders_slots = not model.attends_in_kernel(self.cache)
         # A proposer that reads the hidden states of a request's whole context (a draft head) would
         # find none for a request resumed from kept KV: such an engine keeps none.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots

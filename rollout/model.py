@@ -134,6 +134,22 @@ def invariant_grid(group: AttentionGroup, cache_len: int) -> AttentionGroup:
                                max_row_len=length, kv_len=kv_len)
 
 
+@dataclass(frozen=True)
+class Grids:
+    """torch's attention for one forward: the batch's grids, made invariant on the CPU in
+    bfloat16, and each grid's mask per sliding window (keyed (grid index, window))."""
+
+    groups: list
+    masks: dict
+
+    @staticmethod
+    def of(batch: ForwardBatch, cache: KVCache, windows: tuple) -> Grids:
+        groups = batch.groups
+        if cache.k[0].dtype == torch.bfloat16 and cache.k[0].device.type == "cpu":
+            groups = [invariant_grid(g, cache.max_len) for g in groups]
+        return Grids(groups, {(g, w): group.mask(w) for g, group in enumerate(groups) for w in set(windows)})
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
@@ -147,7 +163,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.cfg, self.window = cfg, window
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int, masks: dict):
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int, grids: Optional[Grids]):
         cfg, n = self.cfg, x.shape[0]
         q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
@@ -156,7 +172,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, batch.token_slots, batch.positions, k, v)
-        if masks is None:  # the CPU kernel: no grids (rollout/attention_kernel.py)
+        if grids is None:  # the CPU kernel (rollout/attention_kernel.py)
             o = attention_kernel.attend(q, cache.k[layer], cache.v[layer], batch.token_slots, batch.positions,
                                         self.window)
             return self.o_proj(o.view(n, -1))
@@ -166,7 +182,7 @@ class Attention(nn.Module):
         # with enable_gqa it falls back to the math path (a dozen kernels a call, launch-bound at
         # decode sizes). Expanding the heads there keeps the memory-efficient kernel.
         expand = cfg.num_heads // cfg.num_kv_heads if q.is_cuda and cfg.num_heads != cfg.num_kv_heads else 1
-        for g, group in enumerate(batch.groups):
+        for g, group in enumerate(grids.groups):
             rows, length = group.num_rows, group.max_row_len
             # index_select / index_copy_ move the same data as indexing with [...], faster on the CPU
             grid = q.new_zeros(rows * length, cfg.num_heads, cfg.head_dim)
@@ -175,7 +191,7 @@ class Attention(nn.Module):
             keys, values = cache.read(layer, group.slots, group.first_slot, group.kv_len)
             if expand > 1:
                 keys, values = keys.repeat_interleave(expand, 1), values.repeat_interleave(expand, 1)
-            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=masks[g, self.window],
+            o = F.scaled_dot_product_attention(grid, keys, values, attn_mask=grids.masks[g, self.window],
                                                enable_gqa=expand == 1 and cfg.num_heads != cfg.num_kv_heads)
             o = o.transpose(1, 2).reshape(rows * length, -1)
             out.index_copy_(0, group.token_index, o.index_select(0, group.pad_index))
@@ -202,8 +218,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, cache, layer, masks):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer, masks)
+    def forward(self, x, cos, sin, batch, cache, layer, grids):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer, grids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -237,19 +253,19 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos = (emb.cos() * self.rope_scaling).to(x.dtype)
         sin = (emb.sin() * self.rope_scaling).to(x.dtype)
-        masks = None  # None: every layer attends through the CPU kernel
-        if not attention_kernel.supports(x.device, x.dtype, self.cfg.num_heads, self.cfg.num_kv_heads):
-            if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-                batch = dataclasses.replace(batch, groups=[invariant_grid(g, cache.max_len) for g in batch.groups])
-            masks = {(g, w): group.mask(w) for g, group in enumerate(batch.groups)
-                     for w in set(self.cfg.sliding_windows)}
+        grids = None if self.attends_in_kernel(cache) else Grids.of(batch, cache, self.cfg.sliding_windows)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, cache, i, masks)
+            x = layer(x, cos, sin, batch, cache, i, grids)
         hidden = self.model.norm(x[batch.logit_index])
         logits = self.lm_head(hidden).float()
         if batch.hidden_index is not None:
             hidden = self.model.norm(x[batch.hidden_index])
         return logits, hidden
+
+    def attends_in_kernel(self, cache: KVCache) -> bool:
+        """Whether attention over this cache runs in the CPU kernel (else torch's, on grids)."""
+        k = cache.k[0]
+        return attention_kernel.supports(k.device, k.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
