@@ -8,16 +8,17 @@
    the shapes, and rounds differently for a lone query in bfloat16).
 
    Scores and the softmax are float32 whatever the cache's type; bfloat16 keys and values are
-   widened as they are read, and the output is rounded to bfloat16 at the end. The grouped query
-   heads of one key/value head are done together, so their keys are read once. Dot products and
-   the softmax's sum keep LANES partial sums (the vector width gcc gives them) added in a fixed
-   tree; exp is written out so that it vectorizes. */
+   widened as they are read, and the output is rounded to bfloat16 at the end. Keys are stored
+   transposed (rollout/kv_cache.py), so a score is a sum down a column taken for many positions
+   side by side, one per vector lane, with no sum across lanes; the softmax's sum keeps LANES
+   partial sums added in a fixed tree; exp is written out so that it vectorizes. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LANES 16
 #define MAX_GROUP 16
+#define SCORE_BLOCK (4 * LANES) /* positions scored together: four vectors of sums in flight */
 
 static inline float from_bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -56,37 +57,41 @@ static inline float exp_nonpositive(float x) {
 }
 
 /* attend_one over keys and values of type T, widened to float by LOAD as they are read: one
-   token's G query heads (q: [G, D] float32) against n rows of D keys and values of one head, into
-   out [G, D] float32. scores: [G, n] scratch. */
+   token's G query heads (q: [G, D] float32) against n positions of one head, into out [G, D]
+   float32. k points at the first position's column of a head's transposed keys ([D, stride]:
+   key d of position j at k[d * stride + j]); v at its first position's row ([n, D]).
+   A score is q . k_j summed over d in order, one position per vector lane: SCORE_BLOCK positions
+   (several vectors, so that their sums run side by side) at a time, then LANES, then one; every
+   position gets the same arithmetic whichever way it was reached. scores: [G, n] scratch. */
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
-#define ATTEND_ONE(NAME, T, LOAD)                                                                  \
-    static void NAME(const float *q, int64_t G, int64_t D, const T *k, const T *v, int64_t n,        \
-                     float scale, float *scores, float *out) {                                      \
-        float top[MAX_GROUP], total[MAX_GROUP];                                                     \
-        for (int64_t g = 0; g < G; g++)                                                             \
-            top[g] = -__builtin_inff();                                                             \
-        for (int64_t j = 0; j < n; j++) {                                                           \
-            const T *kj = k + j * D;                                                                \
-            for (int64_t g = 0; g < G; g++) {                                                       \
-                const float *qg = q + g * D;                                                        \
-                float acc[LANES] = {0};                                                             \
-                int64_t d = 0;                                                                      \
-                for (; d + LANES <= D; d += LANES)                                                  \
-                    for (int l = 0; l < LANES; l++)                                                 \
-                        acc[l] += qg[d + l] * LOAD(kj[d + l]);                                      \
-                for (int l = 0; d + l < D; l++)                                                     \
-                    acc[l] += qg[d + l] * LOAD(kj[d + l]);                                          \
-                for (int width = LANES / 2; width > 0; width /= 2)                                  \
-                    for (int l = 0; l < width; l++)                                                 \
-                        acc[l] += acc[l + width];                                                   \
-                float s = acc[0] * scale;                                                           \
-                scores[g * n + j] = s;                                                              \
-                top[g] = s > top[g] ? s : top[g];                                                   \
-            }                                                                                       \
+#define SCORES(T, LOAD, WIDTH)                                                                     \
+    for (; j + (WIDTH) <= n; j += (WIDTH)) {                                                        \
+        float acc[WIDTH] = {0};                                                                     \
+        for (int64_t d = 0; d < D; d++) {                                                           \
+            float qd = qg[d];                                                                       \
+            const T *kd = k + d * stride + j;                                                       \
+            for (int l = 0; l < (WIDTH); l++)                                                       \
+                acc[l] += qd * LOAD(kd[l]);                                                         \
         }                                                                                           \
+        for (int l = 0; l < (WIDTH); l++)                                                           \
+            sg[j + l] = acc[l] * scale;                                                             \
+    }
+#define ATTEND_ONE(NAME, T, LOAD)                                                                  \
+    static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, const T *v,  \
+                     int64_t n, float scale, float *scores, float *out) {                           \
+        float total[MAX_GROUP];                                                                     \
         for (int64_t g = 0; g < G; g++) {                                                           \
-            total[g] = softmax_numerators(scores + g * n, n, top[g]);                               \
+            const float *qg = q + g * D;                                                            \
+            float *sg = scores + g * n;                                                             \
+            int64_t j = 0;                                                                          \
+            SCORES(T, LOAD, SCORE_BLOCK)                                                            \
+            SCORES(T, LOAD, LANES)                                                                  \
+            SCORES(T, LOAD, 1)                                                                      \
+            float top = -__builtin_inff();                                                          \
+            for (int64_t i = 0; i < n; i++)                                                         \
+                top = sg[i] > top ? sg[i] : top;                                                    \
+            total[g] = softmax_numerators(sg, n, top);                                              \
             memset(out + g * D, 0, (size_t)D * sizeof(float));                                      \
         }                                                                                           \
         for (int64_t j = 0; j < n; j++) {                                                           \
@@ -127,7 +132,8 @@ static float softmax_numerators(float *s, int64_t n, float top) {
 ATTEND_ONE(attend_one_f32, float, LOAD_F32)
 ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16)
 
-/* Tokens t0 <= t < t1. q, out: [N, H, D]; caches: [slots, Hkv, max_len, D]; window 0: none.
+/* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len], values [slots, Hkv,
+   max_len, D]; window 0: none.
    bf16 != 0: q, caches and out hold bfloat16 (uint16), else float32. Returns 0, or -1 when
    scratch memory could not be had. */
 int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t max_len, int bf16,
@@ -143,20 +149,20 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = positions[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, n = p - lo + 1;
         for (int64_t h = 0; h < Hkv; h++) {
-            int64_t head = ((slots[t] * Hkv + h) * max_len + lo) * D;
+            int64_t keys = (slots[t] * Hkv + h) * D * max_len + lo, values = ((slots[t] * Hkv + h) * max_len + lo) * D;
             int64_t qat = (t * H + h * G) * D;
             if (bf16) {
                 const uint16_t *q16 = (const uint16_t *)q + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     qf[i] = from_bf16(q16[i]);
-                attend_one_bf16(qf, G, D, (const uint16_t *)kc + head, (const uint16_t *)vc + head, n, scale, scores,
-                                of);
+                attend_one_bf16(qf, G, D, (const uint16_t *)kc + keys, max_len, (const uint16_t *)vc + values, n, scale,
+                                scores, of);
                 uint16_t *o16 = (uint16_t *)out + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     o16[i] = to_bf16(of[i]);
             } else {
-                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + head, (const float *)vc + head, n,
-                               scale, scores, (float *)out + qat);
+                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + keys, max_len, (const float *)vc + values,
+                               n, scale, scores, (float *)out + qat);
             }
         }
     }

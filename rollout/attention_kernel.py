@@ -40,13 +40,18 @@ def supports(device: torch.device, dtype: torch.dtype, heads: int, num_kv_heads:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
            positions: torch.Tensor, window: Optional[int]) -> torch.Tensor:
-    """q [N, H, D] -> [N, H, D]: token i attends to k/v_cache[slots[i], :, lo..positions[i]]
-    (lo = positions[i] - window + 1 with a window, else 0), scaled by 1/sqrt(D). The caches are
-    [slots, Hkv, max_len, D], of q's dtype, and already hold the tokens' own keys."""
+    """q [N, H, D] -> [N, H, D]: token i attends to the keys and values of slot slots[i] at
+    positions lo..positions[i] (lo = positions[i] - window + 1 with a window, else 0), scaled by
+    1/sqrt(D). k_cache: [slots, Hkv, D, max_len] (transposed, `KVCache(keys_transposed=True)`),
+    v_cache: [slots, Hkv, max_len, D], both contiguous, of q's dtype, already holding the tokens'
+    own keys and values."""
     library = load()
     q = q.contiguous()
     n, heads, head_dim = q.shape
-    num_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    num_kv_heads, max_len = v_cache.shape[1], v_cache.shape[2]
+    if k_cache.shape != (v_cache.shape[0], num_kv_heads, head_dim, max_len):
+        raise ValueError(f"attention kernel: keys {tuple(k_cache.shape)} are not the transposed layout of values "
+                         f"{tuple(v_cache.shape)}")
     slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     out = torch.empty_like(q)
     bf16 = int(q.dtype == torch.bfloat16)

@@ -156,6 +156,6 @@ def check_keys(keys, n: int) -> None:
 def copy_positions(src: KVCache, src_slot: int, dst: KVCache, dst_slot: int, length: int) -> None:
     """Keys and values of positions [0, length) of one slot into another cache's slot (every layer)."""
     with torch.inference_mode():
-        for a, b in ((src.k, dst.k), (src.v, dst.v)):
-            for s, d in zip(a, b):
-                d[dst_slot, :, :length].copy_(s[src_slot, :, :length])
+        for from_layer, to_layer in zip(src.prefixes(length), dst.prefixes(length)):
+            for s, d in zip(from_layer, to_layer):
+                d[dst_slot].copy_(s[src_slot])

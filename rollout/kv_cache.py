@@ -1,6 +1,7 @@
 """A static, slot-based KV cache: one slot per running request, preallocated once.
 
-A request's keys and values for sequence position p live at [slot, :, p]. Nothing is ever
+A request's keys and values for sequence position p live at [slot, :, p] (keys at
+[slot, :, :, p] where they are held transposed for the CPU attention kernel). Nothing is ever
 freed: a rejected draft is rolled back by the engine lowering the request's cached length, and
 stale entries beyond it are masked out by position until they are overwritten. A request may be
 moved to another slot between steps (rollout/slot_order.py), its cached positions copied once.
@@ -11,31 +12,48 @@ import torch
 
 
 class KVCache:
+    """keys_transposed: keys are held [slot, head, head_dim, position] (the CPU attention kernel
+    reads a position's score as a sum down a column, rollout/attention_kernel.c), else
+    [slot, head, position, head_dim] like the values."""
+
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str, keys_transposed: bool = False):
         shape = (num_slots, num_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        key_shape = (num_slots, num_kv_heads, head_dim, max_len) if keys_transposed else shape
+        self.k = [torch.zeros(key_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.num_slots, self.max_len = num_slots, max_len
+        self.num_slots, self.max_len, self.keys_transposed = num_slots, max_len, keys_transposed
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [N, kv_heads, head_dim] for N tokens at (slots[i], positions[i])."""
-        self.k[layer][slots, :, positions] = k
+        if self.keys_transposed:
+            self.k[layer][slots, :, :, positions] = k
+        else:
+            self.k[layer][slots, :, positions] = k
         self.v[layer][slots, :, positions] = v
+
+    def prefixes(self, length: int) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer, views of positions [0, length) of every slot: (keys, values)."""
+        keys = [t[..., :length] if self.keys_transposed else t[:, :, :length] for t in self.k]
+        return list(zip(keys, [t[:, :, :length] for t in self.v]))
 
     def move(self, src: list[int], dst: list[int], length: int) -> None:
         """Positions [0, length) of slots src[i] into slots dst[i], every layer. All sources are
         read before any destination is written, so the moves may swap slots among themselves."""
         device = self.k[0].device
         src_t, dst_t = (torch.tensor(x, dtype=torch.int64, device=device) for x in (src, dst))
-        for t in (*self.k, *self.v):
-            move_slots(t[:, :, :length], src_t, dst_t)
+        for layer in self.prefixes(length):
+            for t in layer:
+                move_slots(t, src_t, dst_t)
 
     def read(self, layer: int, slots: torch.Tensor, first_slot: int | None,
              length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [R, kv_heads, length, head_dim] of these slots: a view when the slots
-        are a contiguous range, else a gather of just the `length` positions they need."""
+        are a contiguous range, else a gather of just the `length` positions they need (torch's
+        attention, whose caches do not transpose their keys)."""
+        if self.keys_transposed:
+            raise RuntimeError("KVCache.read: this cache holds its keys transposed for the CPU attention kernel")
         if first_slot is not None:
             end = first_slot + slots.shape[0]
             return self.k[layer][first_slot:end, :, :length], self.v[layer][first_slot:end, :, :length]

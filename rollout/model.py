@@ -264,14 +264,14 @@ class CausalLM(nn.Module):
 
     def attends_in_kernel(self, cache: KVCache) -> bool:
         """Whether attention over this cache runs in the CPU kernel (else torch's, on grids)."""
-        k = cache.k[0]
-        return attention_kernel.supports(k.device, k.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
+        return cache.keys_transposed
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
+        kernel = attention_kernel.supports(p.device, p.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
         # room for a grid's keys rounded up to KEY_STEP at the longest context
         return KVCache(self.cfg.num_layers, num_slots, keys_read(max_len), self.cfg.num_kv_heads,
-                       self.cfg.head_dim, p.dtype, p.device)
+                       self.cfg.head_dim, p.dtype, p.device, keys_transposed=kernel)
 
     # ---- weights -------------------------------------------------------------------------
 

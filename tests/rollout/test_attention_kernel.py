@@ -30,6 +30,11 @@ def case(dtype, heads=8, kv_heads=4, head_dim=64, slots=12, max_len=96, tokens=2
     return q, k, v, token_slots, positions
 
 
+def attend(q, k, v, slots, positions, window):
+    """The kernel on caches laid out [slot, head, position, dim]: keys handed over transposed."""
+    return attention_kernel.attend(q, k.transpose(2, 3).contiguous(), v, slots, positions, window)
+
+
 def reference(q, k, v, slots, positions, window):
     out = torch.empty(q.shape, dtype=torch.float64)
     group = q.shape[1] // k.shape[1]
@@ -51,7 +56,7 @@ def reference(q, k, v, slots, positions, window):
 def test_the_kernel_is_attention(dtype, tolerance, shape, window):
     kernel_or_skip()
     q, k, v, slots, positions = case(dtype, **shape)
-    got = attention_kernel.attend(q, k, v, slots, positions, window)
+    got = attend(q, k, v, slots, positions, window)
     assert got.dtype == dtype and got.shape == q.shape
     assert (got.double() - reference(q, k, v, slots, positions, window)).abs().max() < tolerance
 
@@ -60,24 +65,24 @@ def test_the_kernel_is_attention(dtype, tolerance, shape, window):
 def test_a_token_has_the_same_bits_in_any_batch(dtype, monkeypatch):
     kernel_or_skip()
     q, k, v, slots, positions = case(dtype, tokens=40, seed=1)
-    full = attention_kernel.attend(q, k, v, slots, positions, None)
+    full = attend(q, k, v, slots, positions, None)
     for index in ([5], [3, 17, 2], list(range(39, -1, -1)), [0, 0, 7, 7, 7]):
         index = torch.tensor(index)
-        assert torch.equal(attention_kernel.attend(q[index], k, v, slots[index], positions[index], None), full[index])
+        assert torch.equal(attend(q[index], k, v, slots[index], positions[index], None), full[index])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # four row ranges on four threads
-    assert torch.equal(attention_kernel.attend(q, k, v, slots, positions, None), full)
+    assert torch.equal(attend(q, k, v, slots, positions, None), full)
 
 
 def test_keys_past_a_token_do_not_reach_it():
     kernel_or_skip()
     q, k, v, slots, positions = case(torch.float32, tokens=10, seed=2)
-    before = attention_kernel.attend(q, k, v, slots, positions, None)
+    before = attend(q, k, v, slots, positions, None)
     k2, v2 = k.clone(), v.clone()
     for s, p in zip(slots.tolist(), positions.tolist()):
         k2[s, :, p + 1:], v2[s, :, p + 1:] = float("nan"), float("nan")  # stale entries past a rollback
     # (a slot shared by two tokens keeps the later one's keys: those tokens are checked apart)
     alone = [i for i in range(10) if slots.tolist().count(int(slots[i])) == 1]
-    after = attention_kernel.attend(q, k2, v2, slots, positions, None)
+    after = attend(q, k2, v2, slots, positions, None)
     assert alone and torch.equal(after[alone], before[alone])
 
 
