@@ -61,12 +61,15 @@ static inline float exp_nonpositive(float x) {
    float32. k points at the first position's column of a head's transposed keys ([D, stride]:
    key d of position j at k[d * stride + j]); v at its first position's row ([n, D]).
    A score is q . k_j summed over d in order, one position per vector lane: SCORE_BLOCK positions
-   (several vectors, so that their sums run side by side) at a time, then LANES, then one; every
-   position gets the same arithmetic whichever way it was reached. scores: [G, n] scratch. */
+   (several vectors, so that their sums run side by side) at a time while `room` (the positions
+   from the first to the end of the cache row) allows, then LANES, then one; a last block runs
+   past the n positions wanted, into the cache row's later entries, whose scores are not used.
+   Every position gets the same arithmetic whichever way it was reached. scores: G rows of
+   `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
 #define SCORES(T, LOAD, WIDTH)                                                                     \
-    for (; j + (WIDTH) <= n; j += (WIDTH)) {                                                        \
+    for (; j < n && j + (WIDTH) <= room; j += (WIDTH)) {                                            \
         float acc[WIDTH] = {0};                                                                     \
         for (int64_t d = 0; d < D; d++) {                                                           \
             float qd = qg[d];                                                                       \
@@ -78,12 +81,13 @@ static inline float exp_nonpositive(float x) {
             sg[j + l] = acc[l] * scale;                                                             \
     }
 #define ATTEND_ONE(NAME, T, LOAD)                                                                  \
-    static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, const T *v,  \
-                     int64_t n, float scale, float *scores, float *out) {                           \
+    static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, int64_t room, \
+                     const T *v, int64_t n, float scale, float *scores, float *out) {               \
         float total[MAX_GROUP];                                                                     \
+        int64_t width = (n + SCORE_BLOCK - 1) / SCORE_BLOCK * SCORE_BLOCK;                          \
         for (int64_t g = 0; g < G; g++) {                                                           \
             const float *qg = q + g * D;                                                            \
-            float *sg = scores + g * n;                                                             \
+            float *sg = scores + g * width;                                                         \
             int64_t j = 0;                                                                          \
             SCORES(T, LOAD, SCORE_BLOCK)                                                            \
             SCORES(T, LOAD, LANES)                                                                  \
@@ -97,7 +101,7 @@ static inline float exp_nonpositive(float x) {
         for (int64_t j = 0; j < n; j++) {                                                           \
             const T *vj = v + j * D;                                                                \
             for (int64_t g = 0; g < G; g++) {                                                       \
-                float w = scores[g * n + j];                                                        \
+                float w = scores[g * width + j];                                                    \
                 float *o = out + g * D;                                                             \
                 for (int64_t d = 0; d < D; d++)                                                     \
                     o[d] += w * LOAD(vj[d]);                                                        \
@@ -142,10 +146,10 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
     int64_t G = H / Hkv;
     if (G > MAX_GROUP)
         return -2;
-    float *scratch = malloc(sizeof(float) * (size_t)(G * max_len + 2 * G * D));
+    float *scratch = malloc(sizeof(float) * (size_t)(G * (max_len + SCORE_BLOCK) + 2 * G * D));
     if (scratch == NULL)
         return -1;
-    float *scores = scratch, *qf = scores + G * max_len, *of = qf + G * D;
+    float *scores = scratch, *qf = scores + G * (max_len + SCORE_BLOCK), *of = qf + G * D;
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = positions[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, n = p - lo + 1;
         for (int64_t h = 0; h < Hkv; h++) {
@@ -155,17 +159,34 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
                 const uint16_t *q16 = (const uint16_t *)q + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     qf[i] = from_bf16(q16[i]);
-                attend_one_bf16(qf, G, D, (const uint16_t *)kc + keys, max_len, (const uint16_t *)vc + values, n, scale,
-                                scores, of);
+                attend_one_bf16(qf, G, D, (const uint16_t *)kc + keys, max_len, max_len - lo,
+                                (const uint16_t *)vc + values, n, scale, scores, of);
                 uint16_t *o16 = (uint16_t *)out + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     o16[i] = to_bf16(of[i]);
             } else {
-                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + keys, max_len, (const float *)vc + values,
-                               n, scale, scores, (float *)out + qat);
+                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + keys, max_len, max_len - lo,
+                               (const float *)vc + values, n, scale, scores, (float *)out + qat);
             }
         }
     }
     free(scratch);
     return 0;
+}
+
+/* Keys of N new tokens (k: [N, Hkv, D], of the cache's type: 4-byte float or 2-byte bfloat16)
+   into a transposed key cache [slots, Hkv, D, max_len] at (slots[t], positions[t]): torch's
+   indexed write into that layout costs several times this loop. */
+void write_keys(int64_t N, int64_t Hkv, int64_t D, int64_t max_len, int64_t elem, const void *k, void *kc,
+                const int64_t *slots, const int64_t *positions) {
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t from = (t * Hkv + h) * D, to = (slots[t] * Hkv + h) * D * max_len + positions[t];
+            if (elem == 4)
+                for (int64_t d = 0; d < D; d++)
+                    ((float *)kc)[to + d * max_len] = ((const float *)k)[from + d];
+            else
+                for (int64_t d = 0; d < D; d++)
+                    ((uint16_t *)kc)[to + d * max_len] = ((const uint16_t *)k)[from + d];
+        }
 }

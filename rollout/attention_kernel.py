@@ -22,6 +22,8 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.attend_tokens.argtypes = [i64, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64,
                                       ctypes.c_float, ptr]
     library.attend_tokens.restype = ctypes.c_int
+    library.write_keys.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    library.write_keys.restype = None
     return library
 
 
@@ -67,3 +69,18 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
         raise RuntimeError(f"attention kernel failed (code {min(codes)}): -1 no scratch memory for {max_len} "
                            f"positions, -2 more than {MAX_GROUP} query heads per key/value head")
     return out
+
+
+def write_keys(k_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
+    """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache [slots, Hkv, D,
+    max_len] (contiguous, CPU) and k [N, Hkv, D] of its dtype. Slots and positions must be in
+    range: the caller's (the engine's) are."""
+    library = load()
+    if (library is None or k_cache.device.type != "cpu" or not k_cache.is_contiguous()
+            or k_cache.element_size() not in (2, 4)):
+        k_cache[slots, :, :, positions] = k
+        return
+    k = k.to(k_cache.dtype).contiguous()
+    slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    library.write_keys(k.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], k_cache.element_size(),
+                       k.data_ptr(), k_cache.data_ptr(), slots.data_ptr(), positions.data_ptr())

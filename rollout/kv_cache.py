@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from . import attention_kernel
+
 
 class KVCache:
     """keys_transposed: keys are held [slot, head, head_dim, position] (the CPU attention kernel
@@ -28,7 +30,7 @@ class KVCache:
               k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [N, kv_heads, head_dim] for N tokens at (slots[i], positions[i])."""
         if self.keys_transposed:
-            self.k[layer][slots, :, :, positions] = k
+            attention_kernel.write_keys(self.k[layer], slots, positions, k)
         else:
             self.k[layer][slots, :, positions] = k
         self.v[layer][slots, :, positions] = v

@@ -104,3 +104,16 @@ def test_engines_run_the_kernel_and_torch_attention_gives_the_same_tokens(monkey
     monkeypatch.setattr(attention_kernel, "supports", lambda *a: False)
     calls.clear()
     assert run() == with_kernel and not calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keys_written_into_the_transposed_cache_land_where_torch_puts_them(dtype):
+    kernel_or_skip()
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(6, 2, 24, 40, generator=gen).to(dtype)
+    slots, positions = torch.tensor([4, 0, 4, 5]), torch.tensor([7, 39, 8, 0])
+    k = torch.randn(4, 2, 24, generator=gen).to(dtype)
+    expected = cache.clone()
+    expected[slots, :, :, positions] = k
+    attention_kernel.write_keys(cache, slots, positions, k)
+    assert torch.equal(cache, expected)
