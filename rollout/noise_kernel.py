@@ -1,8 +1,8 @@
 """The CPU kernel for the coupled noise (rollout/noise_kernel.c), built on first use (rollout/c_kernels.py).
 
 In torch the noise takes about twenty passes over a [rows, vocabulary] block, two of them
-logarithms, and was a tenth to a fifth of an engine step on the CPU. The kernel makes one pass
-per row and keeps no [rows, vocabulary] scratch. It gives bit for bit what sampling.py's torch
+logarithms (docs/results.md has what that cost). The kernel makes one pass per row and keeps no
+[rows, vocabulary] scratch. It gives bit for bit what sampling.py's torch
 reference gives (tests/rollout/test_noise_kernel.py), so which path ran never shows in a token.
 """
 from __future__ import annotations
