@@ -138,8 +138,8 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16)
 
 /* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len], values [slots, Hkv,
    max_len, D]; window 0: none.
-   bf16 != 0: q, caches and out hold bfloat16 (uint16), else float32. Returns 0, or -1 when
-   scratch memory could not be had. */
+   bf16 != 0: q, caches and out hold bfloat16 (uint16), else float32. Returns 0, -1 when scratch
+   memory could not be had, -2 for more than MAX_GROUP query heads per key/value head. */
 int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t max_len, int bf16,
                   const void *q, const void *kc, const void *vc, const int64_t *slots, const int64_t *positions,
                   int64_t window, float scale, void *out) {
