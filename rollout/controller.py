@@ -41,7 +41,9 @@ exploration budget (about 1% of the measured time) keeps trying one token now an
 switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
 costs host time too, which the price per fed token charges to no draft: where a proposer's
 chosen drafts have earned less over the run's last steps than its asks took, it is asked for a
-share of the requests (`ask_share`). A fixed `min_draft_prob` replaces the price by
+share of the requests (`ask_share`). What an emitted token costs is measured on plain steps
+that the engine runs now and then, and the same measure switches speculation off while its
+steps lose to plain ones (rollout/plain_reference.py). A fixed `min_draft_prob` replaces the price by
 `min_draft_prob x load` (load: the fraction of slots in use), deterministic, as tests and
 benchmarks of draft lengths need.
 """
@@ -54,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+from .plain_reference import PlainReference
 from .proposers.base import Draft, Proposer
 from .request import Request
 from .step_cost import DECAY, StepCost
@@ -166,10 +169,17 @@ class AdaptiveController:
     # the price, in accepted tokens' worth], and the share of asks owed to each.
     asking: dict = field(default_factory=dict)
     ask_credit: dict = field(default_factory=dict)
+    # Plain steps timed now and then, and whether speculating steps beat them (rollout/plain_reference.py).
+    plain: PlainReference = field(default_factory=PlainReference)
+
+    # Lenient acceptance keeps old tokens that a plain step would resample: its outputs depend on
+    # which steps draft, so it never runs plain steps of its own accord.
+    checks_plain: bool = True
 
     @classmethod
     def from_spec(cls, spec) -> AdaptiveController:
-        return cls(spec.min_draft_prob, spec.max_draft_tokens, spec.max_batch_for_spec)
+        return cls(spec.min_draft_prob, spec.max_draft_tokens, spec.max_batch_for_spec,
+                   checks_plain=spec.lenience is None)
 
     @property
     def priced(self) -> bool:
@@ -177,6 +187,7 @@ class AdaptiveController:
 
     def new_run(self) -> None:
         self.tables.clear()
+        self.plain.new_run(GLOBAL_DECAY)
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY
@@ -210,7 +221,8 @@ class AdaptiveController:
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
                 "credit": self.credit, "saved": list(self.saved),
-                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)}}
+                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)},
+                "plain": self.plain.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         def table(items):
@@ -221,12 +233,29 @@ class AdaptiveController:
         self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
         self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
                              anchor=[float(x) for x in state["cost"]["anchor"]])
+        self.plain = PlainReference()
+        if "plain" in state:  # (checkpoints from before plain steps were timed)
+            self.plain.load_state_dict(state["plain"])
 
     # ---- the price -----------------------------------------------------------------------
 
-    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0) -> None:
-        """A step fed `fed` tokens, emitted `emitted` and took `seconds` (all of it: host work too),
-        of which `batched` went to batched proposers (a draft head), priced by their own cost."""
+    def add_profile(self, tokens: int, seconds: float) -> None:
+        """A timed forward of the engine's start-up profile: a prior for both step-cost lines."""
+        self.cost.add_profile(tokens, seconds)
+        self.plain.cost.add_profile(tokens, seconds)
+
+    def speculates(self) -> bool:
+        """Whether the next step may draft at all: a priced budget runs plain steps while
+        speculation loses, and now and then to time them (rollout/plain_reference.py)."""
+        return not (self.priced and self.checks_plain) or self.plain.speculates()
+
+    def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, *,
+                     rows: Optional[int] = None, drafted: int = 0, planned: bool = True) -> None:
+        """A step fed `fed` tokens (`drafted` of them drafts), emitted `emitted` for `rows`
+        requests and took `seconds` (all of it: host work too), of which `batched` went to batched
+        proposers (a draft head), priced by their own cost. planned: it ran with a draft budget."""
+        if self.priced and rows is not None:
+            self.plain.observe(planned, fed, drafted, rows, emitted, seconds)
         self.cost.observe(fed, seconds - batched)
         for stats in self.asking.values():
             stats[:] = [x * ASK_DECAY for x in stats]
@@ -251,8 +280,12 @@ class AdaptiveController:
         return per_token + self.critical_share * max(per_emitted - per_token, 0.0)
 
     def seconds_per_emitted(self, rows: int) -> float:
-        """What an emitted token costs now: the recent steps' seconds over their tokens (before
-        any step was timed, the profile's one token per row)."""
+        """What an emitted token costs without speculation: a plain step's seconds over its rows,
+        once plain steps were timed; before, the recent steps' seconds over their tokens (and
+        before any step was timed, the profile's one token per row)."""
+        plain = self.plain.seconds_per_emitted(rows)
+        if plain is not None:
+            return plain
         seconds, tokens = self.emitted
         if tokens <= 0:
             seconds, tokens = self.cost.predict(rows), rows

@@ -53,6 +53,20 @@ class Row:
 
 
 @dataclass(frozen=True)
+class StepDone:
+    """What one step did: whether it had a draft budget, the tokens it fed (drafts among them),
+    the requests that emitted (rows with logits), the tokens they emitted, and the seconds
+    batched proposers spent before the plan."""
+
+    planned: bool
+    fed: int
+    drafted: int
+    rows: int
+    emitted: int
+    prepared: float
+
+
+@dataclass(frozen=True)
 class RunStats:
     """The work of one `run`: target forwards, those without drafts, tokens fed to them."""
 
@@ -269,10 +283,11 @@ class Engine:
             if self.reorders_slots:
                 free = self._arrange(running, free)
             start = time.perf_counter()
-            drafting, n_fed, n_emitted, prepared = self._step(running)
+            done = self._step(running)
             if self.controller is not None:
-                self.controller.observe_step(n_fed, n_emitted, time.perf_counter() - start, prepared)
-            steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + n_fed
+                self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
+                                             rows=done.rows, drafted=done.drafted, planned=done.planned)
+            steps, spec_off, fed = steps + 1, spec_off + (not done.planned), fed + done.fed
             if tally is not None:
                 tally.step(running)
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
@@ -319,11 +334,10 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> tuple[bool, int, int, float]:
-        """One forward for every running request. Returns (whether drafts were allowed, tokens
-        fed, tokens emitted, seconds spent by batched proposers before the plan)."""
+    def _step(self, running: list[Request]) -> StepDone:
+        """One forward for every running request."""
         plan, prepared = None, 0.0
-        if self.controller is not None:
+        if self.controller is not None and self.controller.speculates():
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
             if plan is not None:
                 start = time.perf_counter()
@@ -334,7 +348,8 @@ class Engine:
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
         emitted = self._verify(rows, logits, offered, observers, hidden)
-        return plan is not None, int(batch.token_ids.shape[0]), emitted, prepared
+        return StepDone(plan is not None, int(batch.token_ids.shape[0]), sum(len(r.draft_tokens) for r in rows),
+                        sum(r.first_logit is not None for r in rows), emitted, prepared)
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding
@@ -505,7 +520,7 @@ class Engine:
                                 torch.arange(n, device=logits.device), *sampling.sampling_tensors(
                                     [SamplingParams()] * n, logits.device))[0].tolist()
                 seconds.append(time.perf_counter() - start)
-            self.controller.cost.add_profile(rows * per_row, min(seconds))
+            self.controller.add_profile(rows * per_row, min(seconds))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""

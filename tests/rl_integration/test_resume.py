@@ -18,6 +18,7 @@ from rl_integration.config import RunConfig, load_config
 from rl_integration.config_loader import to_dict
 from rl_integration.metrics import read_jsonl
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.proposers.base import Draft
 from scheduler.history_store import restore_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,11 +142,15 @@ def test_the_draft_budget_state_survives_json(llama_tiny):
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8]]
     engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=24), seeds=[1, 2])
     learnt = engine.controller
+    if not learnt.trials:  # (a run whose plain steps beat its speculating ones drafts little: teach it one draft)
+        learnt.learn(Draft([1, 2, 3], engine.proposers[0], evidence=3), accepted=1)
     assert learnt.trials and any(isinstance(k, tuple) for k in learnt.trials)
+    assert learnt.plain.measured  # plain steps were timed
     fresh = Engine.from_pretrained(llama_tiny, EngineConfig(max_batch_size=4, max_model_len=96, spec=spec)).controller
     fresh.load_state_dict(json.loads(json.dumps(learnt.state_dict())))
     assert (fresh.accepted, fresh.trials, fresh.emitted, fresh.credit, fresh.cost) == \
            (learnt.accepted, learnt.trials, learnt.emitted, learnt.credit, learnt.cost)
+    assert fresh.plain.state_dict() == learnt.plain.state_dict()
 
 
 def test_the_history_store_comes_back_as_the_checkpoint_linked_it(tmp_path):
