@@ -30,7 +30,11 @@ FIRST_PROBES = 4  # ... until this many probes were timed, one every EARLY_PROBE
 EARLY_PROBE_EVERY = 8
 LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few dozen steps
 TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn speculation off
-MIN_OFF, MAX_OFF = 16, 1024  # plain steps between trials: the first wait, and the longest
+MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
+# Step timings on a shared machine move by tens of percent: speculation goes off only when its
+# steps took more than 1 + MARGIN times the plain seconds, and the wait doubles only past CLEAR_LOSS.
+MARGIN = 0.03
+CLEAR_LOSS = 1.2
 
 
 @dataclass
@@ -47,11 +51,12 @@ class PlainReference:
         return self.probes > 0
 
     def new_run(self, decay: float) -> None:
-        """A run starts with a trial (its drafts may land where the last run's did not: a new
-        epoch's history), after a probe at its first step (its context lengths, hence the step
-        cost, differ from the last run's). The wait a losing trial earns is kept."""
+        """A run starts with a probe at its first step (its context lengths, hence the step cost,
+        differ from the last run's). A wait still running goes on: a trial at every run's start
+        would cost short runs more than the 3% speculation may lose, and a wait is at most
+        MAX_OFF steps (drafts that land again, a new epoch's history, are back within it)."""
         self.probes *= decay
-        self.since_probe, self.off_left = PROBE_EVERY, 0
+        self.since_probe = PROBE_EVERY
         self.ledger = [0.0, 0.0, 0.0]
 
     def speculates(self) -> bool:
@@ -77,13 +82,17 @@ class PlainReference:
         plain = emitted * self.cost.predict(max(fed - drafted, rows)) / rows
         w, spent, saved = self.ledger
         self.ledger = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
-        if self.ledger[0] >= _weight(TRIAL) and self.ledger[1] > self.ledger[2]:
+        if self.ledger[0] < _weight(TRIAL):
+            return
+        if self.ratio > 1 + MARGIN:
             self._switch_off()
-        elif self.ledger[0] >= _weight(TRIAL) and self.wait > MIN_OFF:
+        elif self.ratio <= 1:
             self.wait = MIN_OFF  # a trial that wins: the next loss waits the shortest time again
 
     def _switch_off(self) -> None:
-        self.off_left, self.wait = self.wait, min(self.wait * 2, MAX_OFF)
+        self.off_left = self.wait
+        if self.ratio > CLEAR_LOSS:  # (a slight loss may be the machine's noise: try again as soon)
+            self.wait = min(self.wait * 2, MAX_OFF)
         self.ledger = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
 
     def seconds_per_emitted(self, rows: int) -> Optional[float]:
