@@ -51,12 +51,11 @@ class PlainReference:
         return self.probes > 0
 
     def new_run(self, decay: float) -> None:
-        """A run starts with a probe at its first step (its context lengths, hence the step cost,
-        differ from the last run's). A wait still running goes on: a trial at every run's start
-        would cost short runs more than the 3% speculation may lose, and a wait is at most
-        MAX_OFF steps (drafts that land again, a new epoch's history, are back within it)."""
+        """A run starts with a trial (its drafts may land where the last run's did not: a new
+        epoch's history), after a probe at its first step (its context lengths, hence the step
+        cost, differ from the last run's). The wait a losing trial earned is kept."""
         self.probes *= decay
-        self.since_probe = PROBE_EVERY
+        self.since_probe, self.off_left = PROBE_EVERY, 0
         self.ledger = [0.0, 0.0, 0.0]
 
     def speculates(self) -> bool:

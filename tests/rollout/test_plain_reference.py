@@ -68,10 +68,9 @@ def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles
     assert ref.speculates()  # a trial again
     assert speculate(ref, ROWS + 1, 100) == TRIAL and ref.off_left == 2 * MIN_OFF
 
-    ref.new_run(0.5)  # a new run goes on waiting (after its probe)
-    assert ref.off_left == 2 * MIN_OFF and ref.wait == 4 * MIN_OFF
-    for _ in range(2 * MIN_OFF):
-        plain_step(ref)
+    ref.new_run(0.5)  # a new run tries at once (after its probe); the wait it earned is kept
+    assert ref.off_left == 0 and ref.wait == 4 * MIN_OFF
+    plain_step(ref)
     assert speculate(ref, 4 * ROWS, TRIAL) == TRIAL  # drafts land now
     assert ref.off_left == 0 and ref.wait == MIN_OFF  # a winning trial: the next loss waits the least
 
