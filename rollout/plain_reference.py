@@ -31,9 +31,8 @@ EARLY_PROBE_EVERY = 8
 LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few dozen steps
 TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn speculation off
 MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
-# Step timings on a shared machine move by tens of percent: speculation goes off only when its
-# steps took more than 1 + MARGIN times the plain seconds, and the wait doubles only past CLEAR_LOSS.
-MARGIN = 0.03
+# Step timings on a shared machine move by tens of percent: a trial that lost by less than
+# CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it.
 CLEAR_LOSS = 1.2
 
 
@@ -83,7 +82,7 @@ class PlainReference:
         self.ledger = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
         if self.ledger[0] < _weight(TRIAL):
             return
-        if self.ratio > 1 + MARGIN:
+        if self.ratio > 1:
             self._switch_off()
         elif self.ratio <= 1:
             self.wait = MIN_OFF  # a trial that wins: the next loss waits the shortest time again
