@@ -143,7 +143,10 @@ def children(pid: int) -> list[int]:
     """The child processes of `pid` (Linux /proc)."""
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended after the listing: it has no children now
+            continue
         out += [int(c) for c in text]
     return out
 
