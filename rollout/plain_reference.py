@@ -9,11 +9,11 @@ those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A speculat
 `fed` tokens, `drafted` of them drafts, for `rows` requests that each emitted at least one token,
 and emitted `emitted` tokens in `seconds`, would have taken `emitted x plain(fed - drafted) / rows`
 seconds the plain way: one token per request per step. The ledger sums both over the recent
-speculating steps; while the speculating seconds exceed the plain ones, speculation is off (every
-step plain, nothing asked), for a while that doubles with each trial that loses again, so a
-workload whose drafts never land pays for a trial of TRIAL steps every so often. A trial that
-wins resets the wait: drafts that start landing (a new epoch, a trained drafter) are back within
-one wait.
+speculating steps; once the speculating seconds exceed the plain ones, speculation is off (every
+step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each trial that
+loses clearly, so a workload whose drafts never land pays for a trial of TRIAL steps every so
+often. Each run starts with a trial and a trial that wins resets the wait: drafts that start
+landing (a new epoch's history, a trained drafter) are back at once.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
 uses once probes have measured it.
@@ -39,7 +39,7 @@ CLEAR_LOSS = 1.2
 @dataclass
 class PlainReference:
     cost: StepCost = field(default_factory=StepCost)  # plain seconds per step against tokens fed, probes only
-    probes: float = 0.0  # probes timed (decayed with the runs, like the rates)
+    probes: float = 0.0  # plain steps timed: probes and steps while off (decayed with the runs, like the rates)
     ledger: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # decayed (weight, seconds, plain seconds)
     since_probe: int = 0  # speculating steps since the last probe
     off_left: int = 0  # plain steps before the next trial
@@ -84,7 +84,7 @@ class PlainReference:
             return
         if self.ratio > 1:
             self._switch_off()
-        elif self.ratio <= 1:
+        else:
             self.wait = MIN_OFF  # a trial that wins: the next loss waits the shortest time again
 
     def _switch_off(self) -> None:
