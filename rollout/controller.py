@@ -221,7 +221,7 @@ class AdaptiveController:
             return [[list(k) if isinstance(k, tuple) else k, v] for k, v in d.items()]
         return {"accepted": pairs(self.accepted), "trials": pairs(self.trials), "emitted": list(self.emitted),
                 "credit": self.credit, "saved": list(self.saved),
-                "cost": {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor)},
+                "cost": self.cost.state_dict(),
                 "plain": self.plain.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -231,8 +231,7 @@ class AdaptiveController:
         self.tables.clear()
         self.emitted, self.credit = [float(x) for x in state["emitted"]], float(state["credit"])
         self.saved = [float(x) for x in state.get("saved", (0.0, 0.0))]  # (checkpoints from before it was learnt)
-        self.cost = StepCost(sums=[float(x) for x in state["cost"]["sums"]],
-                             anchor=[float(x) for x in state["cost"]["anchor"]])
+        self.cost = StepCost.from_state_dict(state["cost"])
         self.plain = PlainReference()
         if "plain" in state:  # (checkpoints from before plain steps were timed)
             self.plain.load_state_dict(state["plain"])

@@ -104,11 +104,11 @@ class PlainReference:
         return spent / plain if plain > 0 else 1.0
 
     def state_dict(self) -> dict:
-        return {"sums": list(self.cost.sums), "anchor": list(self.cost.anchor), "probes": self.probes,
+        return {"cost": self.cost.state_dict(), "probes": self.probes,
                 "ledger": list(self.ledger), "wait": self.wait}
 
     def load_state_dict(self, state: dict) -> None:
-        self.cost = StepCost(sums=[float(x) for x in state["sums"]], anchor=[float(x) for x in state["anchor"]])
+        self.cost = StepCost.from_state_dict(state["cost"])
         self.probes, self.wait = float(state["probes"]), int(state["wait"])
         self.ledger = [float(x) for x in state["ledger"]]
 

@@ -35,6 +35,13 @@ class StepCost:
         self.sums = [s * DECAY for s in self.sums]
         _accumulate(self.sums, 1.0, tokens, seconds)
 
+    def state_dict(self) -> dict:
+        return {"sums": list(self.sums), "anchor": list(self.anchor)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> StepCost:
+        return cls(sums=[float(x) for x in state["sums"]], anchor=[float(x) for x in state["anchor"]])
+
     def fit(self) -> tuple[float, float]:
         """(fixed seconds per step, seconds per fed token), both >= 0."""
         prior_fixed, prior_slope = _line(self.anchor)
