@@ -146,12 +146,6 @@ def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return module.weight * F.rms_norm(x.float(), (x.shape[-1],), None, module.eps).to(x.dtype)
 
 
-def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """rollout.model.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
-    sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
-
-
 @dataclass
 class Packed:
     """The projections the engine's way runs as one matmul each, made from the live weights."""
@@ -234,11 +228,10 @@ class DraftHead(nn.Module):
         p = self.fc.weight
         cos, sin = self.rope(torch.arange(max_len, device=p.device), p.dtype)
         kept = max_len if self.cfg.window is None else min(self.cfg.window + max_draft, max_len)
-        shape = (num_slots, self.cfg.num_kv_heads, kept, self.cfg.head_dim)
         half = self.cfg.head_dim // 2
         sin_signed = torch.cat([-sin[:, 0, :half], sin[:, 0, half:]], dim=-1)
-        return HeadCache(torch.zeros(shape, dtype=p.dtype, device=p.device),
-                         torch.zeros(shape, dtype=p.dtype, device=p.device), cos[:, 0], sin_signed, self.cfg.window)
+        return HeadCache.new(num_slots, self.cfg.num_kv_heads, kept, self.cfg.head_dim, cos[:, 0], sin_signed,
+                             self.cfg.window)
 
     @torch.inference_mode()
     def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache],
@@ -258,12 +251,9 @@ class DraftHead(nn.Module):
         attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
         heads, kv = cfg.num_heads, cfg.num_kv_heads
         qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias).view(n, heads + 2 * kv, cfg.head_dim)
-        qk = rotate_rolled(qkv[:, :heads + kv], cache.cos[rows.positions][:, None],
-                           cache.sin_signed[rows.positions][:, None])
-        cache.write(rows, qk[:, heads:], qkv[:, heads + kv:])
+        attended = cache.attend_rows(qkv, heads, rows)
         last = x if rows.all_last else x[rows.last]
-        q = qk[:, :heads] if rows.all_last else qk[rows.last, :heads]
-        out = layer.feed_forward(last + attn.o_proj(cache.attend(q, rows)), packed.gate_up)
+        out = layer.feed_forward(last + attn.o_proj(attended), packed.gate_up)
         return out, self.logits(policy, out)
 
     def packed(self) -> Packed:

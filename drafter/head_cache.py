@@ -9,11 +9,12 @@ order from 0). A draft row lies at most one draft beyond the rows made from the 
 features, so with R rows it never lands on a row still inside a later query's window. Keys carry
 their rotation, so the order of a ring's rows does not matter to attention.
 
-Each draft position attends from one row per request (`Rows.last`): the queries are scattered into
-a grid over the slot range the requests span (the engine keeps its running requests in its
-lowest slots, rollout/slot_order.py, so the range is nearly dense) and attend to the slots in
-place: a small batched matmul, with no gather and no fused kernel whose set-up dominates at these
-sizes.
+Each draft position attends from one row per request (`Rows.last`). On the CPU (a float32 head
+and a C compiler) drafter/head_kernel.c rotates, writes and attends in two passes over the rows.
+Elsewhere the queries are scattered into a grid over the slot range the requests span (the engine
+keeps its running requests in its lowest slots, rollout/slot_order.py, so the range is nearly
+dense) and attend to the slots in place: a small batched matmul, with no gather and no fused
+kernel whose set-up dominates at these sizes.
 """
 from __future__ import annotations
 
@@ -23,14 +24,30 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import head_kernel
+
 
 @dataclass
 class HeadCache:
-    k: torch.Tensor  # [slots, kv_heads, max_len (or window), head_dim]
-    v: torch.Tensor
+    k: torch.Tensor  # [slots, kv_heads, R, head_dim] (R: max_len, or a window's ring); transposed: [.., head_dim, R]
+    v: torch.Tensor  # [slots, kv_heads, R, head_dim]
     cos: torch.Tensor  # [max_len, head_dim]: the head's RoPE at every position, made once
-    sin_signed: torch.Tensor  # its sin, the first half negated (drafter.head.rotate_rolled)
+    sin_signed: torch.Tensor  # its sin, the first half negated (rotate_rolled)
     window: Optional[int] = None  # keys a query sees: positions (p - window, p]; None: all <= p
+    keys_transposed: bool = False  # the layout of drafter/head_kernel.c, which then runs the attention
+
+    @staticmethod
+    def new(num_slots: int, kv_heads: int, rows: int, head_dim: int, cos: torch.Tensor, sin_signed: torch.Tensor,
+            window: Optional[int]) -> HeadCache:
+        """Zeroed keys and values; keys transposed for the kernel where it can run."""
+        like = dict(dtype=cos.dtype, device=cos.device)
+        transposed = head_kernel.supports(cos.device, cos.dtype, head_dim, rows)
+        if transposed:
+            rows = head_kernel.cache_rows(rows)
+        k = torch.zeros((num_slots, kv_heads, head_dim, rows) if transposed else (num_slots, kv_heads, rows, head_dim),
+                        **like)
+        return HeadCache(k, torch.zeros(num_slots, kv_heads, rows, head_dim, **like), cos.contiguous(),
+                         sin_signed.contiguous(), window, transposed)
 
     @property
     def num_slots(self) -> int:
@@ -40,19 +57,33 @@ class HeadCache:
     def max_len(self) -> int:
         return self.cos.shape[0]  # positions the RoPE table covers
 
+    def attend_rows(self, qkv: torch.Tensor, heads: int, rows: Rows) -> torch.Tensor:
+        """qkv [N, heads + 2 kv_heads, head_dim] of the N new rows, before RoPE: every row's
+        rotated key and its value are written, then each request's last row attends to the rows
+        it sees in its slot. Returns [C, heads * head_dim]."""
+        if self.keys_transposed:
+            return head_kernel.write_and_attend(qkv, heads, self.k, self.v, self.cos, self.sin_signed,
+                                                rows.row_slots, rows.positions, rows.last, self.window)
+        rows.place(self)
+        kv = self.k.shape[1]
+        qk = rotate_rolled(qkv[:, :heads + kv], self.cos[rows.positions][:, None],
+                           self.sin_signed[rows.positions][:, None])
+        self.write(rows, qk[:, heads:], qkv[:, heads + kv:])
+        return self.attend(qk[:, :heads] if rows.all_last else qk[rows.last, :heads], rows)
+
     def write(self, rows: Rows, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [N, kv_heads, head_dim] of the N new rows."""
+        """k, v [N, kv_heads, head_dim] of the N new rows (placed: Rows.place)."""
         dim = self.k.shape[-1]
         self.k.view(-1, dim).index_copy_(0, rows.write_index, k.reshape(-1, dim))
         self.v.view(-1, dim).index_copy_(0, rows.write_index, v.reshape(-1, dim))
 
     @property
     def rows_kept(self) -> int:
-        return self.k.shape[2]  # max_len, or the ring's R
+        return self.v.shape[2]  # max_len, or the ring's R
 
     def attend(self, q: torch.Tensor, rows: Rows) -> torch.Tensor:
-        """q [C, heads, head_dim] of the rows `rows.last`: attention over the keys each one sees
-        in its slot. Returns [C, heads * head_dim]."""
+        """q [C, heads, head_dim] of the rows `rows.last` (placed: Rows.place): attention over the
+        keys each one sees in its slot. Returns [C, heads * head_dim]."""
         c, num_heads, dim = q.shape
         kv_heads = self.k.shape[1]
         lo, hi, width = rows.lo, rows.hi, rows.kv_len
@@ -64,6 +95,12 @@ class HeadCache:
             q = grid
         out = _attention(q, self.k[lo:hi, :, :width], self.v[lo:hi, :, :width], rows.masked)
         return (out if dense else out[rows.grid_index]).reshape(c, num_heads * dim)
+
+
+def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """rollout.model.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
+    sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _attention(q, keys, values, masked) -> torch.Tensor:
@@ -87,11 +124,14 @@ class Rows:
     feats: torch.Tensor  # [N, d] h_j
     positions: torch.Tensor  # [N] j
     last: Optional[torch.Tensor]  # [C] index of each request's last row; None: every row is one
-    write_index: Optional[torch.Tensor]  # [N * kv_heads] rows of the flattened cache the new keys go to
-    masked: Optional[torch.Tensor]  # [hi - lo, kv_len] bool: cache rows a query must not see
-    grid_index: Optional[torch.Tensor]  # [C] slot - lo
     slots: list  # [C] each request's slot (host ints)
     ends: list  # [C] each request's last position (host ints)
+    row_slots: Optional[torch.Tensor] = None  # [N] each row's slot (None: a head without attention)
+    req_slots: Optional[torch.Tensor] = None  # [C] each request's slot
+    # The torch path's placement (Rows.place), made on first use:
+    write_index: Optional[torch.Tensor] = None  # [N * kv_heads] rows of the flattened cache the new keys go to
+    masked: Optional[torch.Tensor] = None  # [hi - lo, kv_len] bool: cache rows a query must not see
+    grid_index: Optional[torch.Tensor] = None  # [C] slot - lo
     lo: int = 0
     hi: int = 0
     kv_len: int = 0
@@ -123,11 +163,11 @@ class Rows:
             first = torch.cumsum(lens_t, 0) - lens_t
             positions = torch.arange(n, device=device) + torch.repeat_interleave(t[2] - first, lens_t, output_size=n)
             last = first + lens_t - 1
-        rows = Rows(t[0], feats, positions, last, None, None, None, list(slots), ends)
-        if cache is None:
-            return rows
-        row_slots = t[1] if n == c else torch.repeat_interleave(t[1], t[3], output_size=n)
-        return rows.place(cache, row_slots, t[1])
+        rows = Rows(t[0], feats, positions, last, list(slots), ends)
+        if cache is not None:
+            rows.row_slots = t[1] if n == c else torch.repeat_interleave(t[1], t[3], output_size=n)
+            rows.req_slots = t[1]
+        return rows
 
     def advance(self, keep: Optional[torch.Tensor], kept: Sequence[int], tokens: torch.Tensor, feats: torch.Tensor,
                 cache: Optional[HeadCache]) -> Rows:
@@ -139,14 +179,16 @@ class Rows:
         if keep is not None:
             positions = positions[keep]
             slots, ends = [slots[i] for i in kept], [ends[i] for i in kept]
-        rows = Rows(tokens, feats, positions, None, None, None, None, slots, [e + 1 for e in ends])
-        if cache is None:
-            return rows
-        slot_t = torch.tensor(slots, dtype=torch.int64).to(positions.device)
-        return rows.place(cache, slot_t, slot_t)
+        rows = Rows(tokens, feats, positions, None, slots, [e + 1 for e in ends])
+        if cache is not None:
+            rows.row_slots = rows.req_slots = torch.tensor(slots, dtype=torch.int64).to(positions.device)
+        return rows
 
-    def place(self, cache: HeadCache, row_slots: torch.Tensor, req_slots: torch.Tensor) -> Rows:
-        """Where the rows go in the cache and what each query sees."""
+    def place(self, cache: HeadCache) -> None:
+        """Where the rows go in the cache and what each query sees, for the torch path."""
+        if self.write_index is not None:
+            return
+        row_slots, req_slots = self.row_slots, self.req_slots
         heads, kept = cache.k.shape[1], cache.rows_kept
         ring = cache.window is not None
         device = row_slots.device
@@ -168,4 +210,3 @@ class Rows:
             self.masked = (back >= cache.window) | (back > q)
         else:
             self.masked = keys[None, :] > q
-        return self

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_math.h"
+
 #define LANES 16
 #define MAX_GROUP 16
 #define SCORE_BLOCK (4 * LANES) /* positions scored together: four vectors of sums in flight */
@@ -32,28 +34,6 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
     memcpy(&bits, &f, sizeof bits);
     bits += 0x7FFFu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
-}
-
-/* e^x for x <= 0 (scores less their maximum): 2^k e^r with |r| <= ln2 / 2, a degree-6
-   polynomial for e^r; under -87 it is 0 where float's exponent runs out. */
-static inline float exp_nonpositive(float x) {
-    float y = x < -87.0f ? -87.0f : x;
-    float t = y * 1.44269504f + 12582912.0f;  /* adding 1.5 * 2^23 rounds to an integer */
-    float k = t - 12582912.0f;
-    float r = y - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t e = (int32_t)k + 127;
-    uint32_t bits = (uint32_t)e << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x < -87.0f ? 0.0f : p * scale;
 }
 
 /* attend_one over keys and values of type T, widened to float by LOAD as they are read: one

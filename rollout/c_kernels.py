@@ -1,11 +1,12 @@
 """C kernels for the CPU, compiled on first use with the system's C compiler.
 
-Each kernel is one C file beside this one (rollout/noise_kernel.c, rollout/attention_kernel.c),
-compiled into ~/.cache/spectail/kernels (or $SPECTAIL_KERNEL_DIR), keyed by the source, the flags
-and the CPU, so a shared home directory never hands one CPU another's build; processes racing to
-build one each write their own file and rename it into place. Without a compiler, or with
-SPECTAIL_C_KERNELS=0, `load` is None (and says why, once) and the caller runs its torch code.
-Calls go through ctypes, which lets go of the GIL, so `over_rows` can split rows across threads.
+Each kernel is one C file beside the module that calls it (rollout/noise_kernel.c,
+rollout/attention_kernel.c, drafter/head_kernel.c), compiled into ~/.cache/spectail/kernels (or
+$SPECTAIL_KERNEL_DIR), keyed by the source, the flags and the CPU, so a shared home directory
+never hands one CPU another's build; processes racing to build one each write their own file and
+rename it into place. Without a compiler, or with SPECTAIL_C_KERNELS=0, `load` is None (and says
+why, once) and the caller runs its torch code. Calls go through ctypes, which lets go of the GIL,
+so `over_rows` can split rows across threads.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -40,8 +42,15 @@ def _cpu_identity() -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
+def _sources(source: Path) -> list[str]:
+    """The C file's text and that of each header it includes by a quoted path (one level)."""
+    text = source.read_text()
+    headers = re.findall(r'^#include "([^"]+)"', text, flags=re.MULTILINE)
+    return [text, *((source.parent / h).read_text() for h in headers)]
+
+
 def _library_path(source: Path, compiler: str) -> Path:
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, *FLAGS, _cpu_identity()]).encode())
+    key = hashlib.sha256("\0".join([*_sources(source), compiler, *FLAGS, _cpu_identity()]).encode())
     folder = Path(os.environ.get("SPECTAIL_KERNEL_DIR") or Path.home() / ".cache" / "spectail" / "kernels")
     return folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
@@ -62,16 +71,17 @@ def _build(compiler: str, source: Path, target: Path) -> None:
 
 
 @functools.cache
-def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> Optional[ctypes.CDLL]:
-    """rollout/<name>.c as a library, built if needed and bound by `bind` (which sets each
-    function's argtypes); None (and one warning) where it cannot be had."""
+def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL], folder: Path = HERE) -> Optional[ctypes.CDLL]:
+    """<folder>/<name>.c (folder: rollout/ unless another package keeps its own kernel) as a
+    library, built if needed and bound by `bind` (which sets each function's argtypes); None (and
+    one warning) where it cannot be had."""
     if os.environ.get("SPECTAIL_C_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     try:
         if compiler is None:
             raise RuntimeError("no C compiler on PATH (set CC)")
-        source = HERE / f"{name}.c"
+        source = Path(folder) / f"{name}.c"
         target = _library_path(source, compiler)
         if not target.exists():
             _build(compiler, source, target)

@@ -3,9 +3,21 @@ batched forward) drafts exactly what the unrolled simulation says, including aft
 import pytest
 import torch
 
+from drafter import head_kernel
 from drafter.draft import Chain, draft_chains
 from drafter.head import DraftHead, HeadConfig
+from drafter.head_cache import Rows
 from drafter.simulate import chain_runs
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def attention_path(request, monkeypatch):
+    """The head's cached attention through drafter/head_kernel.c (where it runs) or torch's ops."""
+    if request.param == "torch":
+        monkeypatch.setattr(head_kernel, "supports", lambda *a: False)
+    elif head_kernel.load() is None:
+        pytest.skip("no C compiler: the head's attention kernel cannot be built")
+    return request.param
 
 
 def run_of(draft, target):
@@ -24,7 +36,7 @@ def chain_at(r, f, t, k, slot, start=0):
 
 
 @pytest.mark.parametrize("kind,window", [("attention", None), ("attention", 5), ("mlp", None)])
-def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind, window):
+def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind, window, attention_path):
     rolls, feats = rollouts
     head = DraftHead.for_policy(policy, HeadConfig(kind=kind, window=window), seed=5)
     want = chain_runs(head, policy, rolls, max_k=6, features=feats)
@@ -41,7 +53,7 @@ def test_batched_cached_chains_match_the_simulation(policy, rollouts, kind, wind
 
 
 @pytest.mark.parametrize("window", [None, 3])
-def test_engine_walk_with_rollback_matches_the_simulation(policy, rollouts, window):
+def test_engine_walk_with_rollback_matches_the_simulation(policy, rollouts, window, attention_path):
     """Walk each response as the engine would: after a verify the next chain rewrites the rows
     from the first one whose input was a draft (stale keys beyond it are never read)."""
     rolls, feats = rollouts
@@ -93,3 +105,38 @@ def test_a_window_changes_what_the_head_sees(policy, rollouts):
     a, b = full.unroll(policy, tokens, f, 1)[0][0], short.unroll(policy, tokens, f, 1)[0][0]
     torch.testing.assert_close(a[:, :2], b[:, :2])  # the first rows see no more than 2 keys either way
     assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_attention_kernel_matches_torch(policy, window, monkeypatch):
+    """Ragged catch-up rows in scattered slots, then one row per request twice (a ring of 4 + 2
+    rows wraps): the kernel writes the same keys and values and attends within float rounding."""
+    if head_kernel.load() is None:
+        pytest.skip("no C compiler: the head's attention kernel cannot be built")
+    head = DraftHead.for_policy(policy, HeadConfig(window=window), seed=3)
+    cfg = head.cfg
+    caches = {"kernel": head.new_cache(8, 64, max_draft=2)}
+    with monkeypatch.context() as m:
+        m.setattr(head_kernel, "supports", lambda *a: False)
+        caches["torch"] = head.new_cache(8, 64, max_draft=2)
+    assert caches["kernel"].keys_transposed and not caches["torch"].keys_transposed
+    gen = torch.Generator().manual_seed(0)
+    slots, starts, lens = [6, 1, 3], [0, 0, 0], [9, 1, 5]
+    steps = [(starts, lens), ([9, 1, 5], [1, 1, 1]), ([10, 2, 6], [1, 1, 1])]
+    for begin, counts in steps:
+        n = sum(counts)
+        qkv = torch.randn(n, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim, generator=gen)
+        got = {}
+        for path, cache in caches.items():
+            tokens = [[0] * c for c in counts]
+            rows = Rows.build(slots, begin, tokens, torch.zeros(n, policy.cfg.hidden_size), "cpu", cache)
+            got[path] = cache.attend_rows(qkv, cfg.num_heads, rows)
+        assert got["kernel"].shape == (3, cfg.num_heads * cfg.head_dim)
+        torch.testing.assert_close(got["kernel"], got["torch"], rtol=1e-5, atol=1e-6)
+    # every written row holds the same key and value bits in both (a kernel ring keeps whole vectors of rows)
+    kernel, plain = caches["kernel"], caches["torch"]
+    for slot, end in zip(slots, (11, 3, 7)):
+        for p in range(max(0, end - (window or end) + 1), end):
+            a, b = p % kernel.rows_kept, p % plain.rows_kept
+            assert torch.equal(kernel.k[slot, :, :, a], plain.k[slot, :, b]), (slot, p)
+            assert torch.equal(kernel.v[slot, :, a], plain.v[slot, :, b]), (slot, p)

@@ -1,0 +1,74 @@
+"""The draft head's attention on the CPU through drafter/head_kernel.c: rotate the new rows' keys,
+write them and their values into the head's cache, attend from each request's last row.
+
+HeadCache.attend_rows (drafter/head_cache.py) calls it where it can run (a float32 head on the
+CPU with a C compiler) and runs the same steps in torch elsewhere (CUDA, bfloat16, no compiler).
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from rollout import c_kernels
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.head_write_rows.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    library.head_write_rows.restype = None
+    library.head_attend_rows.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, ptr, ptr,
+                                         ptr, ptr, ptr, ptr]
+    library.head_attend_rows.restype = ctypes.c_int
+    return library
+
+
+def load() -> Optional[ctypes.CDLL]:
+    return c_kernels.load("head_kernel", _bind, Path(__file__).parent)
+
+
+MAX_DIM, MAX_ROWS, LANES = 512, 4096, 16  # the C file's: head_dim, cache rows, cache rows a multiple of
+
+
+def cache_rows(rows: int) -> int:
+    """The rows a kernel cache keeps for `rows`: whole vectors of cells (a longer ring changes
+    nothing: a query reads its window, and a draft row never lands inside a later one's)."""
+    return -(-rows // LANES) * LANES
+
+
+def supports(device: torch.device, dtype: torch.dtype, head_dim: int, rows: int) -> bool:
+    """Whether the kernel can run a head's attention over a cache of `rows` rows per slot (else
+    the head's torch code runs)."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and head_dim <= MAX_DIM
+            and cache_rows(rows) <= MAX_ROWS and load() is not None)
+
+
+def write_and_attend(qkv: torch.Tensor, heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
+                     sin_signed: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor,
+                     last: Optional[torch.Tensor], window: Optional[int]) -> torch.Tensor:
+    """qkv [N, heads + 2 kv, D] of N new rows (row n at slot row_slots[n], position positions[n]);
+    keys [slots, kv, D, R] (transposed), values [slots, kv, R, D] with R a multiple of LANES;
+    cos / sin_signed [max_len, D]. Writes every row's rotated key and value, then attends from
+    rows `last` (None: all). Returns [C, heads * D]."""
+    library = load()
+    kv, kept, dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    n = qkv.shape[0]
+    qkv = qkv.contiguous()
+    row_slots, positions = row_slots.contiguous(), positions.contiguous()
+    last = torch.arange(n) if last is None else last.contiguous()
+    c = last.shape[0]
+    out = torch.empty(c, heads * dim, dtype=torch.float32)
+    library.head_write_rows(0, n, heads, kv, dim, kept, qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                            row_slots.data_ptr(), positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
+
+    def run(c0: int, c1: int) -> int:
+        return library.head_attend_rows(c0, c1, heads, kv, dim, kept, window or 0, dim ** -0.5, qkv.data_ptr(),
+                                        cos.data_ptr(), sin_signed.data_ptr(), last.data_ptr(), row_slots.data_ptr(),
+                                        positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
+
+    if any(c_kernels.over_rows(run, c)):
+        raise RuntimeError(f"head attention kernel: a head wider than {MAX_DIM}, or a cache of more than {MAX_ROWS} "
+                           f"rows or of rows not a multiple of {LANES}")
+    return out
