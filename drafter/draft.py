@@ -100,12 +100,15 @@ def _check(chains: Sequence[Chain], cache: Optional[HeadCache]) -> None:
     slots = [c.slot for c in chains]
     if len(set(slots)) != len(slots):
         raise ValueError(f"chains of one call must use distinct slots, got {slots}")
+    if cache is not None:  # (read once: this runs for every chain of every step)
+        max_len, num_slots = cache.max_len, cache.num_slots
+        ring = cache.window is not None and cache.rows_kept < max_len
+        max_k = cache.rows_kept - cache.window if ring else max_len
     for c in chains:
-        if len(c.tokens) < 1 or c.feats.shape[0] != len(c.tokens) or c.k < 1:
+        n = len(c.tokens)
+        if n < 1 or c.feats.shape[0] != n or c.k < 1:
             raise ValueError(f"chain of slot {c.slot}: needs >= 1 token, one feature row per token and k >= 1")
-        ring = cache is not None and cache.window is not None and cache.rows_kept < cache.max_len
-        if cache is not None and (c.start < 0 or c.start + len(c.tokens) + c.k - 1 > cache.max_len
-                                  or not 0 <= c.slot < cache.num_slots
-                                  or ring and c.k > cache.rows_kept - cache.window):
-            raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + len(c.tokens) + c.k - 2} do not fit "
-                             f"the head's cache ({cache.num_slots} slots of {cache.max_len} rows)")
+        if cache is not None and (c.start < 0 or c.start + n + c.k - 1 > max_len or not 0 <= c.slot < num_slots
+                                  or c.k > max_k):
+            raise ValueError(f"chain of slot {c.slot}: rows {c.start}..{c.start + n + c.k - 2} do not fit "
+                             f"the head's cache ({num_slots} slots of {max_len} rows)")

@@ -36,6 +36,26 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
 
+/* LANES floats, loaded from float32 or widened from bfloat16 (GCC / Clang vector extensions). */
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint16_t vec16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef uint32_t vec32 __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+static inline vec vload_f32(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline vec vload_bf16(const uint16_t *p) {
+    vec16 h;
+    memcpy(&h, p, sizeof h);
+    vec32 bits = __builtin_convertvector(h, vec32) << 16;
+    vec v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
 /* attend_one over keys and values of type T, widened to float by LOAD as they are read: one
    token's G query heads (q: [G, D] float32) against n positions of one head, into out [G, D]
    float32. k points at the first position's column of a head's transposed keys ([D, stride]:
@@ -44,8 +64,10 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
    (several vectors, so that their sums run side by side) at a time while `room` (the positions
    from the first to the end of the cache row) allows, then LANES, then one; a last block runs
    past the n positions wanted, into the cache row's later entries, whose scores are not used.
-   Every position gets the same arithmetic whichever way it was reached. scores: G rows of
-   `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
+   Every position gets the same arithmetic whichever way it was reached. The output is the
+   weights times the values summed position by position in order, LANES of its D entries at a
+   time in a vector that stays in a register (a sum kept in memory waits on its own store at
+   every position). scores: G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
 #define SCORES(T, LOAD, WIDTH)                                                                     \
@@ -60,7 +82,7 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
         for (int l = 0; l < (WIDTH); l++)                                                           \
             sg[j + l] = acc[l] * scale;                                                             \
     }
-#define ATTEND_ONE(NAME, T, LOAD)                                                                  \
+#define ATTEND_ONE(NAME, T, LOAD, VLOAD)                                                                  \
     static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, int64_t room, \
                      const T *v, int64_t n, float scale, float *scores, float *out) {               \
         float total[MAX_GROUP];                                                                     \
@@ -76,15 +98,22 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
             for (int64_t i = 0; i < n; i++)                                                         \
                 top = sg[i] > top ? sg[i] : top;                                                    \
             total[g] = softmax_numerators(sg, n, top);                                              \
-            memset(out + g * D, 0, (size_t)D * sizeof(float));                                      \
         }                                                                                           \
-        for (int64_t j = 0; j < n; j++) {                                                           \
-            const T *vj = v + j * D;                                                                \
-            for (int64_t g = 0; g < G; g++) {                                                       \
-                float w = scores[g * width + j];                                                    \
-                float *o = out + g * D;                                                             \
-                for (int64_t d = 0; d < D; d++)                                                     \
-                    o[d] += w * LOAD(vj[d]);                                                        \
+        for (int64_t g = 0; g < G; g++) {                                                           \
+            const float *wg = scores + g * width;                                                   \
+            float *o = out + g * D;                                                                 \
+            int64_t d0 = 0;                                                                         \
+            for (; d0 + LANES <= D; d0 += LANES) {                                                  \
+                vec acc = {0};                                                                      \
+                for (int64_t j = 0; j < n; j++)                                                     \
+                    acc += wg[j] * VLOAD(v + j * D + d0);                                           \
+                memcpy(o + d0, &acc, sizeof acc);                                                   \
+            }                                                                                       \
+            for (; d0 < D; d0++) {                                                                  \
+                float acc = 0.0f;                                                                   \
+                for (int64_t j = 0; j < n; j++)                                                     \
+                    acc += wg[j] * LOAD(v[j * D + d0]);                                             \
+                o[d0] = acc;                                                                        \
             }                                                                                       \
         }                                                                                           \
         for (int64_t g = 0; g < G; g++) {                                                           \
@@ -113,8 +142,8 @@ static float softmax_numerators(float *s, int64_t n, float top) {
     return sum[0];
 }
 
-ATTEND_ONE(attend_one_f32, float, LOAD_F32)
-ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16)
+ATTEND_ONE(attend_one_f32, float, LOAD_F32, vload_f32)
+ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
 
 /* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len], values [slots, Hkv,
    max_len, D]; window 0: none.
