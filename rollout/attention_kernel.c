@@ -145,11 +145,13 @@ static float softmax_numerators(float *s, int64_t n, float top) {
 ATTEND_ONE(attend_one_f32, float, LOAD_F32, vload_f32)
 ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
 
-/* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len], values [slots, Hkv,
-   max_len, D]; window 0: none.
+/* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len] in rows of key_stride
+   >= max_len entries (rollout/kv_cache.py pads them: rows 4 KiB apart would all fall in the same
+   cache set), values [slots, Hkv, max_len, D]; window 0: none.
    bf16 != 0: q, caches and out hold bfloat16 (uint16), else float32. Returns 0, -1 when scratch
    memory could not be had, -2 for more than MAX_GROUP query heads per key/value head. */
-int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t max_len, int bf16,
+int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t max_len, int64_t key_stride,
+                  int bf16,
                   const void *q, const void *kc, const void *vc, const int64_t *slots, const int64_t *positions,
                   int64_t window, float scale, void *out) {
     int64_t G = H / Hkv;
@@ -162,19 +164,20 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = positions[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, n = p - lo + 1;
         for (int64_t h = 0; h < Hkv; h++) {
-            int64_t keys = (slots[t] * Hkv + h) * D * max_len + lo, values = ((slots[t] * Hkv + h) * max_len + lo) * D;
+            int64_t keys = (slots[t] * Hkv + h) * D * key_stride + lo;
+            int64_t values = ((slots[t] * Hkv + h) * max_len + lo) * D;
             int64_t qat = (t * H + h * G) * D;
             if (bf16) {
                 const uint16_t *q16 = (const uint16_t *)q + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     qf[i] = from_bf16(q16[i]);
-                attend_one_bf16(qf, G, D, (const uint16_t *)kc + keys, max_len, max_len - lo,
+                attend_one_bf16(qf, G, D, (const uint16_t *)kc + keys, key_stride, max_len - lo,
                                 (const uint16_t *)vc + values, n, scale, scores, of);
                 uint16_t *o16 = (uint16_t *)out + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     o16[i] = to_bf16(of[i]);
             } else {
-                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + keys, max_len, max_len - lo,
+                attend_one_f32((const float *)q + qat, G, D, (const float *)kc + keys, key_stride, max_len - lo,
                                (const float *)vc + values, n, scale, scores, (float *)out + qat);
             }
         }
@@ -184,18 +187,18 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
 }
 
 /* Keys of N new tokens (k: [N, Hkv, D], of the cache's type: 4-byte float or 2-byte bfloat16)
-   into a transposed key cache [slots, Hkv, D, max_len] at (slots[t], positions[t]): torch's
-   indexed write into that layout costs several times this loop. */
-void write_keys(int64_t N, int64_t Hkv, int64_t D, int64_t max_len, int64_t elem, const void *k, void *kc,
+   into a transposed key cache [slots, Hkv, D, rows of key_stride] at (slots[t], positions[t]):
+   torch's indexed write into that layout costs several times this loop. */
+void write_keys(int64_t N, int64_t Hkv, int64_t D, int64_t key_stride, int64_t elem, const void *k, void *kc,
                 const int64_t *slots, const int64_t *positions) {
     for (int64_t t = 0; t < N; t++)
         for (int64_t h = 0; h < Hkv; h++) {
-            int64_t from = (t * Hkv + h) * D, to = (slots[t] * Hkv + h) * D * max_len + positions[t];
+            int64_t from = (t * Hkv + h) * D, to = (slots[t] * Hkv + h) * D * key_stride + positions[t];
             if (elem == 4)
                 for (int64_t d = 0; d < D; d++)
-                    ((float *)kc)[to + d * max_len] = ((const float *)k)[from + d];
+                    ((float *)kc)[to + d * key_stride] = ((const float *)k)[from + d];
             else
                 for (int64_t d = 0; d < D; d++)
-                    ((uint16_t *)kc)[to + d * max_len] = ((const uint16_t *)k)[from + d];
+                    ((uint16_t *)kc)[to + d * key_stride] = ((const uint16_t *)k)[from + d];
         }
 }

@@ -19,7 +19,7 @@ from . import c_kernels
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.attend_tokens.argtypes = [i64, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64,
+    library.attend_tokens.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64,
                                       ctypes.c_float, ptr]
     library.attend_tokens.restype = ctypes.c_int
     library.write_keys.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
@@ -40,27 +40,37 @@ def supports(device: torch.device, dtype: torch.dtype, heads: int, num_kv_heads:
             and heads // num_kv_heads <= MAX_GROUP and load() is not None)
 
 
+def key_stride(k_cache: torch.Tensor) -> Optional[int]:
+    """The entries from one key row to the next of a transposed key cache [slots, Hkv, D, max_len]
+    whose rows may be padded (rollout/kv_cache.py), or None where it is not laid out so."""
+    s, (_, kv, d, length) = k_cache.stride(), k_cache.shape
+    if s[3] != 1 or s[2] < length or s[1] != d * s[2] or s[0] != kv * s[1]:
+        return None
+    return s[2]
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
            positions: torch.Tensor, window: Optional[int]) -> torch.Tensor:
     """q [N, H, D] -> [N, H, D]: token i attends to the keys and values of slot slots[i] at
     positions lo..positions[i] (lo = positions[i] - window + 1 with a window, else 0), scaled by
-    1/sqrt(D). k_cache: [slots, Hkv, D, max_len] (transposed, `KVCache(keys_transposed=True)`),
-    v_cache: [slots, Hkv, max_len, D], both contiguous, of q's dtype, already holding the tokens'
-    own keys and values."""
+    1/sqrt(D). k_cache: [slots, Hkv, D, max_len] (transposed, `KVCache(keys_transposed=True)`: its
+    rows may be padded), v_cache: [slots, Hkv, max_len, D] contiguous, of q's dtype, already
+    holding the tokens' own keys and values."""
     library = load()
     q = q.contiguous()
     n, heads, head_dim = q.shape
     num_kv_heads, max_len = v_cache.shape[1], v_cache.shape[2]
-    if k_cache.shape != (v_cache.shape[0], num_kv_heads, head_dim, max_len):
-        raise ValueError(f"attention kernel: keys {tuple(k_cache.shape)} are not the transposed layout of values "
-                         f"{tuple(v_cache.shape)}")
+    stride = key_stride(k_cache)
+    if k_cache.shape != (v_cache.shape[0], num_kv_heads, head_dim, max_len) or stride is None:
+        raise ValueError(f"attention kernel: keys {tuple(k_cache.shape)} (strides {k_cache.stride()}) are not the "
+                         f"transposed layout of values {tuple(v_cache.shape)}")
     slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     out = torch.empty_like(q)
     bf16 = int(q.dtype == torch.bfloat16)
     scale = head_dim ** -0.5
 
     def run(t0: int, t1: int) -> int:
-        return library.attend_tokens(t0, t1, heads, num_kv_heads, head_dim, max_len, bf16, q.data_ptr(),
+        return library.attend_tokens(t0, t1, heads, num_kv_heads, head_dim, max_len, stride, bf16, q.data_ptr(),
                                      k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr(),
                                      window or 0, scale, out.data_ptr())
 
@@ -73,14 +83,14 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
 
 def write_keys(k_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
     """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache [slots, Hkv, D,
-    max_len] (contiguous, CPU) and k [N, Hkv, D] of its dtype. Slots and positions must be in
-    range: the caller's (the engine's) are."""
+    max_len] (CPU, rows maybe padded) and k [N, Hkv, D] of its dtype. Slots and positions must be
+    in range: the caller's (the engine's) are."""
     library = load()
-    if (library is None or k_cache.device.type != "cpu" or not k_cache.is_contiguous()
-            or k_cache.element_size() not in (2, 4)):
+    stride = key_stride(k_cache)
+    if library is None or k_cache.device.type != "cpu" or stride is None or k_cache.element_size() not in (2, 4):
         k_cache[slots, :, :, positions] = k
         return
     k = k.to(k_cache.dtype).contiguous()
     slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
-    library.write_keys(k.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3], k_cache.element_size(),
+    library.write_keys(k.shape[0], k_cache.shape[1], k_cache.shape[2], stride, k_cache.element_size(),
                        k.data_ptr(), k_cache.data_ptr(), slots.data_ptr(), positions.data_ptr())

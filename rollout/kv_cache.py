@@ -12,17 +12,25 @@ import torch
 
 from . import attention_kernel
 
+KEY_ROW_PAD_BYTES = 64  # one cache line after each transposed key row
+
 
 class KVCache:
     """keys_transposed: keys are held [slot, head, head_dim, position] (the CPU attention kernel
     reads a position's score as a sum down a column, rollout/attention_kernel.c), else
-    [slot, head, position, head_dim] like the values."""
+    [slot, head, position, head_dim] like the values. A transposed key row is padded by a cache
+    line (self.k holds views without the padding): with max_len a multiple of 1024, rows 4 KiB
+    apart map to one set of the CPU's cache, and a score's column of D entries evicts itself."""
 
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, keys_transposed: bool = False):
         shape = (num_slots, num_kv_heads, max_len, head_dim)
-        key_shape = (num_slots, num_kv_heads, head_dim, max_len) if keys_transposed else shape
-        self.k = [torch.zeros(key_shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        if keys_transposed:
+            pad = KEY_ROW_PAD_BYTES // torch.empty((), dtype=dtype).element_size()
+            rows = (num_slots, num_kv_heads, head_dim, max_len + pad)
+            self.k = [torch.zeros(rows, dtype=dtype, device=device)[..., :max_len] for _ in range(num_layers)]
+        else:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots, self.max_len, self.keys_transposed = num_slots, max_len, keys_transposed
 
