@@ -14,6 +14,8 @@ import torch
 
 from rollout import c_kernels
 
+HERE = Path(__file__).parent
+
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -26,7 +28,7 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def load() -> Optional[ctypes.CDLL]:
-    return c_kernels.load("head_kernel", _bind, Path(__file__).parent)
+    return c_kernels.load("head_kernel", _bind, HERE)
 
 
 MAX_DIM, MAX_ROWS, LANES = 512, 4096, 16  # the C file's: head_dim, cache rows, cache rows a multiple of
