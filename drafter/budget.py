@@ -7,10 +7,12 @@ draft position is a batched forward, `fixed + per_request x n` seconds for n req
 by the proposer). Two decisions in `DrafterProposer.prepare` weigh that cost against the tokens it
 buys, converted at the engine's measured seconds per emitted token (`Pace`):
 
-- `worth_drafting`: whether to run the head for a request at all. Where a copy proposer (history,
+- `copy_limit`: whether to run the head for a request at all. Where a copy proposer (history,
   suffix, n-gram) already offers a draft worth about as much as the head's would be expected to
   be (the drafter's rate at the request's evidence level), the head's draft would not win, or win
   too little to pay for the request's rows in every position: it is not run for that request.
+  A draft's worth is its surplus: the accepted tokens it is expected to earn less the price of
+  the verify slots it fills (the controller's threshold per token).
 - `worth_running`: whether the head runs this step at all: the drafted requests' expected gains
   over their copies against the whole step's head cost (first position, then each further one).
 - `worth_another_position`: whether the next draft position pays: the tokens the still-live
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from rollout.controller import AdaptiveController
+from rollout.controller import cut_surplus
 
 DECAY = 0.9  # weight of the older steps in the pace
 
@@ -106,22 +108,25 @@ class Backoff:
         self.left = self.length = 0
 
 
-def expected_value(rate: float, k: int, threshold: float) -> tuple[int, float]:
-    """(tokens the controller would grant, their expected accepted run) of a k-token draft whose
-    every token lands with `rate`."""
-    return AdaptiveController.cut([rate] * k, threshold)
+def expected_surplus(rate: float, k: int, threshold: float) -> tuple[int, float]:
+    """(tokens the controller would grant, what they earn beyond their verify slots' price, in
+    accepted tokens: `cut_surplus`) of a k-token draft whose every token lands with `rate`."""
+    n, _, surplus = cut_surplus([rate] * k, threshold)
+    return n, surplus
 
 
 def copy_limit(rate: float, k: int, threshold: float, per_request_s: float,
                seconds_per_emitted: Optional[float]) -> float:
-    """The head is run for a request when the best copy draft's expected accepted run is below
-    this: its own expected run at `rate` less what the request's rows in the head's positions
-    cost, in emitted tokens (that cost is left out while the pace is unknown). 0: never."""
-    n, value = expected_value(rate, k, threshold)
+    """The head is run for a request when the best copy draft's surplus is below this: its own
+    expected surplus at `rate` less what the request's rows in the head's positions cost, in
+    emitted tokens (that cost is left out while the pace is unknown). 0: never. Surpluses, not
+    expected runs: a longer draft also feeds more tokens, and its verify slots are paid for
+    whether they land or not."""
+    n, surplus = expected_surplus(rate, k, threshold)
     if n == 0:
         return 0.0
     cost = 0.0 if seconds_per_emitted is None else per_request_s * n / seconds_per_emitted
-    return max(0.0, value - cost)
+    return max(0.0, surplus - cost)
 
 
 def worth_running(gains: Sequence[tuple[float, int]], first_s: float, position_s: Callable[[int], float],

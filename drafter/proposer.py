@@ -36,13 +36,13 @@ from typing import Optional, Sequence
 import torch
 
 from rollout.config import DrafterSpec
-from rollout.controller import AdaptiveController, confidence_bin, expected_run, level, rates_from
+from rollout.controller import confidence_bin, cut_surplus, level, rates_from
 from rollout.kv_cache import move_slots
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Backoff, Pace, PositionClock, copy_limit, expected_value, worth_another_position, worth_running
+from .budget import Backoff, Pace, PositionClock, copy_limit, expected_surplus, worth_another_position, worth_running
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -247,12 +247,12 @@ class DrafterProposer(Proposer):
                 continue
             rate = offer.table[level(st.run)][0]
             limit = copy_limit(rate, chain.k, plan.threshold, per_request, spe)
-            copy = copy_value(req, plan, chain.k, enough=limit) if limit > 0 else limit
+            copy = copy_surplus(req, plan, chain.k, enough=limit) if limit > 0 else limit
             if copy < limit:
                 chains.append(chain)
                 states.append(st)
-                n, value = expected_value(rate, chain.k, plan.threshold)
-                gains.append((value - copy, n))
+                n, surplus = expected_surplus(rate, chain.k, plan.threshold)
+                gains.append((surplus - copy, n))
         return chains, states, gains
 
     def _draft(self, chains: list[Chain], rows: list, states: list, plan, spe: Optional[float]) -> None:
@@ -376,20 +376,20 @@ class DrafterProposer(Proposer):
         return {}
 
 
-def copy_value(req: Request, plan, cap: int, enough: float = math.inf) -> float:
-    """The best expected accepted run among the step's unbatched proposers' drafts for req (what
-    the controller's `choose` computes), or the first that reaches `enough` (the look-ups stop
-    there: the head is not run for req either way)."""
+def copy_surplus(req: Request, plan, cap: int, enough: float = math.inf) -> float:
+    """The best surplus (`cut_surplus`: expected accepted tokens beyond their verify slots' price)
+    among the step's unbatched proposers' drafts for req, as `choose` would cut them, or the first
+    that reaches `enough` (the look-ups stop there: the head is not run for req either way)."""
     best = 0.0
     for o in plan.offers:
         n = min(o.most, cap)
         if best >= enough:
             break
-        if o.proposer.batched or n == 0 or expected_run(o.top, n) <= best:
+        if o.proposer.batched or n == 0 or expected_surplus(o.top, n, plan.threshold)[1] <= best:
             continue
         draft = o.proposer.propose(req, n)
         if draft is None or not draft.tokens:
             continue
         rates = rates_from(o.table, draft.evidence, draft.confidence, min(n, len(draft.tokens)))
-        best = max(best, AdaptiveController.cut(rates, plan.threshold, plan.lookahead)[1])
+        best = max(best, cut_surplus(rates, plan.threshold, plan.lookahead)[2])
     return best

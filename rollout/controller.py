@@ -348,7 +348,7 @@ class AdaptiveController:
             draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
-            n, value, surplus = _cut(rates_from(offer.table, draft.evidence, draft.confidence,
+            n, value, surplus = cut_surplus(rates_from(offer.table, draft.evidence, draft.confidence,
                                                 min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
             if value > best_value:
                 best, best_value, best_surplus = draft.cut(n), value, surplus
@@ -471,7 +471,7 @@ class AdaptiveController:
         R_i = sum over j <= i of P(first rejection at j) x lookahead[i - j] is added to P_i where
         P_i alone falls short: even a token that is rarely accepted is worth its row when the
         sample past it often lands (Jacobi-style decoding)."""
-        return _cut(rates, threshold, lookahead)[:2]
+        return cut_surplus(rates, threshold, lookahead)[:2]
 
 
 def _price(per_token: float, value: float) -> float:
@@ -480,9 +480,11 @@ def _price(per_token: float, value: float) -> float:
     return max(MIN_PRICE, per_token / value) if value > 0 else MIN_PRICE
 
 
-def _cut(rates: Iterable[float], threshold: float, lookahead: Sequence[float]) -> tuple[int, float, float]:
+def cut_surplus(rates: Iterable[float], threshold: float,
+                lookahead: Sequence[float] = ()) -> tuple[int, float, float]:
     """`AdaptiveController.cut`, and the surplus of the tokens kept: the sum of what each is
-    worth beyond the threshold (what a draft earns the rollout, in accepted tokens' worth)."""
+    worth beyond the threshold (what a draft earns the rollout net of its verify slots, in
+    accepted tokens' worth)."""
     n, p, value, surplus, failed = 0, 1.0, 0.0, 0.0, []
     for i, a in enumerate(rates):
         failed.append(p * (1.0 - a))  # the chance the first rejection is at i

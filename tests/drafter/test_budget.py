@@ -26,10 +26,11 @@ def test_pace_is_seconds_over_emitted_tokens_and_skips_idle_gaps():
 
 
 def test_a_request_is_drafted_when_its_gain_over_the_copy_pays_for_its_rows():
-    # rate 0.9, k 4: expected run 3.0951 (all four tokens beat the threshold 0.1)
-    assert copy_limit(0.9, 4, 0.1, 0.0, None) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561)
-    # its 4 rows cost 4 x 0.1 emitted token
-    assert copy_limit(0.9, 4, 0.1, 0.001, 0.01) == pytest.approx(3.0951 - 0.4)
+    # rate 0.9, k 4: expected run 3.0951 (all four tokens beat the threshold 0.1), surplus over
+    # the four verify slots' price 3.0951 - 4 x 0.1
+    assert copy_limit(0.9, 4, 0.1, 0.0, None) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561 - 0.4)
+    # its 4 rows in the head cost 4 x 0.1 emitted token more
+    assert copy_limit(0.9, 4, 0.1, 0.001, 0.01) == pytest.approx(2.6951 - 0.4)
     assert copy_limit(0.9, 4, 0.1, 0.01, 0.01) == 0.0  # 4 rows x 1 token: never worth it
     assert copy_limit(0.05, 4, 0.1, 0.0, None) == 0.0  # no token beats the threshold
 

@@ -11,7 +11,7 @@ from drafter.export import export, head_state
 from drafter.features import SavedRollout, sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.head_cache import Rows
-from drafter.proposer import DrafterProposer, _State, copy_value
+from drafter.proposer import DrafterProposer, _State, copy_surplus
 from drafter.simulate import chain_runs
 from drafter.warm_start import warm_start
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
@@ -241,15 +241,17 @@ def test_the_head_skips_requests_a_copy_draft_wins(policy):
 
     def prepared(copy_tokens):
         plan = StepPlan(0.1, 0.0, [Offer(_Copy(copy_tokens), sure, 1.0, 4), drafter_offer])
-        assert copy_value(reqs[0], plan, 4) == (4.0 if len(copy_tokens) >= 4 else len(copy_tokens))
+        # a sure copy token earns 1 - 0.1 (its verify slot's price) beyond its slot
+        assert copy_surplus(reqs[0], plan, 4) == pytest.approx(0.9 * min(4, len(copy_tokens)))
         before = dp.stats["chains"]
         dp.prepare(reqs, drafter_offer, plan)
         return dp.stats["chains"] - before
 
     assert prepared([]) == 2  # nothing to copy: both drafted
-    assert prepared([5, 6]) == 2  # a sure 2-token copy is worth less than 4 head tokens at 0.9
-    assert prepared([5, 6, 7, 8, 9]) == 0  # a sure 4-token copy: the head cannot do better
-    # at evidence level 0 the drafter lands 0.6 (0.9 at other levels): its expected 4-token run
-    # (1.3) loses to a sure 2-token copy, though its best rate's (3.1) would not
+    assert prepared([5, 6]) == 2  # a sure 2-token copy (surplus 1.8) is worth less than 4 head tokens at 0.9 (2.7)
+    assert prepared([5, 6, 7, 8, 9]) == 0  # a sure 4-token copy (3.6): the head cannot do better
+    # at evidence level 0 the drafter lands 0.6 (0.9 at other levels): its 4-token draft's
+    # surplus (0.91) beats a sure 1-token copy's (0.9) but loses to a 2-token one's, though its
+    # best rate's (2.7) would not
     drafter_offer = Offer(dp, [[0.6] * NUM_BINS] + [[0.9] * NUM_BINS for _ in range(LEVELS - 1)], 0.9, 4)
     assert prepared([5]) == 2 and prepared([5, 6]) == 0
