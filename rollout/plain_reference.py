@@ -11,9 +11,10 @@ and emitted `emitted` tokens in `seconds`, would have taken `emitted x plain(fed
 seconds the plain way: one token per request per step. The ledger sums both over the recent
 speculating steps; once the speculating seconds exceed the plain ones, speculation is off (every
 step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each trial that
-loses clearly, so a workload whose drafts never land pays for a trial of TRIAL steps every so
-often. Each run starts with a trial and a trial that wins resets the wait: drafts that start
-landing (a new epoch's history, a trained drafter) are back at once.
+loses clearly or loses again, so a workload whose drafts never land (or land just too seldom to
+pay) pays for a trial of TRIAL steps every so often. Each run starts with a trial and a trial
+that wins resets the wait: drafts that start landing (a new epoch's history, a trained drafter)
+are back at once.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
 uses once probes have measured it.
@@ -32,7 +33,8 @@ LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few do
 TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn speculation off
 MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
 # Step timings on a shared machine move by tens of percent: a trial that lost by less than
-# CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it.
+# CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it, or when the
+# trial before it lost too.
 CLEAR_LOSS = 1.2
 
 
@@ -44,6 +46,7 @@ class PlainReference:
     since_probe: int = 0  # speculating steps since the last probe
     off_left: int = 0  # plain steps before the next trial
     wait: int = MIN_OFF  # the next off period's length
+    lost: bool = False  # the last trial lost (and none has won since)
 
     @property
     def measured(self) -> bool:
@@ -84,13 +87,15 @@ class PlainReference:
             return
         if self.ratio > 1:
             self._switch_off()
-        else:
-            self.wait = MIN_OFF  # a trial that wins: the next loss waits the shortest time again
+        else:  # a trial that wins: the next loss waits the shortest time again
+            self.wait, self.lost = MIN_OFF, False
 
     def _switch_off(self) -> None:
         self.off_left = self.wait
-        if self.ratio > CLEAR_LOSS:  # (a slight loss may be the machine's noise: try again as soon)
+        # (a slight loss once may be the machine's noise: try again as soon; twice, it is not)
+        if self.ratio > CLEAR_LOSS or self.lost:
             self.wait = min(self.wait * 2, MAX_OFF)
+        self.lost = True
         self.ledger = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
 
     def seconds_per_emitted(self, rows: int) -> Optional[float]:
@@ -105,11 +110,12 @@ class PlainReference:
 
     def state_dict(self) -> dict:
         return {"cost": self.cost.state_dict(), "probes": self.probes,
-                "ledger": list(self.ledger), "wait": self.wait}
+                "ledger": list(self.ledger), "wait": self.wait, "lost": self.lost}
 
     def load_state_dict(self, state: dict) -> None:
         self.cost = StepCost.from_state_dict(state["cost"])
         self.probes, self.wait = float(state["probes"]), int(state["wait"])
+        self.lost = bool(state.get("lost", False))  # (absent from checkpoints of before it was kept)
         self.ledger = [float(x) for x in state["ledger"]]
 
 

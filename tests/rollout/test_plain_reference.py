@@ -75,6 +75,25 @@ def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles
     assert ref.off_left == 0 and ref.wait == MIN_OFF  # a winning trial: the next loss waits the least
 
 
+def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
+    ref = PlainReference()
+    ref.new_run(0.5)
+    plain_step(ref)
+    slight = round(2 * ROWS / 1.1)  # about 1.1x the plain time: under CLEAR_LOSS
+    waits = []
+    for _ in range(4):
+        assert speculate(ref, slight, 100) == TRIAL
+        waits.append(ref.off_left)
+        for _ in range(ref.off_left):
+            plain_step(ref)
+    assert waits == [MIN_OFF, MIN_OFF, 2 * MIN_OFF, 4 * MIN_OFF]  # the first may be noise; the next are not
+    restored = PlainReference()
+    restored.load_state_dict(ref.state_dict())
+    assert restored.lost and restored.wait == ref.wait
+    assert speculate(ref, 4 * ROWS, TRIAL) == TRIAL and ref.off_left == 0  # drafts land: back to the shortest wait
+    assert not ref.lost and ref.wait == MIN_OFF
+
+
 def test_the_plain_cost_is_fitted_against_the_tokens_a_step_feeds():
     ref = PlainReference()
     for n in (8, 64, 8, 64):
