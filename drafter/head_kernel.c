@@ -20,7 +20,6 @@
 
 #include "../rollout/kernel_math.h"
 
-#define LANES 16
 #define SPLIT 4 /* independent vector sums in flight */
 #define MAX_DIM 512
 #define MAX_ROWS 4096
@@ -58,20 +57,6 @@ void head_write_rows(int64_t n0, int64_t n1, int64_t heads, int64_t kv, int64_t 
     }
 }
 
-/* A vector of LANES floats (GCC / Clang vector extensions: the compiler picks the instructions
-   the CPU has); loads and stores go through memcpy, which compiles to one unaligned move. */
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-
-static inline vec load(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store(float *p, vec v) {
-    memcpy(p, &v, sizeof v);
-}
-
 /* Scores q . k * scale into w[c] for the cells c of [c0, c1), both multiples of LANES, of one
    head's transposed keys kt [D, kept]: SPLIT vectors of cells at a time where they fit, their sums
    kept down the D rows (independent additions in flight). */
@@ -82,15 +67,15 @@ static void scores(const float *q, const float *kt, int64_t kept, int64_t dim, i
         vec acc[SPLIT] = {0};
         for (int64_t d = 0; d < dim; d++)
             for (int s = 0; s < SPLIT; s++)
-                acc[s] += q[d] * load(kt + d * kept + j0 + s * LANES);
+                acc[s] += q[d] * vec_load(kt + d * kept + j0 + s * LANES);
         for (int s = 0; s < SPLIT; s++)
-            store(w + j0 + s * LANES, acc[s] * scale);
+            vec_store(w + j0 + s * LANES, acc[s] * scale);
     }
     for (; j0 < c1; j0 += LANES) {
         vec acc = {0};
         for (int64_t d = 0; d < dim; d++)
-            acc += q[d] * load(kt + d * kept + j0);
-        store(w + j0, acc * scale);
+            acc += q[d] * vec_load(kt + d * kept + j0);
+        vec_store(w + j0, acc * scale);
     }
 }
 
@@ -103,10 +88,13 @@ static void weighted_values(const float *w, const float *v, int64_t n, int64_t d
         int64_t j = 0;
         for (; j + SPLIT <= n; j += SPLIT)
             for (int s = 0; s < SPLIT; s++)
-                acc[s] += w[j + s] * load(v + (j + s) * dim + d0);
+                acc[s] += w[j + s] * vec_load(v + (j + s) * dim + d0);
         for (; j < n; j++)
-            acc[0] += w[j] * load(v + j * dim + d0);
-        store(o + d0, load(o + d0) + ((acc[0] + acc[1]) + (acc[2] + acc[3])));
+            acc[0] += w[j] * vec_load(v + j * dim + d0);
+        vec total = acc[0];
+        for (int s = 1; s < SPLIT; s++)
+            total += acc[s];
+        vec_store(o + d0, vec_load(o + d0) + total);
     }
     for (; d0 < dim; d0++)
         for (int64_t j = 0; j < n; j++)
@@ -134,7 +122,7 @@ static void attend_one(const float *q, const float *kt, const float *values, int
             e[b] = exp_nonpositive(e[b] - top);
         int64_t b = 0;
         for (; b + LANES <= len[r]; b += LANES)
-            part += load(e + b);
+            part += vec_load(e + b);
         for (; b < len[r]; b++)
             part[b % LANES] += e[b];
     }

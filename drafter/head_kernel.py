@@ -31,7 +31,7 @@ def load() -> Optional[ctypes.CDLL]:
     return c_kernels.load("head_kernel", _bind, HERE)
 
 
-MAX_DIM, MAX_ROWS, LANES = 512, 4096, 16  # the C file's: head_dim, cache rows, cache rows a multiple of
+MAX_DIM, MAX_ROWS, LANES = 512, 4096, 16  # the C files': head_dim, cache rows, and rows a multiple of LANES
 
 
 def cache_rows(rows: int) -> int:

@@ -18,7 +18,6 @@
 
 #include "kernel_math.h"
 
-#define LANES 16
 #define MAX_GROUP 16
 #define SCORE_BLOCK (4 * LANES) /* positions scored together: four vectors of sums in flight */
 
@@ -36,16 +35,9 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
 
-/* LANES floats, loaded from float32 or widened from bfloat16 (GCC / Clang vector extensions). */
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+/* LANES bfloat16 values widened to a vector of floats. */
 typedef uint16_t vec16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
 typedef uint32_t vec32 __attribute__((vector_size(LANES * sizeof(uint32_t))));
-
-static inline vec vload_f32(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 static inline vec vload_bf16(const uint16_t *p) {
     vec16 h;
@@ -82,7 +74,7 @@ static inline vec vload_bf16(const uint16_t *p) {
         for (int l = 0; l < (WIDTH); l++)                                                           \
             sg[j + l] = acc[l] * scale;                                                             \
     }
-#define ATTEND_ONE(NAME, T, LOAD, VLOAD)                                                                  \
+#define ATTEND_ONE(NAME, T, LOAD, VLOAD)                                                           \
     static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, int64_t room, \
                      const T *v, int64_t n, float scale, float *scores, float *out) {               \
         float total[MAX_GROUP];                                                                     \
@@ -107,7 +99,7 @@ static inline vec vload_bf16(const uint16_t *p) {
                 vec acc = {0};                                                                      \
                 for (int64_t j = 0; j < n; j++)                                                     \
                     acc += wg[j] * VLOAD(v + j * D + d0);                                           \
-                memcpy(o + d0, &acc, sizeof acc);                                                   \
+                vec_store(o + d0, acc);                                                             \
             }                                                                                       \
             for (; d0 < D; d0++) {                                                                  \
                 float acc = 0.0f;                                                                   \
@@ -142,7 +134,7 @@ static float softmax_numerators(float *s, int64_t n, float top) {
     return sum[0];
 }
 
-ATTEND_ONE(attend_one_f32, float, LOAD_F32, vload_f32)
+ATTEND_ONE(attend_one_f32, float, LOAD_F32, vec_load)
 ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
 
 /* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len] in rows of key_stride

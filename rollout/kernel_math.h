@@ -6,6 +6,22 @@
 #include <stdint.h>
 #include <string.h>
 
+#define LANES 16 /* floats per vector: one AVX-512 register, two AVX2 ones */
+
+/* LANES floats (GCC / Clang vector extensions: the compiler picks the instructions the CPU has);
+   loads and stores go through memcpy, which compiles to one unaligned move. */
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+
+static inline vec vec_load(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vec_store(float *p, vec v) {
+    memcpy(p, &v, sizeof v);
+}
+
 /* e^x for x <= 0 (scores less their maximum): 2^k e^r with |r| <= ln2 / 2, a degree-6
    polynomial for e^r; under -87 it is 0 where float's exponent runs out. */
 static inline float exp_nonpositive(float x) {
