@@ -38,11 +38,14 @@ CONFIGS = {"A_plain": None, "B_default": DEFAULT, "C_drafter": ("drafter",),
            "D_default_drafter": DEFAULT + ("drafter",)}
 
 
-def make_engines(policy, head) -> dict:
-    """name -> (Engine, its Recorder): the demo's engine settings, one speculation set each."""
+def make_engines(policy, head, min_draft_prob: Optional[float] = None) -> dict:
+    """name -> (Engine, its Recorder): the demo's engine settings, one speculation set each;
+    min_draft_prob: a fixed threshold instead of the priced budget (what the drafts can do
+    whatever this machine's step costs)."""
     engines = {}
     for name, proposers in CONFIGS.items():
-        spec = None if proposers is None else SpecConfig(proposers=proposers, max_draft_tokens=24)
+        spec = None if proposers is None else SpecConfig(proposers=proposers, max_draft_tokens=24,
+                                                         min_draft_prob=min_draft_prob)
         eng = Engine(policy, EngineConfig(max_batch_size=64, max_model_len=1024, spec=spec))
         dp = DrafterProposer.of(eng)
         if dp is not None:
@@ -251,8 +254,9 @@ def engine_bench(args) -> dict:
         return [o.finish_reason == "stop" and extract_answer(tok.decode(o.token_ids, skip_special_tokens=True))
                 is not None for o in outs]
 
-    engines = make_engines(policy, head)
+    engines = make_engines(policy, head, args.min_draft_prob)
     result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "reps": args.reps,
+              "min_draft_prob": args.min_draft_prob,
               "head": {"parameters": head.num_parameters(), **layer}}
     w0 = step_work(prompts, args.samples, 0, eos)
     result["step0"], outs0 = run_step(engines, w0, args.reps, well_formed)
