@@ -508,14 +508,10 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
 
 def token_cells(evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[tuple[int, int]]:
     """(level, confidence_bin) of each of a draft's first n tokens (fewer where its confidence
-    list is shorter): token i's evidence is the draft's plus i. `level` and `confidence_bin`
-    written out, as this runs for every draft token of every step."""
-    e, top = max(int(evidence), 0), LEVELS - 1
+    list is shorter): token i's evidence is the draft's plus i."""
     if confidence is None:
-        return [(min((e + i).bit_length(), top), 0) for i in range(n)]
-    edges = CONFIDENCE_EDGES
-    return [(min((e + i).bit_length(), top), 1 + bisect.bisect_right(edges, q) if q is not None and q >= 0 else 0)
-            for i, q in enumerate(itertools.islice(confidence, n))]
+        return [(level(evidence + i), 0) for i in range(n)]
+    return [(level(evidence + i), confidence_bin(q)) for i, q in enumerate(itertools.islice(confidence, n))]
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:
