@@ -421,11 +421,14 @@ class AdaptiveController:
         self.tables.pop(name, None)
         acc[name] = acc.get(name, 0.0) + accepted
         tri[name] = tri.get(name, 0.0) + trials
-        cells = token_cells(draft.evidence, draft.confidence or (), trials)  # (bin 0 past the confidence list)
+        confidence = draft.confidence or ()
         for i in range(trials):  # token i is judged after i accepted ones: its evidence grew by i
             landed = i < accepted
-            lv, b = cells[i] if i < len(cells) else (level(draft.evidence + i), 0)
-            keys = ((name, lv), (name, lv, b)) if b else ((name, lv),)
+            lv = level(draft.evidence + i)
+            keys = [(name, lv)]
+            b = confidence_bin(confidence[i]) if i < len(confidence) else 0
+            if b:
+                keys.append((name, lv, b))
             for key in keys:
                 acc[key] = acc.get(key, 0.0) + landed
                 tri[key] = tri.get(key, 0.0) + 1
@@ -503,15 +506,9 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
                n: int) -> list[float]:
     """The acceptance rate of each of n draft tokens from a proposer's rate table: token i is
     reached only after i accepted ones, which add i tokens of agreement to the draft's evidence."""
-    return [table[lv][b] for lv, b in token_cells(evidence, confidence, n)]
-
-
-def token_cells(evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[tuple[int, int]]:
-    """(level, confidence_bin) of each of a draft's first n tokens (fewer where its confidence
-    list is shorter): token i's evidence is the draft's plus i."""
     if confidence is None:
-        return [(level(evidence + i), 0) for i in range(n)]
-    return [(level(evidence + i), confidence_bin(q)) for i, q in enumerate(itertools.islice(confidence, n))]
+        return [table[level(evidence + i)][0] for i in range(n)]
+    return [table[level(evidence + i)][confidence_bin(q)] for i, q in enumerate(itertools.islice(confidence, n))]
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:
