@@ -15,6 +15,7 @@
    differ from the torch path's in its last bits, as the cached attention already differs from
    the unrolled one. */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -138,7 +139,7 @@ static void attend_one(const float *q, const float *kt, const float *values, int
         o[d] *= inverse;
 }
 
-/* Queries c0..c1 - 1: the row last[c] of qkv (rotated here) attends, head by head, to the cells
+/* Queries c0..c1 - 1: the row last[c] of qkv (last NULL: row c; rotated here) attends, head by head, to the cells
    of its slot holding positions max(0, p - window + 1) .. p (window 0: from 0), kv head h serving
    query heads h * fold .. (h + 1) * fold - 1. out [C, heads * D]. Returns 0, or -1 where a head
    is wider than MAX_DIM, or the cache's rows are more than MAX_ROWS or not a multiple of LANES. */
@@ -151,7 +152,7 @@ int head_attend_rows(int64_t c0, int64_t c1, int64_t heads, int64_t kv, int64_t 
         return -1;
     int64_t stride = (heads + 2 * kv) * dim, fold = heads / kv;
     for (int64_t c = c0; c < c1; c++) {
-        int64_t n = last[c], p = positions[n];
+        int64_t n = last != NULL ? last[c] : c, p = positions[n];
         int64_t seen = window > 0 && window < p + 1 ? window : p + 1;
         if (seen > kept || kept > MAX_ROWS || kept % LANES)
             return -1;

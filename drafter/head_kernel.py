@@ -59,15 +59,17 @@ def write_and_attend(qkv: torch.Tensor, heads: int, k_cache: torch.Tensor, v_cac
     n = qkv.shape[0]
     qkv = qkv.contiguous()
     row_slots, positions = row_slots.contiguous(), positions.contiguous()
-    last = torch.arange(n) if last is None else last.contiguous()
-    c = last.shape[0]
+    if last is not None:
+        last = last.contiguous()
+    c = n if last is None else last.shape[0]
+    last_ptr = None if last is None else last.data_ptr()  # (NULL: every row attends)
     out = torch.empty(c, heads * dim, dtype=torch.float32)
     library.head_write_rows(0, n, heads, kv, dim, kept, qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                             row_slots.data_ptr(), positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
 
     def run(c0: int, c1: int) -> int:
         return library.head_attend_rows(c0, c1, heads, kv, dim, kept, window or 0, dim ** -0.5, qkv.data_ptr(),
-                                        cos.data_ptr(), sin_signed.data_ptr(), last.data_ptr(), row_slots.data_ptr(),
+                                        cos.data_ptr(), sin_signed.data_ptr(), last_ptr, row_slots.data_ptr(),
                                         positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
 
     if any(c_kernels.over_rows(run, c)):
