@@ -26,7 +26,6 @@ from collections import defaultdict
 import torch
 
 from rollout import Engine, EngineConfig, SpecConfig, threads
-from rollout.controller import rates_from
 
 from .bench_engine import DEFAULT, grpo_update, one_run, step_work
 from .online import OnlineConfig, OnlineState, train_on_buffer
@@ -75,8 +74,7 @@ class ChoiceLog:
             draft = o.proposer.propose(req, cap) if cap > 0 else None
             if draft is None or not draft.tokens:
                 continue
-            n, value = ctl.cut(rates_from(o.table, draft.evidence, draft.confidence, min(cap, len(draft.tokens))),
-                               plan.threshold, plan.lookahead)
+            n, value, _ = plan.judge(o, draft, min(cap, len(draft.tokens)))
             if n > 0:
                 values[o.proposer.name] = (value, list(draft.tokens[:n]))
                 self.offered[o.proposer.name] += 1

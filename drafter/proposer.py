@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import torch
 
 from rollout.config import DrafterSpec
-from rollout.controller import confidence_bin, cut_surplus, level, rates_from
+from rollout.controller import confidence_bin, level
 from rollout.kv_cache import move_slots
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
@@ -390,6 +390,5 @@ def copy_surplus(req: Request, plan, cap: int, enough: float = math.inf) -> floa
         draft = o.proposer.propose(req, n)
         if draft is None or not draft.tokens:
             continue
-        rates = rates_from(o.table, draft.evidence, draft.confidence, min(n, len(draft.tokens)))
-        best = max(best, cut_surplus(rates, plan.threshold, plan.lookahead)[2])
+        best = max(best, plan.judge(o, draft, min(n, len(draft.tokens)))[2])
     return best

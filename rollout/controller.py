@@ -112,6 +112,11 @@ class StepPlan:
         """Some proposer may draft more than exploration's one token this step."""
         return bool(self.live)
 
+    def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, float]:
+        """`cut_surplus` of the draft's first n tokens, (n, expected accepted, surplus), by the
+        offer's rates for the evidence behind it and its tokens' confidence."""
+        return cut_surplus(rates_from(offer.table, draft.evidence, draft.confidence, n), self.threshold, self.lookahead)
+
     @functools.cached_property
     def live(self) -> tuple:
         """The offers that may draft this step (most > 0), in order."""
@@ -348,8 +353,7 @@ class AdaptiveController:
             draft = self._ask(offer.proposer, req, cap)
             if draft is None or not draft.tokens:
                 continue
-            n, value, surplus = cut_surplus(rates_from(offer.table, draft.evidence, draft.confidence,
-                                                min(cap, len(draft.tokens))), plan.threshold, plan.lookahead)
+            n, value, surplus = plan.judge(offer, draft, min(cap, len(draft.tokens)))
             if value > best_value:
                 best, best_value, best_surplus = draft.cut(n), value, surplus
         if best is not None and self.priced:
