@@ -106,3 +106,8 @@ bench-vllm-demo: $(VLLM_STAMP)
 # The same on a GPU, in under 10 minutes once .venv-vllm exists (tools/gpu-vllm-demo.sh)
 gpu-vllm-demo:
 	bash tools/gpu-vllm-demo.sh
+
+# The drafter's and the draft budget's benches on a GPU, in under 10 minutes (tools/gpu-checks.sh)
+.PHONY: gpu-checks
+gpu-checks:
+	bash tools/gpu-checks.sh

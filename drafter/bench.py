@@ -219,6 +219,7 @@ def main(argv=None) -> int:
                     "'ffn:heads:kv_heads,...' (an empty field: the policy's), instead of the three above")
     ap.add_argument("--threads", type=int, default=1, help="torch threads while training (default 1)")
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
+    ap.add_argument("--device", default="cpu", help="engine mode: the policy's, the head's and the engines' device")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
                     help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
     ap.add_argument("--min-draft-prob", dest="min_draft_prob", type=float, default=None,

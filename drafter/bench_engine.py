@@ -39,14 +39,15 @@ CONFIGS = {"A_plain": None, "B_default": DEFAULT, "C_drafter": ("drafter",),
 
 
 def make_engines(policy, head, min_draft_prob: Optional[float] = None) -> dict:
-    """name -> (Engine, its Recorder): the demo's engine settings, one speculation set each;
-    min_draft_prob: a fixed threshold instead of the priced budget (what the drafts can do
-    whatever this machine's step costs)."""
+    """name -> (Engine, its Recorder): the demo's engine settings, one speculation set each, on
+    the policy's device; min_draft_prob: a fixed threshold instead of the priced budget (what the
+    drafts can do whatever this machine's step costs)."""
     engines = {}
+    device = str(policy.lm_head.weight.device)
     for name, proposers in CONFIGS.items():
         spec = None if proposers is None else SpecConfig(proposers=proposers, max_draft_tokens=24,
                                                          min_draft_prob=min_draft_prob)
-        eng = Engine(policy, EngineConfig(max_batch_size=64, max_model_len=1024, spec=spec))
+        eng = Engine(policy, EngineConfig(max_batch_size=64, max_model_len=1024, spec=spec, device=device))
         dp = DrafterProposer.of(eng)
         if dp is not None:
             dp.set_head(head, 1)
@@ -241,7 +242,7 @@ def engine_bench(args) -> dict:
     t0 = time.perf_counter()
     hf, tok, folder, make_problems, TaskConfig = demo_policy()
     task = TaskConfig(num_problems=args.prompts, seed=0)
-    policy = CausalLM.from_pretrained(folder)
+    policy = CausalLM.from_pretrained(folder, device=args.device)
     d = RunConfig().rollout.drafter  # the demo's drafter: its warm start, cached beside the policy
     layer = parse_shapes(args.layer, args)[0] if args.layer else d.shape()
     head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window,
@@ -255,7 +256,8 @@ def engine_bench(args) -> dict:
                 is not None for o in outs]
 
     engines = make_engines(policy, head, args.min_draft_prob)
-    result = {"policy": folder, "prompts": args.prompts, "samples": args.samples, "reps": args.reps,
+    result = {"policy": folder, "device": args.device, "prompts": args.prompts, "samples": args.samples,
+              "reps": args.reps,
               "min_draft_prob": args.min_draft_prob,
               "head": {"parameters": head.num_parameters(), **layer}}
     w0 = step_work(prompts, args.samples, 0, eos)

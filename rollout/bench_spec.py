@@ -78,7 +78,7 @@ def prepare(name: str, batch: int, args) -> dict:
     params = SamplingParams(temperature=temperature, max_tokens=args.tokens)
     max_len = max(map(len, prompts)) + args.tokens + 1
     engines = {c: Engine.from_pretrained(model, EngineConfig(max_batch_size=batch, max_model_len=max_len, spec=spec,
-                                                                   num_threads=args.threads))
+                                                                   num_threads=args.threads, device=args.device))
                for c, spec in configs(max(FIXED), ZERO_PROPOSERS if peak is None else PROPOSERS).items()}
     old = engines["plain"].generate(ids, params, seeds=[10_000 + i for i in range(len(ids))])
     return {"engines": engines, "ids": ids, "params": params, "seeds": list(range(len(ids))),
@@ -128,6 +128,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=None, help="engine threads (default: the engine's choice)")
+    ap.add_argument("--device", default="cpu", help="the engines' device (cuda: a GPU's step costs)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="judge by this process's CPU seconds instead of wall seconds (with --threads 1: a cost "
                          "measure that other programs on a shared machine do not inflate; wall seconds are kept too)")
@@ -151,7 +152,7 @@ def main(argv=None) -> dict:
     print(f"priced budget: at worst {worst_plain:.2f}x plain's time and {worst_best:.2f}x the best fixed length's "
           f"(median ratios within {args.rounds} interleaved rounds, {measure}); load average before {load['before']}, "
           f"after {load['after']}")
-    return save_report({"load_average": load, "rounds": args.rounds,
+    return save_report({"load_average": load, "rounds": args.rounds, "device": args.device,
                         "measure": measure, "threads": args.threads or "engine default",
                         "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
                         "tokens": args.tokens, "results": rows}, args.out)
