@@ -84,7 +84,7 @@ def time_steps(policy, head, batch: int, ctx: int, reps: int) -> dict:
     verify_rows = [(i, ctx, [5 + i % 50] * 5) for i in range(batch)]
     seeds = torch.arange(batch, dtype=torch.int64)
     temp, top_k, top_p = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
-    feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
+    feats = torch.randn(batch, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype, device=device)
     chains = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 1) for i in range(batch)]
     chains8 = [Chain(i, ctx, [5 + i % 50], feats[i:i + 1], int(seeds[i]), ctx, 8) for i in range(batch)]
 
