@@ -7,8 +7,10 @@ in the tokens fed) and nothing in it would notice. So the engine also runs a pla
 then, with no proposer asked and no draft fed (a "probe"), and fits what a plain step costs from
 those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A speculating step that fed
 `fed` tokens, `drafted` of them drafts, for `rows` requests that each emitted at least one token,
-and emitted `emitted` tokens in `seconds`, would have taken `emitted x plain(fed - drafted) / rows`
-seconds the plain way: one token per request per step. The ledger sums both over the recent
+and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
+token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
+`plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each); a
+prompt chunk is fed once however many tokens the step's drafts emit. The ledger sums both over the recent
 speculating steps; once the speculating seconds exceed the plain ones, speculation is off (every
 step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each trial that
 loses clearly or loses again, so a workload whose drafts never land (or land just too seldom to
@@ -80,7 +82,7 @@ class PlainReference:
         self.since_probe += 1
         if rows <= 0 or not self.measured:
             return
-        plain = emitted * self.cost.predict(max(fed - drafted, rows)) / rows
+        plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)
         w, spent, saved = self.ledger
         self.ledger = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
         if self.ledger[0] < _weight(TRIAL):

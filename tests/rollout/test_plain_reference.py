@@ -99,10 +99,11 @@ def test_the_plain_cost_is_fitted_against_the_tokens_a_step_feeds():
     for n in (8, 64, 8, 64):
         ref.observe(False, n, 0, n, n, 0.002 + n * 0.0001)
     assert ref.seconds_per_emitted(16) == pytest.approx((0.002 + 16 * 0.0001) / 16)
-    # a step with a prompt chunk of 56 tokens besides 8 decoding rows: plain would feed those too
+    # a step with a prompt chunk of 56 tokens besides 8 decoding rows: plain would feed those too,
+    # once: its 32 tokens take 4 plain steps, the first with the chunk, three of 8 rows
     ref.observe(True, 8 + 56 + 24, 24, 8, 32, 0.002 + 88 * 0.0001)
     w, spent, plain = ref.ledger
-    assert plain == pytest.approx(32 * (0.002 + 64 * 0.0001) / 8)
+    assert plain == pytest.approx((0.002 + 64 * 0.0001) + 3 * (0.002 + 8 * 0.0001))
 
 
 def test_a_priced_controller_values_an_accepted_token_at_what_a_plain_step_spends_per_token():
