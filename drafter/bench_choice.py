@@ -52,7 +52,7 @@ class ChoiceLog:
             return plan
 
         def watched_choose(req, room, plan, free=0):
-            self._offers(ctl, req, room, plan)
+            self._offers(req, room, plan)
             chosen = choose(req, room, plan, free)
             self._won(chosen)
             return chosen
@@ -66,7 +66,7 @@ class ChoiceLog:
         self._pending: dict = {}
         self.duels: list = []  # ((request, position), loser, its draft, winner, its draft)
 
-    def _offers(self, ctl, req, room: int, plan) -> None:
+    def _offers(self, req, room: int, plan) -> None:
         self.chooses += 1
         values = {}
         for o in plan.offers:
