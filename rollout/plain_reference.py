@@ -9,14 +9,14 @@ those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A speculat
 `fed` tokens, `drafted` of them drafts, for `rows` requests that each emitted at least one token,
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
-`plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each); a
-prompt chunk is fed once however many tokens the step's drafts emit. The ledger sums both over the recent
-speculating steps; once the speculating seconds exceed the plain ones, speculation is off (every
-step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each trial that
-loses clearly or loses again, so a workload whose drafts never land (or land just too seldom to
-pay) pays for a trial of TRIAL steps every so often. Each run starts with a trial and a trial
-that wins resets the wait: drafts that start landing (a new epoch's history, a trained drafter)
-are back at once.
+`plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each): a
+prompt chunk is fed once however many tokens the step's drafts emit. The ledger sums both over
+the recent speculating steps; once the speculating seconds exceed the plain ones, speculation is
+off (every step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each
+trial that loses clearly or loses again, so a workload whose drafts never land (or land just too
+seldom to pay) pays for a trial of TRIAL steps every so often. Each run starts with a trial and a
+trial that wins resets the wait: drafts that start landing (a new epoch's history, a trained
+drafter) are back at once.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
 uses once probes have measured it.
