@@ -52,6 +52,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -86,6 +87,20 @@ ASK_DECAY = 0.9
 
 def level(evidence: int) -> int:
     return min(max(int(evidence), 0).bit_length(), LEVELS - 1)
+
+
+_LEVEL_OF = tuple(level(e) for e in range(1 << (LEVELS - 1)))  # evidence from here on is the top level
+
+
+def levels(evidence: int, n: int) -> tuple:
+    """level(evidence + i) for i < n: the levels of a draft's tokens (a table read, as this runs for
+    every drafted token of every step)."""
+    e = int(evidence)
+    if e < 0:  # (as level: below no evidence is none)
+        zeros = min(-e, max(n, 0))
+        return (0,) * zeros + levels(0, n - zeros)
+    head = _LEVEL_OF[e:e + n]
+    return head if len(head) == n else head + (LEVELS - 1,) * (n - len(head))
 
 
 def confidence_bin(q: Optional[float]) -> int:
@@ -426,9 +441,8 @@ class AdaptiveController:
         acc[name] = acc.get(name, 0.0) + accepted
         tri[name] = tri.get(name, 0.0) + trials
         confidence = draft.confidence or ()
-        for i in range(trials):  # token i is judged after i accepted ones: its evidence grew by i
+        for i, lv in enumerate(levels(draft.evidence, trials)):  # token i is judged after i accepted ones
             landed = i < accepted
-            lv = level(draft.evidence + i)
             keys = [(name, lv)]
             b = confidence_bin(confidence[i]) if i < len(confidence) else 0
             if b:
@@ -492,12 +506,13 @@ def cut_surplus(rates: Iterable[float], threshold: float,
     """`AdaptiveController.cut`, and the surplus of the tokens kept: the sum of what each is
     worth beyond the threshold (what a draft earns the rollout net of its verify slots, in
     accepted tokens' worth)."""
-    n, p, value, surplus, failed = 0, 1.0, 0.0, 0.0, []
+    n, p, value, surplus, failed, reach = 0, 1.0, 0.0, 0.0, [], len(lookahead)
     for i, a in enumerate(rates):
         failed.append(p * (1.0 - a))  # the chance the first rejection is at i
         worth = p * a
         if worth < threshold and lookahead:
-            worth += sum(f * lookahead[i - j] for j, f in enumerate(failed) if i - j < len(lookahead))
+            lo = max(i - reach + 1, 0)  # rejections further back than the lookahead reaches add nothing
+            worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:i - lo + 1])))
         if worth < threshold:
             break
         n, p = n + 1, p * a
@@ -510,9 +525,12 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
                n: int) -> list[float]:
     """The acceptance rate of each of n draft tokens from a proposer's rate table: token i is
     reached only after i accepted ones, which add i tokens of agreement to the draft's evidence."""
+    rows = [table[lv] for lv in levels(evidence, n)]
     if confidence is None:
-        return [table[level(evidence + i)][0] for i in range(n)]
-    return [table[level(evidence + i)][confidence_bin(q)] for i, q in enumerate(itertools.islice(confidence, n))]
+        return [row[0] for row in rows]
+    edges = CONFIDENCE_EDGES  # confidence_bin, inline
+    return [row[0 if q is None or not q >= 0 else 1 + bisect.bisect_right(edges, q)]
+            for row, q in zip(rows, confidence)]
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:

@@ -3,7 +3,7 @@ import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import ASK_FLOOR, MIN_ASKS, MIN_PRICE, AdaptiveController, rates_from
+from rollout.controller import ASK_FLOOR, MIN_ASKS, MIN_PRICE, AdaptiveController, level, levels, rates_from
 from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
@@ -253,6 +253,8 @@ def test_later_tokens_of_a_draft_are_judged_and_learnt_with_the_agreement_before
     first, *later = rates_from(table, 0, None, 8)
     assert first < 0.3 and min(later) > 0.9
     assert rates_from(table, 3, None, 2) == [table[2][0], table[3][0]]  # evidence 3, then 4
+    assert rates_from(table, 30, None, 4) == [table[5][0]] * 2 + [table[6][0]] * 2  # 30, 31; then the top level
+    assert all(levels(e, n) == tuple(level(e + i) for i in range(n)) for e in range(-2, 70) for n in range(20))
     # one rate for the whole draft (first**i) would stop after a token; by levels it runs on
     assert c.cut(rates_from(table, 0, None, 8), 0.05)[0] == 8
 
