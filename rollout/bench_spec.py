@@ -9,11 +9,12 @@ mostly compute (so a draft token costs about what a request's token does):
     high     most peaked: about 75%
 Every workload drafts from history (an earlier sampling of the same prompts, other seeds: fresh
 noise), siblings (groups of 4), lookahead (but zero) and n-grams. Configurations, same prompts and seeds:
-plain (no speculation: fixed length 0), priced (the default budget) and fixed draft lengths 2,
-4, 8, 16 (every token drafted). Rounds are interleaved and the order of the configurations rotates; tokens must be
-identical across all of them. Prints, per workload and batch size, median seconds, the priced
-budget's time against plain and against the best fixed length (the median over rounds of the
-ratio within a round), and writes JSON.
+plain (no speculation: fixed length 0), a second plain engine (an A/A pair: how far two runs of
+the same thing read apart on this machine), priced (the default budget) and fixed draft lengths
+2, 4, 8, 16 (every token drafted). Rounds are interleaved and the order of the configurations
+rotates; tokens must be identical across all of them. Prints, per workload and batch size, median
+seconds, the priced budget's time against plain and against the best fixed length, and the A/A
+pair's (each the median over rounds of the ratio within a round), and writes JSON.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def peaked_llama(vocab: int, hidden: int, layers: int, peak, seed: int = 0):
 
 
 def configs(k_max: int, proposers: tuple) -> dict:
-    out = {"plain": None, "priced": SpecConfig(proposers=proposers, max_draft_tokens=k_max)}
+    out = {"plain": None, "plain again": None, "priced": SpecConfig(proposers=proposers, max_draft_tokens=k_max)}
     for k in FIXED:
         out[f"fixed {k}"] = SpecConfig(proposers=proposers, max_draft_tokens=k, min_draft_prob=0.0)
     return out
@@ -114,6 +115,7 @@ def summarize(name: str, batch: int, times: dict, outs: dict) -> dict:
             "priced_over_plain": paired(times["priced"], times["plain"]),
             "priced_over_best_fixed": paired(times["priced"], times[best]),
             "priced_over_plain_of_medians": med["priced"] / med["plain"],
+            "plain_again_over_plain": paired(times["plain again"], times["plain"]),
             "priced_proposed": sum(sum(o.stats["proposed"].values()) for o in priced),
             "priced_accepted": sum(sum(o.stats["accepted"].values()) for o in priced)}
 
@@ -141,17 +143,19 @@ def main(argv=None) -> dict:
             rows.append(_measure(name, batch, args))
     load["after"] = os.getloadavg()
     print(f"\n{'workload':9}{'batch':>6}{'accept':>8}{'plain s':>9}{'priced s':>10}{'best fixed':>12}"
-          f"{'priced/plain':>14}{'priced/best':>13}")
+          f"{'priced/plain':>14}{'priced/best':>13}{'A/A':>8}")
     for r in rows:
         m = r["median_s"]
         print(f"{r['workload']:9}{r['batch']:6d}{r['acceptance_fixed4']:8.0%}{m['plain']:9.2f}{m['priced']:10.2f}"
-              f"{r['best_fixed']:>12}{r['priced_over_plain']:13.2f}x{r['priced_over_best_fixed']:12.2f}x")
+              f"{r['best_fixed']:>12}{r['priced_over_plain']:13.2f}x{r['priced_over_best_fixed']:12.2f}x"
+              f"{r['plain_again_over_plain']:7.2f}x")
     measure = "CPU seconds" if args.cpu_time else "wall seconds"
     worst_plain = max(r["priced_over_plain"] for r in rows)
     worst_best = max(r["priced_over_best_fixed"] for r in rows)
+    spread = max(abs(r["plain_again_over_plain"] - 1) for r in rows)
     print(f"priced budget: at worst {worst_plain:.2f}x plain's time and {worst_best:.2f}x the best fixed length's "
-          f"(median ratios within {args.rounds} interleaved rounds, {measure}); load average before {load['before']}, "
-          f"after {load['after']}")
+          f"(median ratios within {args.rounds} interleaved rounds, {measure}); two plain engines read up to "
+          f"{spread:.0%} apart; load average before {load['before']}, after {load['after']}")
     return save_report({"load_average": load, "rounds": args.rounds, "device": args.device,
                         "measure": measure, "threads": args.threads or "engine default",
                         "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
