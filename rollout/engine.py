@@ -288,7 +288,7 @@ class Engine:
                 self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
                                              rows=done.rows, drafted=done.drafted, planned=done.planned)
             steps, spec_off, fed = steps + 1, spec_off + (not done.planned), fed + done.fed
-            if tally is not None:
+            if tally is not None and done.drafted:  # (a step without drafts accepts none)
                 tally.step(running)
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
@@ -436,7 +436,7 @@ class Engine:
         accepted = min(accepted, judged)
         if row.draft is not None:
             self.controller.record(req, row.draft, accepted, judged)
-        if self.lookahead is not None:
+        if self.lookahead is not None and (req.judging is not None or req.lookahead is not None):
             self._judge_unused(req, row.draft is not None and row.draft.proposer is self.lookahead)
         req.lookahead = None
         if (self.lookahead is not None and accepted + 1 < len(ys) and len(emitted) == accepted + 1
