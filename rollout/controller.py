@@ -506,12 +506,12 @@ def cut_surplus(rates: Iterable[float], threshold: float,
     """`AdaptiveController.cut`, and the surplus of the tokens kept: the sum of what each is
     worth beyond the threshold (what a draft earns the rollout net of its verify slots, in
     accepted tokens' worth)."""
-    n, p, value, surplus, failed, reach = 0, 1.0, 0.0, 0.0, [], len(lookahead)
+    n, p, value, surplus, failed = 0, 1.0, 0.0, 0.0, []
     for i, a in enumerate(rates):
         failed.append(p * (1.0 - a))  # the chance the first rejection is at i
         worth = p * a
         if worth < threshold and lookahead:
-            lo = max(i - reach + 1, 0)  # rejections further back than the lookahead reaches add nothing
+            lo = max(i - len(lookahead) + 1, 0)  # rejections further back than the lookahead reaches add nothing
             worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:i - lo + 1])))
         if worth < threshold:
             break

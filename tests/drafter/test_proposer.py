@@ -240,7 +240,7 @@ def test_the_head_skips_requests_a_copy_draft_wins(policy):
     drafter_offer = Offer(dp, [[0.9] * NUM_BINS for _ in range(LEVELS)], 0.9, 4)
 
     def prepared(copy_tokens):
-        plan = StepPlan(0.1, 0.0, [Offer(_Copy(copy_tokens), sure, 1.0, 4), drafter_offer])
+        plan = StepPlan(0.1, (), [Offer(_Copy(copy_tokens), sure, 1.0, 4), drafter_offer])
         # a sure copy token earns 1 - 0.1 (its verify slot's price) beyond its slot
         assert copy_surplus(reqs[0], plan, 4) == pytest.approx(0.9 * min(4, len(copy_tokens)))
         before = dp.stats["chains"]
