@@ -528,9 +528,7 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
     rows = [table[lv] for lv in levels(evidence, n)]
     if confidence is None:
         return [row[0] for row in rows]
-    edges = CONFIDENCE_EDGES  # confidence_bin, inline
-    return [row[0 if q is None or not q >= 0 else 1 + bisect.bisect_right(edges, q)]
-            for row, q in zip(rows, confidence)]
+    return [row[confidence_bin(q)] for row, q in zip(rows, confidence)]
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:
