@@ -78,10 +78,14 @@ class CoupledSampler:
         if noise is None or not start <= step < start + block or any(i not in rows for i in live):
             reach = max(self.ks[i] for i in live) - step
             block = max(1, min(NOISE_BLOCK, reach, NOISE_ELEMENTS // max(1, len(live) * vocab)))
-            index = torch.tensor(live).to(self.device)
-            seeds = self.seeds[index].repeat_interleave(block)
-            positions = (self.first[index] + step).repeat_interleave(block) + torch.arange(
-                block, device=self.device).repeat(len(live))
+            seeds, positions = self.seeds, self.first + step
+            if len(live) < len(self.ks):  # (else every chain, in order: no gather)
+                index = torch.tensor(live).to(self.device)
+                seeds, positions = seeds[index], positions[index]
+            if block > 1:
+                seeds = seeds.repeat_interleave(block)
+                steps = torch.arange(block, device=self.device).repeat(len(live))
+                positions = positions.repeat_interleave(block) + steps
             start, rows = step, {i: n for n, i in enumerate(live)}
             noise = sampling.gumbel_noise(seeds, positions, vocab).view(len(live), block, vocab)
             self._block = (start, block, rows, noise)
