@@ -134,11 +134,12 @@ def main(argv=None) -> dict:
     return save_report(report, args.out)
 
 
-def save_report(report: dict, path: str) -> dict:
-    """Write a benchmark's JSON (folders made as needed) and say where."""
+def save_report(report: dict, path: str, quiet: bool = False) -> dict:
+    """Write a benchmark's JSON (folders made as needed) and say where (unless quiet)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
     return report
 
 

@@ -137,10 +137,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench_results/spec_budget.json")
     args = ap.parse_args(argv)
     load = {"before": os.getloadavg()}
+    measure = "CPU seconds" if args.cpu_time else "wall seconds"
     rows = []
+
+    def report(complete: bool) -> dict:
+        return {"complete": complete, "load_average": load, "rounds": args.rounds, "device": args.device,
+                "measure": measure, "threads": args.threads or "engine default",
+                "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
+                "tokens": args.tokens, "results": rows}
+
     for name in args.workloads.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             rows.append(_measure(name, batch, args))
+            save_report(report(False), args.out, quiet=True)  # a run cut short keeps the cells it finished
     load["after"] = os.getloadavg()
     print(f"\n{'workload':9}{'batch':>6}{'accept':>8}{'plain s':>9}{'priced s':>10}{'best fixed':>12}"
           f"{'priced/plain':>14}{'priced/best':>13}{'A/A':>8}")
@@ -149,17 +158,13 @@ def main(argv=None) -> dict:
         print(f"{r['workload']:9}{r['batch']:6d}{r['acceptance_fixed4']:8.0%}{m['plain']:9.2f}{m['priced']:10.2f}"
               f"{r['best_fixed']:>12}{r['priced_over_plain']:13.2f}x{r['priced_over_best_fixed']:12.2f}x"
               f"{r['plain_again_over_plain']:7.2f}x")
-    measure = "CPU seconds" if args.cpu_time else "wall seconds"
     worst_plain = max(r["priced_over_plain"] for r in rows)
     worst_best = max(r["priced_over_best_fixed"] for r in rows)
     spread = max(abs(r["plain_again_over_plain"] - 1) for r in rows)
     print(f"priced budget: at worst {worst_plain:.2f}x plain's time and {worst_best:.2f}x the best fixed length's "
           f"(median ratios within {args.rounds} interleaved rounds, {measure}); two plain engines read up to "
           f"{spread:.0%} apart; load average before {load['before']}, after {load['after']}")
-    return save_report({"load_average": load, "rounds": args.rounds, "device": args.device,
-                        "measure": measure, "threads": args.threads or "engine default",
-                        "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
-                        "tokens": args.tokens, "results": rows}, args.out)
+    return save_report(report(True), args.out)
 
 
 def _measure(name: str, batch: int, args) -> dict:
