@@ -3,7 +3,8 @@
 #   1. python -m drafter.bench --device cuda: A/B/C/D on the demo at step 0 and step 1, and a head
 #      position against an engine decode step (the goal there: at most 10%);
 #   2. python -m rollout.bench --spec --device cuda: the priced budget against plain decoding and
-#      fixed draft lengths on the zero/low/medium/high workloads.
+#      fixed draft lengths on the zero/low/medium/high workloads (its JSON is written after each
+#      workload and batch size: cut by its timeout, it keeps the cells it finished).
 # Results go to $OUT (the device tool's folder) or bench_results/, named after the GPU.
 #
 #   tools/gpu-checks.sh            (needs nvidia-smi listing a GPU and a CUDA torch in $PYTHON or python3)
