@@ -58,7 +58,7 @@ class CoupledSampler:
                                                               pick(self.top_p))
         scores = z
         if not all(self.greedy[i] for i in live):
-            scores = z + self._gumbel(live, step, z.shape[-1])
+            scores = z + self._gumbel(live, step, z.shape[-1], index)
             if any(self.greedy[i] for i in live):
                 greedy = torch.tensor([self.greedy[i] for i in live], device=self.device)
                 scores = torch.where(greedy[:, None], z, scores)
@@ -71,16 +71,16 @@ class CoupledSampler:
         second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
         return tokens, tokens.tolist(), (best - second).tolist()
 
-    def _gumbel(self, live: list[int], step: int, vocab: int) -> torch.Tensor:
+    def _gumbel(self, live: list[int], step: int, vocab: int, index: Optional[torch.Tensor]) -> torch.Tensor:
         """G(seed, first + step, .) of the live chains: [len(live), V] float32. Made for a block
-        of positions of the chains live at its first one, no further than the longest chain."""
+        of positions of the chains live at its first one, no further than the longest chain;
+        index: `live` as a device tensor, None when every chain is live."""
         start, block, rows, noise = self._block
         if noise is None or not start <= step < start + block or any(i not in rows for i in live):
             reach = max(self.ks[i] for i in live) - step
             block = max(1, min(NOISE_BLOCK, reach, NOISE_ELEMENTS // max(1, len(live) * vocab)))
             seeds, positions = self.seeds, self.first + step
-            if len(live) < len(self.ks):  # (else every chain, in order: no gather)
-                index = torch.tensor(live).to(self.device)
+            if index is not None:
                 seeds, positions = seeds[index], positions[index]
             if block > 1:
                 seeds = seeds.repeat_interleave(block)
