@@ -43,7 +43,10 @@ costs host time too, which the price per fed token charges to no draft: where a 
 chosen drafts have earned less over the run's last steps than its asks took, it is asked for a
 share of the requests (`ask_share`). What an emitted token costs is measured on plain steps
 that the engine runs now and then, and the same measure switches speculation off while its
-steps lose to plain ones (rollout/plain_reference.py). A fixed `min_draft_prob` replaces the price by
+steps lose to plain ones (rollout/plain_reference.py). Where drafting every offered token costs
+little more than a plain step, that measure also compares the price with drafting in full (the
+"eager" policy) and keeps whichever is faster: the value of a draft's rows to the lookahead in
+later steps is what the price cannot see. A fixed `min_draft_prob` replaces the price by
 `min_draft_prob x load` (load: the fraction of slots in use), deterministic, as tests and
 benchmarks of draft lengths need.
 """
@@ -57,7 +60,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from .plain_reference import PlainReference
+from .plain_reference import EAGER_MAX_COST, POLICIES, PlainReference
 from .proposers.base import Draft, Proposer
 from .request import Request
 from .step_cost import DECAY, StepCost
@@ -121,6 +124,7 @@ class StepPlan:
     offers: list
     token_value: float = 0.0  # seconds an accepted draft token saves (0: unpriced): batched proposers budget by it
     token_cost: float = 0.0  # seconds a fed token costs (0: unpriced): what exploration pays per token
+    policy: str = POLICIES[0]  # the drafting policy (rollout/plain_reference.py): "eager" drafts in full
 
     @property
     def drafts(self) -> bool:
@@ -263,18 +267,25 @@ class AdaptiveController:
         self.cost.add_profile(tokens, seconds)
         self.plain.cost.add_profile(tokens, seconds)
 
-    def speculates(self) -> bool:
-        """Whether the next step may draft at all: a priced budget runs plain steps while
-        speculation loses, and now and then to time them (rollout/plain_reference.py)."""
-        return not (self.priced and self.checks_plain) or self.plain.speculates()
+    def policy(self, running: int) -> Optional[str]:
+        """The next step's drafting policy (rollout/plain_reference.py), None for a plain step: a
+        priced budget runs plain steps while speculation loses, and now and then to time them,
+        and tries drafting in full where such a step costs little more than a plain one."""
+        if not (self.priced and self.checks_plain):
+            return POLICIES[0]
+        plain = self.cost.predict(running)
+        full = self.cost.predict(running * (self.max_draft_tokens + 1))
+        return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain)
 
     def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, *,
-                     rows: Optional[int] = None, drafted: int = 0, planned: bool = True) -> None:
+                     rows: Optional[int] = None, drafted: int = 0,
+                     policy: Optional[str] = POLICIES[0]) -> None:
         """A step fed `fed` tokens (`drafted` of them drafts), emitted `emitted` for `rows`
         requests and took `seconds` (all of it: host work too), of which `batched` went to batched
-        proposers (a draft head), priced by their own cost. planned: it ran with a draft budget."""
+        proposers (a draft head), priced by their own cost. policy: the drafting policy it ran by
+        (None: a plain step)."""
         if self.priced and rows is not None:
-            self.plain.observe(planned, fed, drafted, rows, emitted, seconds)
+            self.plain.observe(policy, fed, drafted, rows, emitted, seconds)
         self.cost.observe(fed, seconds - batched)
         for stats in self.asking.values():
             stats[:] = [x * ASK_DECAY for x in stats]
@@ -314,13 +325,17 @@ class AdaptiveController:
 
     def plan_step(self, proposers: Sequence[Proposer], running: int, load: float) -> Optional[StepPlan]:
         """The step's budget; None when it drafts nothing (more requests running than
-        max_batch_for_spec: the step is compute-bound). Rates move only when a step is recorded,
-        so a table is read once per step."""
+        max_batch_for_spec: the step is compute-bound; or a plain step, `policy`). Rates move only
+        when a step is recorded, so a table is read once per step."""
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
+        policy = self.policy(running)
+        if policy is None:
+            return None
+        eager = policy == "eager"
         per_token = self.cost.per_token() if self.priced else 0.0
         value = self.token_value(running, per_token) if self.priced else 0.0
-        threshold = _price(per_token, value) if self.priced else self.threshold(load, running)
+        threshold = 0.0 if eager else _price(per_token, value) if self.priced else self.threshold(load, running)
         standings = [(p, self.standing(p)) for p in proposers]
         lookahead = max((s.reach for p, s in standings if p.wants_lookahead), default=(), key=sum)
         offers = []
@@ -329,9 +344,9 @@ class AdaptiveController:
             if p.batched and self.priced:
                 most = self._positions_worth(p, s.top, threshold, lookahead, running, value)
             # (a batched proposer's cost is its prepared positions, priced above: its asks are free)
-            share = self.ask_share(p.name, value) if self.priced and not p.batched else 1.0
+            share = self.ask_share(p.name, value) if self.priced and not p.batched and not eager else 1.0
             offers.append(Offer(p, s.table, s.top, most, share))
-        return StepPlan(threshold, lookahead, offers, value, per_token)
+        return StepPlan(threshold, lookahead, offers, value, per_token, policy)
 
     def _positions_worth(self, proposer: Proposer, top: float, threshold: float, lookahead: Sequence[float],
                          running: int, value: float) -> int:

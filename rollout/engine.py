@@ -54,11 +54,11 @@ class Row:
 
 @dataclass(frozen=True)
 class StepDone:
-    """What one step did: whether it had a draft budget, the tokens it fed (drafts among them),
-    the requests that emitted (rows with logits), the tokens they emitted, and the seconds
-    batched proposers spent before the plan."""
+    """What one step did: the drafting policy it ran by (None: no draft budget, a plain step),
+    the tokens it fed (drafts among them), the requests that emitted (rows with logits), the
+    tokens they emitted, and the seconds batched proposers spent before the plan."""
 
-    planned: bool
+    policy: Optional[str]
     fed: int
     drafted: int
     rows: int
@@ -286,8 +286,8 @@ class Engine:
             done = self._step(running)
             if self.controller is not None:
                 self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
-                                             rows=done.rows, drafted=done.drafted, planned=done.planned)
-            steps, spec_off, fed = steps + 1, spec_off + (not done.planned), fed + done.fed
+                                             rows=done.rows, drafted=done.drafted, policy=done.policy)
+            steps, spec_off, fed = steps + 1, spec_off + (done.policy is None), fed + done.fed
             if tally is not None and done.drafted:  # (a step without drafts accepts none)
                 tally.step(running)
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
@@ -337,7 +337,7 @@ class Engine:
     def _step(self, running: list[Request]) -> StepDone:
         """One forward for every running request."""
         plan, prepared = None, 0.0
-        if self.controller is not None and self.controller.speculates():
+        if self.controller is not None:
             plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
             if plan is not None:
                 start = time.perf_counter()
@@ -348,8 +348,9 @@ class Engine:
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
         emitted = self._verify(rows, logits, offered, observers, hidden)
-        return StepDone(plan is not None, int(batch.token_ids.shape[0]), sum(len(r.draft_tokens) for r in rows),
-                        sum(r.first_logit is not None for r in rows), emitted, prepared)
+        return StepDone(plan.policy if plan is not None else None, int(batch.token_ids.shape[0]),
+                        sum(len(r.draft_tokens) for r in rows), sum(r.first_logit is not None for r in rows),
+                        emitted, prepared)
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding

@@ -1,5 +1,5 @@
-"""What the same steps would have cost without speculation, measured, and the switch that turns
-speculation off while it loses.
+"""What the same steps would have cost without speculation, measured; the switch that turns a
+drafting policy off while it loses; and the choice between the two policies.
 
 The price (rollout/controller.py) decides token by token from a model of the step cost; a model
 can be wrong (host work per request that only drafting steps pay, a step cost that is not a line
@@ -10,13 +10,24 @@ those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A speculat
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
 `plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each): a
-prompt chunk is fed once however many tokens the step's drafts emit. The ledger sums both over
-the recent speculating steps; once the speculating seconds exceed the plain ones, speculation is
-off (every step plain, nothing asked) for a wait that doubles, up to MAX_OFF steps, with each
-trial that loses clearly or loses again, so a workload whose drafts never land (or land just too
-seldom to pay) pays for a trial of TRIAL steps every so often. Each run starts with a trial and a
-trial that wins resets the wait: drafts that start landing (a new epoch's history, a trained
-drafter) are back at once.
+prompt chunk is fed once however many tokens the step's drafts emit. A policy's ledger sums both
+over its recent speculating steps; once the speculating seconds exceed the plain ones, that policy
+is off for a wait that doubles, up to MAX_OFF steps, with each trial that loses clearly or loses
+again, so a workload whose drafts never land (or land just too seldom to pay) pays for a trial of
+TRIAL steps every so often. Each run starts with a trial and a trial that wins resets the wait:
+drafts that start landing (a new epoch's history, a trained drafter) are back at once.
+
+Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
+price. "eager" drafts every token a proposer offers, up to the draft length, as a fixed length
+does: what a draft buys beyond its own tokens (the target's samples past a rejection, which the
+lookahead drafts from in the next steps and which run on once one lands) the price cannot see
+token by token, and a fixed length sometimes wins by it. Eager runs only where a step that
+drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost line (a lone request on
+a CPU, small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers
+one policy, where it may run and is not off (else the other drafts): the one whose steps of the
+recent runs beat plain steps by more, one never tried first, and the other one for a run after
+EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
+the lookahead of the steps after it, whoever drafts them.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
 uses once probes have measured it.
@@ -32,62 +43,64 @@ PROBE_EVERY = 64  # speculating steps between probes once the plain cost is know
 FIRST_PROBES = 4  # ... until this many probes were timed, one every EARLY_PROBE_EVERY steps
 EARLY_PROBE_EVERY = 8
 LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few dozen steps
-TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn speculation off
+TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn a policy off
 MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
 # Step timings on a shared machine move by tens of percent: a trial that lost by less than
 # CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it, or when the
 # trial before it lost too.
 CLEAR_LOSS = 1.2
+RUN_FADE = 0.1  # what the plain steps of the runs before weigh in a new run's fit
+POLICIES = ("budget", "eager")
+EAGER_MAX_COST = 2.0  # plain steps' worth that a step drafting in full may cost for eager to run
+# Where eager runs after the budget, the budget's record rides on the lookahead that eager's
+# long drafts started: the budget is preferred only where its record is better by this much.
+EAGER_EDGE = 0.1
+EXPLORE_RUNS = 4  # runs in a row that prefer one policy before the other is preferred for one
+BURSTY_TRIAL = 4 * TRIAL  # a bursty policy's first stretch (Ledger.bursty)
 
 
 @dataclass
-class PlainReference:
-    cost: StepCost = field(default_factory=StepCost)  # plain seconds per step against tokens fed, probes only
-    probes: float = 0.0  # plain steps timed: probes and steps while off (decayed with the runs, like the rates)
-    ledger: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # decayed (weight, seconds, plain seconds)
-    since_probe: int = 0  # speculating steps since the last probe
-    off_left: int = 0  # plain steps before the next trial
+class Ledger:
+    """One policy's speculating steps against what plain steps would have taken: its recent ones,
+    which switch it off while it loses, and its longer record (`score`), by which the policies
+    are compared."""
+
+    sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # decayed (weight, seconds, plain seconds)
+    off_left: int = 0  # steps before its next trial
     wait: int = MIN_OFF  # the next off period's length
-    lost: bool = False  # the last trial lost (and none has won since)
+    lost: bool = False  # its last trial lost (and none has won since)
+    # (seconds, plain seconds) over its steps of the recent runs (decayed by run): gains come in
+    # bursts (a long draft that lands) and a policy's drafts feed the next steps' lookahead,
+    # whoever drafts then, so only long stretches of steps compare two policies fairly.
+    record: list = field(default_factory=lambda: [0.0, 0.0])
+    # Its gains come in bursts (eager: a long draft that lands, after many that do not): it is
+    # judged on a longer first stretch, and a losing stretch switches it off only while its
+    # record loses too.
+    bursty: bool = False
 
     @property
-    def measured(self) -> bool:
-        return self.probes > 0
+    def judged(self) -> bool:
+        return self.sums[0] >= _weight(BURSTY_TRIAL if self.bursty else TRIAL)
 
-    def new_run(self, decay: float) -> None:
-        """A run starts with a trial (its drafts may land where the last run's did not: a new
-        epoch's history), after a probe at its first step (its context lengths, hence the step
-        cost, differ from the last run's). The wait a losing trial earned is kept."""
-        self.probes *= decay
-        self.since_probe, self.off_left = PROBE_EVERY, 0
-        self.ledger = [0.0, 0.0, 0.0]
+    @property
+    def ratio(self) -> float:
+        """Its recent steps' seconds over what plain steps would have taken (< 1: a gain)."""
+        w, spent, plain = self.sums
+        return spent / plain if plain > 0 else 1.0
 
-    def speculates(self) -> bool:
-        """Whether the next step may draft: not while off, and not when a probe is due."""
-        if self.off_left > 0:
-            return False
-        every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
-        return self.since_probe < every
+    @property
+    def score(self) -> Optional[float]:
+        """The same ratio over its record; None before it ever ran."""
+        spent, plain = self.record
+        return spent / plain if plain > 0 else None
 
-    def observe(self, planned: bool, fed: int, drafted: int, rows: int, emitted: int, seconds: float) -> None:
-        """A step's outcome. planned: it ran with a draft budget (else it was plain: a probe, or
-        a step while speculation is off)."""
-        if not planned:
-            self.off_left = max(self.off_left - 1, 0)
-            if rows > 0:  # (a prefill chunk alone says little of decoding)
-                self.cost.observe(fed, seconds)
-                self.probes += 1
-                self.since_probe = 0
+    def add(self, seconds: float, plain: float) -> None:
+        w, spent, saved = self.sums
+        self.sums = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
+        self.record = [self.record[0] + seconds, self.record[1] + plain]
+        if not self.judged:
             return
-        self.since_probe += 1
-        if rows <= 0 or not self.measured:
-            return
-        plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)
-        w, spent, saved = self.ledger
-        self.ledger = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
-        if self.ledger[0] < _weight(TRIAL):
-            return
-        if self.ratio > 1:
+        if self.ratio > 1 and (not self.bursty or self.score > 1):
             self._switch_off()
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False
@@ -98,27 +111,109 @@ class PlainReference:
         if self.ratio > CLEAR_LOSS or self.lost:
             self.wait = min(self.wait * 2, MAX_OFF)
         self.lost = True
-        self.ledger = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
+        self.sums = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
+
+    def state_dict(self) -> dict:
+        return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> Ledger:
+        # (what is absent from older checkpoints starts afresh)
+        return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
+                   bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))])
+
+
+@dataclass
+class PlainReference:
+    cost: StepCost = field(default_factory=StepCost)  # plain seconds per step against tokens fed, probes only
+    probes: float = 0.0  # plain steps timed: probes and steps while off (decayed with the runs, like the rates)
+    ledgers: dict = field(default_factory=lambda: {p: Ledger(bursty=p == "eager") for p in POLICIES})
+    preferred: str = POLICIES[0]  # the policy that drafts in this run's steps where it may
+    kept: int = 0  # runs in a row that preferred it
+    since_probe: int = 0  # speculating steps since the last probe
+
+    @property
+    def measured(self) -> bool:
+        return self.probes > 0
+
+    @property
+    def ledger(self) -> Ledger:
+        """The preferred policy's ledger."""
+        return self.ledgers[self.preferred]
+
+    def new_run(self, decay: float) -> None:
+        """A run starts with a trial (its drafts may land where the last run's did not: a new
+        epoch's history), after a probe at its first step (its context lengths, hence the step
+        cost, differ from the last run's); the plain steps of the runs before weigh little in
+        its fit (a shared machine's speed moves between runs, and the ledgers' verdicts and the
+        records that compare policies are only as good as the plain cost they are measured
+        against). The waits losing trials earned are kept. It prefers
+        the policy with the better record, one never tried first, and the other one after
+        EXPLORE_RUNS runs in a row."""
+        self.probes *= decay
+        self.cost.fade(RUN_FADE)
+        self.since_probe = PROBE_EVERY
+        for ledger in self.ledgers.values():
+            ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
+            ledger.record = [x * decay for x in ledger.record]
+        rank = {p: self._rank(p) for p in POLICIES}
+        best = "budget" if rank["budget"] * (1 + EAGER_EDGE) < rank["eager"] else "eager"
+        if best == self.preferred and self.kept >= EXPLORE_RUNS:
+            best = next(p for p in POLICIES if p != best)
+        self.kept = self.kept + 1 if best == self.preferred else 1
+        self.preferred = best
+
+    def _rank(self, policy: str) -> float:
+        score = self.ledgers[policy].score
+        return -1.0 if score is None else score  # (one never tried first)
+
+    def choose(self, eager_ok: bool = False) -> Optional[str]:
+        """The next step's drafting policy: the preferred one, or the other while it is off or
+        may not run; None: a plain step (a probe is due, or every policy that may run is off).
+        eager_ok: a step drafting in full would cost at most EAGER_MAX_COST plain steps."""
+        every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
+        if self.since_probe >= every:
+            return None
+        ready = [p for p in POLICIES if self.ledgers[p].off_left == 0 and (eager_ok or p != "eager")]
+        if not ready:
+            return None
+        return self.preferred if self.preferred in ready else ready[0]
+
+    def observe(self, policy: Optional[str], fed: int, drafted: int, rows: int, emitted: int,
+                seconds: float) -> None:
+        """A step's outcome. policy: the one it drafted by (None: it was plain, a probe or a step
+        while every policy was off)."""
+        for name, ledger in self.ledgers.items():
+            if name != policy:
+                ledger.off_left = max(ledger.off_left - 1, 0)
+        if policy is None:
+            if rows > 0:  # (a prefill chunk alone says little of decoding)
+                self.cost.observe(fed, seconds)
+                self.probes += 1
+                self.since_probe = 0
+            return
+        self.since_probe += 1
+        if rows <= 0 or not self.measured:
+            return
+        plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)
+        self.ledgers[policy].add(seconds, plain)
 
     def seconds_per_emitted(self, rows: int) -> Optional[float]:
         """What a plain step at `rows` decoding requests costs per token it emits, once measured."""
         return self.cost.predict(rows) / rows if self.measured and rows > 0 else None
 
-    @property
-    def ratio(self) -> float:
-        """The recent speculating steps' seconds over what plain steps would have taken (< 1: a gain)."""
-        w, spent, plain = self.ledger
-        return spent / plain if plain > 0 else 1.0
-
     def state_dict(self) -> dict:
-        return {"cost": self.cost.state_dict(), "probes": self.probes,
-                "ledger": list(self.ledger), "wait": self.wait, "lost": self.lost}
+        return {"cost": self.cost.state_dict(), "probes": self.probes, "preferred": self.preferred, "kept": self.kept,
+                "ledgers": {p: ledger.state_dict() for p, ledger in self.ledgers.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.cost = StepCost.from_state_dict(state["cost"])
-        self.probes, self.wait = float(state["probes"]), int(state["wait"])
-        self.lost = bool(state.get("lost", False))  # (absent from checkpoints of before it was kept)
-        self.ledger = [float(x) for x in state["ledger"]]
+        self.probes = float(state["probes"])
+        ledgers = state.get("ledgers", {POLICIES[0]: state})  # (checkpoints from before eager: one ledger)
+        self.ledgers = {p: Ledger.from_state_dict(ledgers.get(p, {})) for p in POLICIES}
+        for p, ledger in self.ledgers.items():
+            ledger.bursty = p == "eager"
+        self.preferred, self.kept = state.get("preferred", POLICIES[0]), int(state.get("kept", 0))
 
 
 def _weight(steps: int) -> float:

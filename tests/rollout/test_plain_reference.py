@@ -2,9 +2,20 @@
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.config import SamplingParams as SP
 from rollout.controller import AdaptiveController
-from rollout.plain_reference import EARLY_PROBE_EVERY, FIRST_PROBES, MIN_OFF, PROBE_EVERY, TRIAL, PlainReference
+from rollout.plain_reference import (
+    BURSTY_TRIAL,
+    EAGER_EDGE,
+    EARLY_PROBE_EVERY,
+    FIRST_PROBES,
+    MIN_OFF,
+    PROBE_EVERY,
+    TRIAL,
+    PlainReference,
+)
 from rollout.proposers.base import Draft, Proposer
+from rollout.request import Request
 from tests.conftest import tiny_hf_model
 
 ROWS = 8
@@ -12,17 +23,22 @@ PLAIN_STEP = 0.010  # seconds a plain step of ROWS decoding requests takes in th
 
 
 def plain_step(ref: PlainReference) -> None:
-    ref.observe(False, ROWS, 0, ROWS, ROWS, PLAIN_STEP)
+    ref.observe(None, ROWS, 0, ROWS, ROWS, PLAIN_STEP)
 
 
-def spec_step(ref: PlainReference, emitted: int, seconds: float = 2 * PLAIN_STEP) -> None:
+def spec_step(ref: PlainReference, emitted: int, seconds: float = 2 * PLAIN_STEP, policy: str = "budget") -> None:
     """A speculating step of ROWS requests that fed 3 drafts each."""
-    ref.observe(True, 4 * ROWS, 3 * ROWS, ROWS, emitted, seconds)
+    ref.observe(policy, 4 * ROWS, 3 * ROWS, ROWS, emitted, seconds)
+
+
+def budget(ref: PlainReference):
+    """The budget's ledger (the only policy that drafts where a step drafting in full is dear)."""
+    return ref.ledgers["budget"]
 
 
 def steps_until_probe(ref: PlainReference, emitted: int, seconds: float = 2 * PLAIN_STEP) -> int:
     n = 0
-    while ref.speculates():
+    while ref.choose():
         spec_step(ref, emitted, seconds)
         n += 1
         assert n <= PROBE_EVERY
@@ -33,8 +49,8 @@ def speculate(ref: PlainReference, emitted: int, most: int) -> int:
     """Speculating steps (and the probes due among them) until speculation is switched off, at most
     `most` of them; returns how many ran."""
     n = 0
-    while n < most and ref.off_left == 0:
-        if ref.speculates():
+    while n < most and budget(ref).off_left == 0:
+        if ref.choose():
             spec_step(ref, emitted)
             n += 1
         else:
@@ -45,7 +61,7 @@ def speculate(ref: PlainReference, emitted: int, most: int) -> int:
 def test_a_run_starts_with_a_probe_and_probes_thin_out_once_the_plain_cost_is_known():
     ref = PlainReference()
     ref.new_run(0.5)
-    assert not ref.speculates() and not ref.measured
+    assert ref.choose() is None and not ref.measured
     plain_step(ref)
     assert ref.measured and ref.seconds_per_emitted(ROWS) == pytest.approx(PLAIN_STEP / ROWS)
     gaps = []
@@ -53,7 +69,8 @@ def test_a_run_starts_with_a_probe_and_probes_thin_out_once_the_plain_cost_is_kn
         gaps.append(steps_until_probe(ref, emitted=4 * ROWS))  # drafts that pay: never switched off
         plain_step(ref)
     assert gaps[:FIRST_PROBES - 1] == [EARLY_PROBE_EVERY] * (FIRST_PROBES - 1) and gaps[-1] == PROBE_EVERY
-    assert ref.off_left == 0 and ref.ratio == pytest.approx(0.5)  # twice the time for four times the tokens
+    # twice the time for four times the tokens
+    assert budget(ref).off_left == 0 and budget(ref).ratio == pytest.approx(0.5)
 
 
 def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles():
@@ -61,18 +78,18 @@ def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles
     ref.new_run(0.5)
     plain_step(ref)
     assert speculate(ref, ROWS + 1, 100) == TRIAL  # twice the time for one more token: judged after a trial
-    assert ref.off_left == MIN_OFF
+    assert budget(ref).off_left == MIN_OFF
     for _ in range(MIN_OFF):
-        assert not ref.speculates()
+        assert ref.choose() is None
         plain_step(ref)
-    assert ref.speculates()  # a trial again
-    assert speculate(ref, ROWS + 1, 100) == TRIAL and ref.off_left == 2 * MIN_OFF
+    assert ref.choose() == "budget"  # a trial again
+    assert speculate(ref, ROWS + 1, 100) == TRIAL and budget(ref).off_left == 2 * MIN_OFF
 
     ref.new_run(0.5)  # a new run tries at once (after its probe); the wait it earned is kept
-    assert ref.off_left == 0 and ref.wait == 4 * MIN_OFF
+    assert budget(ref).off_left == 0 and budget(ref).wait == 4 * MIN_OFF
     plain_step(ref)
     assert speculate(ref, 4 * ROWS, TRIAL) == TRIAL  # drafts land now
-    assert ref.off_left == 0 and ref.wait == MIN_OFF  # a winning trial: the next loss waits the least
+    assert budget(ref).off_left == 0 and budget(ref).wait == MIN_OFF  # a winning trial: the next loss waits the least
 
 
 def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
@@ -83,26 +100,27 @@ def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
     waits = []
     for _ in range(4):
         assert speculate(ref, slight, 100) == TRIAL
-        waits.append(ref.off_left)
-        for _ in range(ref.off_left):
+        waits.append(budget(ref).off_left)
+        for _ in range(budget(ref).off_left):
             plain_step(ref)
     assert waits == [MIN_OFF, MIN_OFF, 2 * MIN_OFF, 4 * MIN_OFF]  # the first may be noise; the next are not
     restored = PlainReference()
     restored.load_state_dict(ref.state_dict())
-    assert restored.lost and restored.wait == ref.wait
-    assert speculate(ref, 4 * ROWS, TRIAL) == TRIAL and ref.off_left == 0  # drafts land: back to the shortest wait
-    assert not ref.lost and ref.wait == MIN_OFF
+    assert budget(restored).lost and budget(restored).wait == budget(ref).wait
+    # drafts land: back to the shortest wait
+    assert speculate(ref, 4 * ROWS, TRIAL) == TRIAL and budget(ref).off_left == 0
+    assert not budget(ref).lost and budget(ref).wait == MIN_OFF
 
 
 def test_the_plain_cost_is_fitted_against_the_tokens_a_step_feeds():
     ref = PlainReference()
     for n in (8, 64, 8, 64):
-        ref.observe(False, n, 0, n, n, 0.002 + n * 0.0001)
+        ref.observe(None, n, 0, n, n, 0.002 + n * 0.0001)
     assert ref.seconds_per_emitted(16) == pytest.approx((0.002 + 16 * 0.0001) / 16)
     # a step with a prompt chunk of 56 tokens besides 8 decoding rows: plain would feed those too,
     # once: its 32 tokens take 4 plain steps, the first with the chunk, three of 8 rows
-    ref.observe(True, 8 + 56 + 24, 24, 8, 32, 0.002 + 88 * 0.0001)
-    w, spent, plain = ref.ledger
+    ref.observe("budget", 8 + 56 + 24, 24, 8, 32, 0.002 + 88 * 0.0001)
+    w, spent, plain = budget(ref).sums
     assert plain == pytest.approx((0.002 + 64 * 0.0001) + 3 * (0.002 + 8 * 0.0001))
 
 
@@ -110,13 +128,13 @@ def test_a_priced_controller_values_an_accepted_token_at_what_a_plain_step_spend
     c = AdaptiveController()
     c.add_profile(8, 0.018)
     c.add_profile(72, 0.082)
-    assert c.speculates()  # nothing says it loses yet
+    assert c.policy(8) == "budget"  # nothing says it loses yet
     before = c.seconds_per_emitted(8)
     for _ in range(3):
-        c.observe_step(8, 8, 0.004, rows=8, planned=False)  # plain steps, timed: cheaper than the profile says
+        c.observe_step(8, 8, 0.004, rows=8, policy=None)  # plain steps, timed: cheaper than the profile says
     assert c.seconds_per_emitted(8) < before
     assert c.seconds_per_emitted(8) == pytest.approx(c.plain.cost.predict(8) / 8)
-    assert AdaptiveController(min_draft_prob=0.2).speculates()  # a fixed threshold never probes
+    assert AdaptiveController(min_draft_prob=0.2).policy(8) == "budget"  # a fixed threshold never probes
 
 
 class Wrong(Proposer):
@@ -144,7 +162,7 @@ class FakeClock:
         return self.now
 
     def cost(self, done) -> float:
-        return 0.001 + 0.001 * done.fed + (self.planned if done.planned else 0.0)
+        return 0.001 + 0.001 * done.fed + (self.planned if done.policy is not None else 0.0)
 
 
 @pytest.mark.parametrize("planned", [0.0, 0.005])
@@ -183,3 +201,109 @@ def test_an_engine_whose_drafts_never_land_runs_about_as_long_as_plain_and_keeps
     assert clock.now - start <= 1.05 * plain_seconds, (clock.now - start, plain_seconds, priced.last_run)
     if planned:
         assert priced.last_run.spec_off_steps > priced.last_run.steps / 2, priced.last_run
+
+
+def run_policies(ref: PlainReference, emitted_by: dict, steps: int, eager_ok: bool = True) -> list:
+    """A run of `steps` steps as `choose` picks them, a speculating step by policy p emitting
+    emitted_by[p] tokens in twice a plain step's time; returns each step's policy (None: plain)."""
+    ref.new_run(0.5)
+    ran = []
+    for _ in range(steps):
+        policy = ref.choose(eager_ok)
+        if policy is None:
+            plain_step(ref)
+        else:
+            spec_step(ref, emitted_by[policy], policy=policy)
+        ran.append(policy)
+    return ran
+
+
+def preferred(emitted_by: dict, runs: int, steps: int = 40) -> list:
+    """The policy that drafted most in each of `runs` runs."""
+    ref, out = PlainReference(), []
+    for _ in range(runs):
+        ran = [p for p in run_policies(ref, emitted_by, steps) if p]
+        out.append(max(set(ran), key=ran.count))
+    return out
+
+
+def test_where_drafting_in_full_is_cheap_each_run_prefers_the_policy_with_the_better_record():
+    # eager better: after one run of each, eager drafts, and the budget gets one run in five
+    assert preferred({"budget": 3 * ROWS, "eager": 4 * ROWS}, 12) == \
+        ["budget", "eager", "eager", "eager", "eager", "budget"] + ["eager"] * 4 + ["budget", "eager"]
+    # the budget clearly better: it drafts, and eager gets one run in five
+    assert preferred({"budget": 4 * ROWS, "eager": 3 * ROWS}, 8) == \
+        ["budget", "eager", "budget", "budget", "budget", "budget", "eager", "budget"]
+    # the budget better by less than EAGER_EDGE: eager drafts (the budget's record may ride on eager's lookahead)
+    slight = round(4 * ROWS * (1 + EAGER_EDGE / 2))
+    assert preferred({"budget": slight, "eager": 4 * ROWS}, 4) == ["budget", "eager", "eager", "eager"]
+
+
+def test_eager_drafts_only_where_a_step_drafting_in_full_is_cheap():
+    ref = PlainReference()
+    for _ in range(3):
+        run_policies(ref, {"budget": 3 * ROWS, "eager": 4 * ROWS}, 40)
+    assert ref.preferred == "eager"
+    ran = run_policies(ref, {"budget": 3 * ROWS}, 40, eager_ok=False)  # steps got dear: the budget drafts
+    assert "eager" not in ran and ran.count("budget") >= 40 - 40 // EARLY_PROBE_EVERY - 1
+
+
+def test_a_policy_that_loses_to_plain_is_switched_off_on_its_own_and_the_other_drafts_meanwhile():
+    ref = PlainReference()
+    run_policies(ref, {"budget": 4 * ROWS, "eager": 4 * ROWS}, 40)  # the first run: the budget
+    ran = run_policies(ref, {"budget": 4 * ROWS, "eager": ROWS + 1}, 200)  # eager's run; it loses (ratio about 2)
+    eager = ref.ledgers["eager"]
+    assert eager.lost and not ref.ledgers["budget"].lost
+    # judged after BURSTY_TRIAL steps, then tried again after waits that double (16, 32, 64 steps)
+    assert 3 * BURSTY_TRIAL < ran.count("eager") < 4 * BURSTY_TRIAL and eager.wait == 8 * MIN_OFF
+    assert ran.count(None) <= 200 // EARLY_PROBE_EVERY  # probes only: the budget drafts meanwhile
+    assert ref.preferred == "eager" and run_policies(ref, {"budget": 4 * ROWS}, 40).count("eager") == 0
+    restored = PlainReference()
+    restored.load_state_dict(ref.state_dict())
+    assert restored.preferred == ref.preferred and restored.kept == ref.kept
+    assert {p: vars(x) | {"off_left": 0} for p, x in restored.ledgers.items()} == \
+        {p: vars(x) | {"off_left": 0} for p, x in ref.ledgers.items()}
+
+
+def test_eager_rides_out_a_losing_stretch_while_its_record_wins_and_not_for_ever():
+    ref = PlainReference()
+    for _ in range(3):
+        run_policies(ref, {"budget": 3 * ROWS, "eager": 4 * ROWS}, 60)
+    assert ref.preferred == "eager" and ref.ledgers["eager"].score == pytest.approx(0.5)
+    ran = run_policies(ref, {"budget": 3 * ROWS, "eager": ROWS + 1}, 200)  # its drafts stop landing
+    first = next(i for i, p in enumerate(ran) if p == "budget")  # eager switched off here
+    assert ran[first - 1] == "eager" and ran[1:first].count("eager") > 2 * BURSTY_TRIAL
+    assert ref.ledgers["eager"].score > 1 and ref.ledgers["eager"].lost
+
+
+def test_a_checkpoint_of_before_eager_loads_into_the_budget_ledger():
+    old = {"cost": PlainReference().cost.state_dict(), "probes": 2.0, "ledger": [1.0, 2.0, 3.0], "wait": 64,
+           "lost": True}
+    ref = PlainReference()
+    ref.load_state_dict(old)
+    assert ref.ledgers["budget"].sums == [1.0, 2.0, 3.0] and ref.ledgers["budget"].wait == 64
+    assert ref.ledgers["eager"].score is None and ref.probes == 2.0
+
+
+def test_eager_is_offered_only_where_drafting_in_full_costs_little_more_than_a_plain_step(monkeypatch):
+    class Offers(Proposer):
+        name, prior = "x", 0.05
+
+        def propose(self, req, k):
+            return Draft([7] * k, self)
+
+    seen = []
+    for fed_cost, cheap in ((0.0001, True), (0.001, False)):  # per fed token, against 0.01 a step
+        c = AdaptiveController(max_draft_tokens=8)
+        c.add_profile(8, 0.010 + 8 * fed_cost)
+        c.add_profile(72, 0.010 + 72 * fed_cost)
+        monkeypatch.setattr(c.plain, "choose",
+                            lambda eager_ok: seen.append(eager_ok) or ("eager" if eager_ok else "budget"))
+        plan = c.plan_step([Offers()], 8, 1.0)
+        assert seen[-1] is cheap  # 8 rows of 9 tokens: 1.6x a plain step's cost, or 4.6x
+        assert plan.policy == ("eager" if cheap else "budget")
+        if cheap:  # every token a proposer offers, however unlikely
+            assert plan.threshold == 0.0 and plan.offers[0].most == 8
+            assert c.choose(Request(0, [1], SP(), 0), 8, plan).tokens == [7] * 8
+        else:
+            assert plan.offers[0].most < 8
