@@ -49,7 +49,6 @@ MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and th
 # CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it, or when the
 # trial before it lost too.
 CLEAR_LOSS = 1.2
-RUN_FADE = 0.1  # what the plain steps of the runs before weigh in a new run's fit
 POLICIES = ("budget", "eager")
 EAGER_MAX_COST = 2.0  # plain steps' worth that a step drafting in full may cost for eager to run
 # Where eager runs after the budget, the budget's record rides on the lookahead that eager's
@@ -144,14 +143,10 @@ class PlainReference:
     def new_run(self, decay: float) -> None:
         """A run starts with a trial (its drafts may land where the last run's did not: a new
         epoch's history), after a probe at its first step (its context lengths, hence the step
-        cost, differ from the last run's); the plain steps of the runs before weigh little in
-        its fit (a shared machine's speed moves between runs, and the ledgers' verdicts and the
-        records that compare policies are only as good as the plain cost they are measured
-        against). The waits losing trials earned are kept. It prefers
+        cost, differ from the last run's). The waits losing trials earned are kept. It prefers
         the policy with the better record, one never tried first, and the other one after
         EXPLORE_RUNS runs in a row."""
         self.probes *= decay
-        self.cost.fade(RUN_FADE)
         self.since_probe = PROBE_EVERY
         for ledger in self.ledgers.values():
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
@@ -168,13 +163,17 @@ class PlainReference:
         return -1.0 if score is None else score  # (one never tried first)
 
     def choose(self, eager_ok: bool = False) -> Optional[str]:
-        """The next step's drafting policy: the preferred one, or the other while it is off or
-        may not run; None: a plain step (a probe is due, or every policy that may run is off).
-        eager_ok: a step drafting in full would cost at most EAGER_MAX_COST plain steps."""
+        """The next step's drafting policy: the preferred one, or the other while the preferred
+        one may not run, or is off and the other's record wins against plain; None: a plain
+        step (a probe is due, or no policy may draft). eager_ok: a step drafting in full would
+        cost at most EAGER_MAX_COST plain steps."""
         every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
         if self.since_probe >= every:
             return None
-        ready = [p for p in POLICIES if self.ledgers[p].off_left == 0 and (eager_ok or p != "eager")]
+        may_run = [p for p in POLICIES if eager_ok or p != "eager"]
+        # (where the preferred one is only off, a stand-in must win on its record)
+        stand_ins = [p for p in may_run if self.preferred not in may_run or self._rank(p) <= 1]
+        ready = [p for p in may_run if self.ledgers[p].off_left == 0 and (p == self.preferred or p in stand_ins)]
         if not ready:
             return None
         return self.preferred if self.preferred in ready else ready[0]

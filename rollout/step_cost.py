@@ -31,10 +31,6 @@ class StepCost:
     def add_profile(self, tokens: int, seconds: float) -> None:
         _accumulate(self.anchor, 1.0, tokens, seconds)
 
-    def fade(self, factor: float) -> None:
-        """Weigh every step seen so far by `factor` more."""
-        self.sums = [s * factor for s in self.sums]
-
     def observe(self, tokens: int, seconds: float) -> None:
         self.sums = [s * DECAY for s in self.sums]
         _accumulate(self.sums, 1.0, tokens, seconds)

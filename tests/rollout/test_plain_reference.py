@@ -265,6 +265,19 @@ def test_a_policy_that_loses_to_plain_is_switched_off_on_its_own_and_the_other_d
         {p: vars(x) | {"off_left": 0} for p, x in ref.ledgers.items()}
 
 
+def test_while_the_preferred_policy_is_off_the_other_stands_in_only_if_its_record_wins():
+    ref = PlainReference()
+    run_policies(ref, {"budget": ROWS + 1, "eager": 4 * ROWS}, 60)  # the budget's run: it loses
+    assert ref.ledgers["budget"].score > 1
+    run_policies(ref, {"budget": ROWS + 1, "eager": 4 * ROWS}, 60)  # eager's run: it wins
+    assert ref.preferred == "eager"
+    ran = run_policies(ref, {"budget": ROWS + 1, "eager": ROWS + 1}, 200)  # eager's drafts stop landing
+    first_off = ran.index(None, 1)
+    assert ref.ledgers["eager"].lost and "budget" not in ran[first_off:]  # plain while eager is off
+    # where eager may not run, the budget drafts whatever its record (its own trials judge it)
+    assert run_policies(ref, {"budget": 4 * ROWS}, 40, eager_ok=False).count("budget") > 30
+
+
 def test_eager_rides_out_a_losing_stretch_while_its_record_wins_and_not_for_ever():
     ref = PlainReference()
     for _ in range(3):
