@@ -24,9 +24,10 @@ lookahead drafts from in the next steps and which run on once one lands) the pri
 token by token, and a fixed length sometimes wins by it. Eager runs only where a step that
 drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost line (a lone request on
 a CPU, small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers
-one policy, where it may run and is not off (else the other drafts): the one whose steps of the
-recent runs beat plain steps by more, one never tried first, and the other one for a run after
-EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
+one policy, which drafts where it may run and is not off (the other drafts where it may not
+run, and while it is off only if the other's own record beats plain steps): the one whose
+steps of the recent runs beat plain steps by more, one never tried first, and the other one for
+a run after EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
 the lookahead of the steps after it, whoever drafts them.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
@@ -134,11 +135,6 @@ class PlainReference:
     @property
     def measured(self) -> bool:
         return self.probes > 0
-
-    @property
-    def ledger(self) -> Ledger:
-        """The preferred policy's ledger."""
-        return self.ledgers[self.preferred]
 
     def new_run(self, decay: float) -> None:
         """A run starts with a trial (its drafts may land where the last run's did not: a new
