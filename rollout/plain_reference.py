@@ -167,9 +167,9 @@ class PlainReference:
         if self.since_probe >= every:
             return None
         may_run = [p for p in POLICIES if eager_ok or p != "eager"]
-        # (where the preferred one is only off, a stand-in must win on its record)
-        stand_ins = [p for p in may_run if self.preferred not in may_run or self._rank(p) <= 1]
-        ready = [p for p in may_run if self.ledgers[p].off_left == 0 and (p == self.preferred or p in stand_ins)]
+        only_off = self.preferred in may_run  # (then a stand-in must win on its record)
+        ready = [p for p in may_run if self.ledgers[p].off_left == 0
+                 and (p == self.preferred or not only_off or self._rank(p) <= 1)]
         if not ready:
             return None
         return self.preferred if self.preferred in ready else ready[0]
