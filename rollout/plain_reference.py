@@ -77,10 +77,17 @@ class Ledger:
     # judged on a longer first stretch, and a losing stretch switches it off only while its
     # record loses too.
     bursty: bool = False
+    # Runs that preferred it: what it did as a stand-in (on the steps the preferred one left it,
+    # which need not be like the rest) ranks it for no run.
+    runs: int = 0
+
+    @property
+    def trial(self) -> int:
+        return BURSTY_TRIAL if self.bursty else TRIAL
 
     @property
     def judged(self) -> bool:
-        return self.sums[0] >= _weight(BURSTY_TRIAL if self.bursty else TRIAL)
+        return self.sums[0] >= _weight(self.trial)
 
     @property
     def ratio(self) -> float:
@@ -89,10 +96,19 @@ class Ledger:
         return spent / plain if plain > 0 else 1.0
 
     @property
-    def score(self) -> Optional[float]:
+    def record_ratio(self) -> Optional[float]:
         """The same ratio over its record; None before it ever ran."""
         spent, plain = self.record
         return spent / plain if plain > 0 else None
+
+    @property
+    def score(self) -> Optional[float]:
+        """Its record_ratio once a run preferred it, by which the policies are ranked."""
+        return self.record_ratio if self.runs > 0 else None
+
+    @property
+    def winning(self) -> bool:
+        return (self.record_ratio or 1.0) < 1
 
     def add(self, seconds: float, plain: float) -> None:
         w, spent, saved = self.sums
@@ -100,27 +116,34 @@ class Ledger:
         self.record = [self.record[0] + seconds, self.record[1] + plain]
         if not self.judged:
             return
-        if self.ratio > 1 and (not self.bursty or self.score > 1):
+        if self.ratio > 1 and (not self.bursty or not self.winning):
             self._switch_off()
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False
 
     def _switch_off(self) -> None:
-        self.off_left = self.wait
-        # (a slight loss once may be the machine's noise: try again as soon; twice, it is not)
-        if self.ratio > CLEAR_LOSS or self.lost:
-            self.wait = min(self.wait * 2, MAX_OFF)
+        # While its record wins, a losing stretch may be the machine's noise however large: it
+        # waits the least. Else a slight loss once may be noise: it tries again as soon; twice,
+        # or a clear loss, and the wait doubles.
+        if self.winning:
+            self.off_left = MIN_OFF
+        else:
+            self.off_left = self.wait
+            if self.ratio > CLEAR_LOSS or self.lost:
+                self.wait = min(self.wait * 2, MAX_OFF)
         self.lost = True
         self.sums = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
 
     def state_dict(self) -> dict:
-        return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record)}
+        return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record),
+                "runs": self.runs}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Ledger:
         # (what is absent from older checkpoints starts afresh)
         return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
-                   bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))])
+                   bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))],
+                   runs=int(state.get("runs", 0)))
 
 
 @dataclass
@@ -140,8 +163,8 @@ class PlainReference:
         """A run starts with a trial (its drafts may land where the last run's did not: a new
         epoch's history), after a probe at its first step (its context lengths, hence the step
         cost, differ from the last run's). The waits losing trials earned are kept. It prefers
-        the policy with the better record, one never tried first, and the other one after
-        EXPLORE_RUNS runs in a row."""
+        the policy with the better record, one no run preferred yet first, and the other one
+        after EXPLORE_RUNS runs in a row."""
         self.probes *= decay
         self.since_probe = PROBE_EVERY
         for ledger in self.ledgers.values():
@@ -153,10 +176,11 @@ class PlainReference:
             best = next(p for p in POLICIES if p != best)
         self.kept = self.kept + 1 if best == self.preferred else 1
         self.preferred = best
+        self.ledgers[best].runs += 1
 
     def _rank(self, policy: str) -> float:
         score = self.ledgers[policy].score
-        return -1.0 if score is None else score  # (one never tried first)
+        return -1.0 if score is None else score  # (one no run preferred yet first)
 
     def choose(self, eager_ok: bool = False) -> Optional[str]:
         """The next step's drafting policy: the preferred one, or the other while the preferred
@@ -169,7 +193,7 @@ class PlainReference:
         may_run = [p for p in POLICIES if eager_ok or p != "eager"]
         only_off = self.preferred in may_run  # (then a stand-in must win on its record)
         ready = [p for p in may_run if self.ledgers[p].off_left == 0
-                 and (p == self.preferred or not only_off or self._rank(p) <= 1)]
+                 and (p == self.preferred or not only_off or (self.ledgers[p].record_ratio or 0.0) <= 1)]
         if not ready:
             return None
         return self.preferred if self.preferred in ready else ready[0]

@@ -320,3 +320,35 @@ def test_eager_is_offered_only_where_drafting_in_full_costs_little_more_than_a_p
             assert c.choose(Request(0, [1], SP(), 0), 8, plan).tokens == [7] * 8
         else:
             assert plan.offers[0].most < 8
+
+
+def test_a_record_made_standing_in_ranks_no_policy_until_a_run_prefers_it():
+    ref = PlainReference()
+    # the budget's run: it loses and is switched off; eager stands in for the rest, and loses too
+    ran = run_policies(ref, {"budget": ROWS + 1, "eager": ROWS + 1}, 60)
+    assert ran.count("eager") > 0 and ref.ledgers["eager"].record_ratio > 1
+    assert ref.ledgers["eager"].score is None  # the steps the budget left it need not be like the rest
+    run_policies(ref, {"budget": ROWS + 1, "eager": 4 * ROWS}, 60)
+    assert ref.preferred == "eager" and ref.ledgers["eager"].score < 1
+
+
+def test_while_its_record_wins_a_losing_stretch_waits_the_least_and_the_wait_does_not_grow():
+    ref = PlainReference()
+    run_policies(ref, {"budget": 4 * ROWS}, 60, eager_ok=False)  # a record that wins
+    assert budget(ref).score < 1
+    ref.new_run(0.5)
+    plain_step(ref)
+    for _ in range(3):  # stretches that lose clearly (the machine, say): each waits the least
+        assert speculate(ref, ROWS + 1, 100) == TRIAL
+        assert budget(ref).off_left == MIN_OFF and budget(ref).wait == MIN_OFF
+        for _ in range(MIN_OFF):
+            plain_step(ref)
+    # and once the losses outweigh the record, the wait doubles again
+    while budget(ref).winning:
+        speculate(ref, ROWS + 1, 100)
+        assert budget(ref).off_left == MIN_OFF
+        for _ in range(MIN_OFF):
+            plain_step(ref)
+    assert budget(ref).wait == 2 * MIN_OFF
+    speculate(ref, ROWS + 1, 100)
+    assert budget(ref).off_left == 2 * MIN_OFF and budget(ref).wait == 4 * MIN_OFF
