@@ -14,7 +14,8 @@ prompt chunk is fed once however many tokens the step's drafts emit. A policy's 
 over its recent speculating steps; once the speculating seconds exceed the plain ones, that policy
 is off for a wait that doubles, up to MAX_OFF steps, with each trial that loses clearly or loses
 again, so a workload whose drafts never land (or land just too seldom to pay) pays for a trial of
-TRIAL steps every so often. Each run starts with a trial and a trial that wins resets the wait:
+TRIAL steps every so often. While the policy's longer record wins, a losing stretch is likelier
+the machine's noise than a change: it waits MIN_OFF steps, and the wait does not grow. Each run starts with a trial and a trial that wins resets the wait:
 drafts that start landing (a new epoch's history, a trained drafter) are back at once.
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
@@ -26,8 +27,9 @@ drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost line (a
 a CPU, small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers
 one policy, which drafts where it may run and is not off (the other drafts where it may not
 run, and while it is off only if the other's own record beats plain steps): the one whose
-steps of the recent runs beat plain steps by more, one never tried first, and the other one for
-a run after EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
+steps of the recent runs beat plain steps by more, one no run preferred yet first (what a policy
+did standing in, on the steps the other left it, need not be like the rest), and the other one
+for a run after EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
 the lookahead of the steps after it, whoever drafts them.
 
 The plain cost per emitted token is also what an accepted draft token saves, which the price
@@ -43,6 +45,9 @@ from .step_cost import StepCost
 PROBE_EVERY = 64  # speculating steps between probes once the plain cost is known ...
 FIRST_PROBES = 4  # ... until this many probes were timed, one every EARLY_PROBE_EVERY steps
 EARLY_PROBE_EVERY = 8
+# Per speculating step, the probes so far fade by this: the machine's speed drifts, and the fit
+# must follow it between probes, not the plain steps of a stretch long past.
+PLAIN_FADE = 0.99
 LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few dozen steps
 TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn a policy off
 MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
@@ -154,6 +159,7 @@ class PlainReference:
     preferred: str = POLICIES[0]  # the policy that drafts in this run's steps where it may
     kept: int = 0  # runs in a row that preferred it
     since_probe: int = 0  # speculating steps since the last probe
+    drafted: bool = False  # the last speculating step fed drafts
 
     @property
     def measured(self) -> bool:
@@ -166,7 +172,7 @@ class PlainReference:
         the policy with the better record, one no run preferred yet first, and the other one
         after EXPLORE_RUNS runs in a row."""
         self.probes *= decay
-        self.since_probe = PROBE_EVERY
+        self.since_probe = 2 * PROBE_EVERY  # (due at once)
         for ledger in self.ledgers.values():
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
             ledger.record = [x * decay for x in ledger.record]
@@ -188,7 +194,10 @@ class PlainReference:
         step (a probe is due, or no policy may draft). eager_ok: a step drafting in full would
         cost at most EAGER_MAX_COST plain steps."""
         every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
-        if self.since_probe >= every:
+        # A probe after a step that drafted cuts its chain (the lookahead drafts from the samples
+        # its draft rows yield); after one that drafted nothing it costs about nothing and keeps
+        # the fit current, so there it comes every EARLY_PROBE_EVERY steps.
+        if self.since_probe >= (every if self.drafted else EARLY_PROBE_EVERY):
             return None
         may_run = [p for p in POLICIES if eager_ok or p != "eager"]
         only_off = self.preferred in may_run  # (then a stand-in must win on its record)
@@ -212,6 +221,8 @@ class PlainReference:
                 self.since_probe = 0
             return
         self.since_probe += 1
+        self.drafted = drafted > 0
+        self.cost.fade(PLAIN_FADE)
         if rows <= 0 or not self.measured:
             return
         plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)

@@ -35,6 +35,10 @@ class StepCost:
         self.sums = [s * DECAY for s in self.sums]
         _accumulate(self.sums, 1.0, tokens, seconds)
 
+    def fade(self, factor: float) -> None:
+        """Weigh every step so far by `factor` against those still to come."""
+        self.sums = [s * factor for s in self.sums]
+
     def state_dict(self) -> dict:
         return {"sums": list(self.sums), "anchor": list(self.anchor)}
 

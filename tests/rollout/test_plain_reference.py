@@ -36,12 +36,14 @@ def budget(ref: PlainReference):
     return ref.ledgers["budget"]
 
 
-def steps_until_probe(ref: PlainReference, emitted: int, seconds: float = 2 * PLAIN_STEP) -> int:
+def steps_until_probe(ref: PlainReference, emitted: int, drafts: bool = True) -> int:
+    """Speculating steps that feed 3 drafts a request (or none) until a probe."""
     n = 0
     while ref.choose():
-        spec_step(ref, emitted, seconds)
+        drafted = 3 * ROWS if drafts else 0
+        ref.observe("budget", ROWS + drafted, drafted, ROWS, emitted, 2 * PLAIN_STEP)
         n += 1
-        assert n <= PROBE_EVERY
+        assert n <= 2 * PROBE_EVERY
     return n
 
 
@@ -69,6 +71,8 @@ def test_a_run_starts_with_a_probe_and_probes_thin_out_once_the_plain_cost_is_kn
         gaps.append(steps_until_probe(ref, emitted=4 * ROWS))  # drafts that pay: never switched off
         plain_step(ref)
     assert gaps[:FIRST_PROBES - 1] == [EARLY_PROBE_EVERY] * (FIRST_PROBES - 1) and gaps[-1] == PROBE_EVERY
+    # between steps that draft nothing a probe costs about nothing (no chain of drafts to cut)
+    assert steps_until_probe(ref, emitted=4 * ROWS, drafts=False) == EARLY_PROBE_EVERY
     # twice the time for four times the tokens
     assert budget(ref).off_left == 0 and budget(ref).ratio == pytest.approx(0.5)
 
