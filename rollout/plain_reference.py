@@ -5,7 +5,11 @@ The price (rollout/controller.py) decides token by token from a model of the ste
 can be wrong (host work per request that only drafting steps pay, a step cost that is not a line
 in the tokens fed) and nothing in it would notice. So the engine also runs a plain step now and
 then, with no proposer asked and no draft fed (a "probe"), and fits what a plain step costs from
-those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A speculating step that fed
+those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A probe right after a step
+that drafted cuts a chain (the lookahead drafts from the samples a draft's rows yield, and a plain
+step yields none), so probes come every EARLY_PROBE_EVERY steps after steps that drafted nothing,
+where they cost about nothing, and only every PROBE_EVERY steps between drafting ones; the fit
+fades between probes, as the machine's speed drifts. A speculating step that fed
 `fed` tokens, `drafted` of them drafts, for `rows` requests that each emitted at least one token,
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
@@ -226,6 +230,8 @@ class PlainReference:
         if rows <= 0 or not self.measured:
             return
         plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)
+        if emitted <= rows:  # no draft landed: at best it did what a plain step does, whatever the fit says
+            plain = min(plain, seconds)
         self.ledgers[policy].add(seconds, plain)
 
     def seconds_per_emitted(self, rows: int) -> Optional[float]:
