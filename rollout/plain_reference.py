@@ -14,12 +14,14 @@ fades between probes, as the machine's speed drifts. A speculating step that fed
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
 `plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each): a
-prompt chunk is fed once however many tokens the step's drafts emit. A policy's ledger sums both
-over its recent speculating steps; once the speculating seconds exceed the plain ones, that policy
-is off for a wait that doubles, up to MAX_OFF steps, with each trial that loses clearly or loses
-again, so a workload whose drafts never land (or land just too seldom to pay) pays for a trial of
-TRIAL steps every so often. While the policy's longer record wins, a losing stretch is likelier
-the machine's noise than a change: it waits MIN_OFF steps, and the wait does not grow. Each run starts with a trial and a trial that wins resets the wait:
+prompt chunk is fed once however many tokens the step's drafts emit. A step whose drafts all
+missed did at best what a plain step does, so it never reads as a gain, whatever the fit's error.
+A policy's ledger sums both over its recent speculating steps; once the speculating seconds
+reach the plain ones, that policy is off for a wait that doubles, up to MAX_OFF steps, with each
+trial that loses clearly or loses again, so a workload whose drafts never land (or land just too
+seldom to pay) pays for a trial of TRIAL steps every so often. While the policy's longer record
+wins, a losing stretch is likelier the machine's noise than a change: it waits MIN_OFF steps, and
+the wait does not grow. Each run starts with a trial and a trial that wins resets the wait:
 drafts that start landing (a new epoch's history, a trained drafter) are back at once.
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
@@ -125,7 +127,7 @@ class Ledger:
         self.record = [self.record[0] + seconds, self.record[1] + plain]
         if not self.judged:
             return
-        if self.ratio > 1 and (not self.bursty or not self.winning):
+        if self.ratio >= 1 and (not self.bursty or not self.winning):  # (even: it gains nothing for its asks)
             self._switch_off()
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False

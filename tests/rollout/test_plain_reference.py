@@ -356,3 +356,13 @@ def test_while_its_record_wins_a_losing_stretch_waits_the_least_and_the_wait_doe
     assert budget(ref).wait == 2 * MIN_OFF
     speculate(ref, ROWS + 1, 100)
     assert budget(ref).off_left == 2 * MIN_OFF and budget(ref).wait == 4 * MIN_OFF
+
+
+def test_steps_whose_drafts_all_missed_never_read_as_gains_whatever_the_fit_says():
+    ref = PlainReference()
+    ref.new_run(0.5)
+    ref.observe(None, ROWS, 0, ROWS, ROWS, 2 * PLAIN_STEP)  # a probe while the machine was slow
+    assert ref.choose() == "budget"
+    for _ in range(TRIAL):  # the machine is fast again; drafts fed, none landed: no better than plain
+        ref.observe("budget", 4 * ROWS, 3 * ROWS, ROWS, ROWS, 1.05 * PLAIN_STEP)
+    assert budget(ref).off_left == MIN_OFF  # (even, at best: off)
