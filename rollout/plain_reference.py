@@ -84,21 +84,22 @@ class Ledger:
     # bursts (a long draft that lands) and a policy's drafts feed the next steps' lookahead,
     # whoever drafts then, so only long stretches of steps compare two policies fairly.
     record: list = field(default_factory=lambda: [0.0, 0.0])
-    # Its gains come in bursts (eager: a long draft that lands, after many that do not): it is
-    # judged on a longer first stretch, and a losing stretch switches it off only while its
-    # record loses too.
+    # Its gains come in bursts (eager: a long draft that lands, after many that do not): in a run
+    # after runs where its record did not lose, it is judged on a longer first stretch; a losing
+    # stretch switches it off only while its record does not win.
     bursty: bool = False
+    lenient: bool = True  # its score did not lose when this run started
     # Runs that preferred it: what it did as a stand-in (on the steps the preferred one left it,
     # which need not be like the rest) ranks it for no run.
     runs: int = 0
 
     @property
     def trial(self) -> int:
-        return BURSTY_TRIAL if self.bursty else TRIAL
+        return BURSTY_TRIAL if self.bursty and self.lenient else TRIAL
 
     @property
     def judged(self) -> bool:
-        return self.sums[0] >= _weight(self.trial)
+        return self.sums[0] >= _weight(self.trial) - 1e-9  # (the sum and the closed form round apart)
 
     @property
     def ratio(self) -> float:
@@ -147,14 +148,14 @@ class Ledger:
 
     def state_dict(self) -> dict:
         return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record),
-                "runs": self.runs}
+                "runs": self.runs, "lenient": self.lenient}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Ledger:
         # (what is absent from older checkpoints starts afresh)
         return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
                    bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))],
-                   runs=int(state.get("runs", 0)))
+                   runs=int(state.get("runs", 0)), lenient=bool(state.get("lenient", True)))
 
 
 @dataclass
@@ -182,6 +183,7 @@ class PlainReference:
         for ledger in self.ledgers.values():
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
             ledger.record = [x * decay for x in ledger.record]
+            ledger.lenient = (ledger.score or 0.0) < 1
         rank = {p: self._rank(p) for p in POLICIES}
         best = "budget" if rank["budget"] * (1 + EAGER_EDGE) < rank["eager"] else "eager"
         if best == self.preferred and self.kept >= EXPLORE_RUNS:

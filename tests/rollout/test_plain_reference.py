@@ -366,3 +366,16 @@ def test_steps_whose_drafts_all_missed_never_read_as_gains_whatever_the_fit_says
     for _ in range(TRIAL):  # the machine is fast again; drafts fed, none landed: no better than plain
         ref.observe("budget", 4 * ROWS, 3 * ROWS, ROWS, ROWS, 1.05 * PLAIN_STEP)
     assert budget(ref).off_left == MIN_OFF  # (even, at best: off)
+
+
+def test_a_bursty_policy_whose_record_lost_is_judged_on_a_trial_like_any_other():
+    ref = PlainReference()
+    losing = {"budget": ROWS, "eager": ROWS + 1}  # both lose; eager by less
+    run_policies(ref, losing, 100)  # the budget's run
+    stretches = []
+    for _ in range(2):  # eager's runs: the first after no record, the second after one that lost
+        ran = run_policies(ref, losing, 100)
+        assert ref.preferred == "eager"
+        first = ran.index("eager")
+        stretches.append(ran[first:].index(None) if None in ran[first:] else len(ran) - first)
+    assert stretches == [BURSTY_TRIAL, TRIAL]
