@@ -120,7 +120,8 @@ class Ledger:
 
     @property
     def winning(self) -> bool:
-        return (self.record_ratio or 1.0) < 1
+        ratio = self.record_ratio
+        return ratio is not None and ratio < 1
 
     def add(self, seconds: float, plain: float) -> None:
         w, spent, saved = self.sums

@@ -32,7 +32,7 @@ class StepCost:
         _accumulate(self.anchor, 1.0, tokens, seconds)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        self.sums = [s * DECAY for s in self.sums]
+        self.fade(DECAY)
         _accumulate(self.sums, 1.0, tokens, seconds)
 
     def fade(self, factor: float) -> None:
