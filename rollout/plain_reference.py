@@ -180,7 +180,7 @@ class PlainReference:
         the policy with the better record, one no run preferred yet first, and the other one
         after EXPLORE_RUNS runs in a row."""
         self.probes *= decay
-        self.since_probe = 2 * PROBE_EVERY  # (due at once)
+        self.since_probe = PROBE_EVERY  # (due at once: no interval is longer)
         for ledger in self.ledgers.values():
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
             ledger.record = [x * decay for x in ledger.record]
