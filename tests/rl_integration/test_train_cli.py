@@ -157,15 +157,27 @@ def test_sigterm_during_the_warm_start_leaves_no_temporary_folder(tiny_run, tmp_
     args = [sys.executable, "-m", "rl_integration", "train", "--config", "examples/demo.yaml", *tiny_run,
             f"policy.cache_dir={cache}", "policy.embedded.sft_steps=100000", "--out", str(tmp_path / "out")]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen(args, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err_path = tmp_path / "stderr"
+    # PYTHONFAULTHANDLER: a run that does not exit is aborted below and dumps every thread's stack,
+    # so a rare hang names where it sits
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(args, cwd=root, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         deadline = time.monotonic() + 120
         while not glob.glob(str(cache / ".tmp-policy-*")):  # training has started
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None, err_path.read_text()[-2000:]
             assert time.monotonic() < deadline, "the warm start never began"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=30)
+            stacks = err_path.read_text()[-6000:]
+            raise AssertionError(f"no exit within 60 s of SIGTERM; its stacks:\n{stacks}") from None
+        assert code == 128 + signal.SIGTERM, err_path.read_text()[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
