@@ -51,6 +51,7 @@ from .step_cost import StepCost
 PROBE_EVERY = 64  # speculating steps between probes once the plain cost is known ...
 FIRST_PROBES = 4  # ... until this many probes were timed, one every EARLY_PROBE_EVERY steps
 EARLY_PROBE_EVERY = 8
+PROBE_MAX_FEED = 2  # tokens fed per decoding request, at most, in a plain step that is timed as a probe
 # Per speculating step, the probes so far fade by this: the machine's speed drifts, and the fit
 # must follow it between probes, not the plain steps of a stretch long past.
 PLAIN_FADE = 0.99
@@ -224,7 +225,9 @@ class PlainReference:
             if name != policy:
                 ledger.off_left = max(ledger.off_left - 1, 0)
         if policy is None:
-            if rows > 0:  # (a prefill chunk alone says little of decoding)
+            # A step mostly of prompt tokens is off the decoding line: a prompt's tokens share
+            # their row's work, and a run's first such step pays its one-time costs too.
+            if 0 < rows and fed <= PROBE_MAX_FEED * rows:
                 self.cost.observe(fed, seconds)
                 self.probes += 1
                 self.since_probe = 0

@@ -11,6 +11,7 @@ from rollout.plain_reference import (
     FIRST_PROBES,
     MIN_OFF,
     PROBE_EVERY,
+    PROBE_MAX_FEED,
     TRIAL,
     PlainReference,
 )
@@ -75,6 +76,20 @@ def test_a_run_starts_with_a_probe_and_probes_thin_out_once_the_plain_cost_is_kn
     assert steps_until_probe(ref, emitted=4 * ROWS, drafts=False) == EARLY_PROBE_EVERY
     # twice the time for four times the tokens
     assert budget(ref).off_left == 0 and budget(ref).ratio == pytest.approx(0.5)
+
+
+def test_a_plain_step_mostly_of_prompt_tokens_is_not_a_probe():
+    """A run's first step feeds whole prompts: per token it is cheaper than decoding and pays the
+    run's one-time costs, so as the only probe it put the plain line's fixed cost far above a
+    decoding step's, and drafting steps that cost as much as plain ones read as gains."""
+    ref = PlainReference()
+    ref.new_run(0.5)
+    prompt_tokens = 8 * ROWS
+    ref.observe(None, prompt_tokens, 0, ROWS, ROWS, 3 * PLAIN_STEP)  # every request's prompt, then its first token
+    assert not ref.measured and ref.choose() is None  # still due: the next plain step is the probe
+    ref.observe(None, PROBE_MAX_FEED * ROWS, 0, ROWS, ROWS, PLAIN_STEP)  # a new prompt among decoding rows: a probe
+    assert ref.measured and ref.seconds_per_emitted(ROWS) == pytest.approx(PLAIN_STEP / ROWS)
+    assert speculate(ref, ROWS + ROWS // 2, 4 * TRIAL) == TRIAL  # twice a plain step's time for 1.5 steps' tokens
 
 
 def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles():
