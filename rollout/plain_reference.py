@@ -5,7 +5,8 @@ The price (rollout/controller.py) decides token by token from a model of the ste
 can be wrong (host work per request that only drafting steps pay, a step cost that is not a line
 in the tokens fed) and nothing in it would notice. So the engine also runs a plain step now and
 then, with no proposer asked and no draft fed (a "probe"), and fits what a plain step costs from
-those alone: `plain(fed)` seconds for a step that feeds `fed` tokens. A probe right after a step
+those alone: `plain(fed)` seconds for a step that feeds `fed` tokens (decoding steps: one that
+feeds whole prompts is not a probe). A probe right after a step
 that drafted cuts a chain (the lookahead drafts from the samples a draft's rows yield, and a plain
 step yields none), so probes come every EARLY_PROBE_EVERY steps after steps that drafted nothing,
 where they cost about nothing, and only every PROBE_EVERY steps between drafting ones; the fit
