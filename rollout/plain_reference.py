@@ -6,7 +6,7 @@ can be wrong (host work per request that only drafting steps pay, a step cost th
 in the tokens fed) and nothing in it would notice. So the engine also runs a plain step now and
 then, with no proposer asked and no draft fed (a "probe"), and fits what a plain step costs from
 those alone: `plain(fed)` seconds for a step that feeds `fed` tokens (decoding steps: one that
-feeds whole prompts is not a probe). A probe right after a step
+feeds whole prompts is not fitted). A probe right after a step
 that drafted cuts a chain (the lookahead drafts from the samples a draft's rows yield, and a plain
 step yields none), so probes come every EARLY_PROBE_EVERY steps after steps that drafted nothing,
 where they cost about nothing, and only every PROBE_EVERY steps between drafting ones; the fit
@@ -226,11 +226,15 @@ class PlainReference:
             if name != policy:
                 ledger.off_left = max(ledger.off_left - 1, 0)
         if policy is None:
-            # A step mostly of prompt tokens is off the decoding line: a prompt's tokens share
-            # their row's work, and a run's first such step pays its one-time costs too.
-            if 0 < rows and fed <= PROBE_MAX_FEED * rows:
-                self.cost.observe(fed, seconds)
-                self.probes += 1
+            if rows > 0:  # (a prefill chunk alone says little of decoding)
+                # A step mostly of prompt tokens is off the decoding line (a prompt's tokens share
+                # their row's work; a run's first such step pays its one-time costs too): it is
+                # not fitted, and until a decoding step was, the probe stays due.
+                if fed <= PROBE_MAX_FEED * rows:
+                    self.cost.observe(fed, seconds)
+                    self.probes += 1
+                elif not self.measured:
+                    return
                 self.since_probe = 0
             return
         self.since_probe += 1

@@ -90,6 +90,15 @@ def test_a_plain_step_mostly_of_prompt_tokens_is_not_a_probe():
     ref.observe(None, PROBE_MAX_FEED * ROWS, 0, ROWS, ROWS, PLAIN_STEP)  # a new prompt among decoding rows: a probe
     assert ref.measured and ref.seconds_per_emitted(ROWS) == pytest.approx(PLAIN_STEP / ROWS)
     assert speculate(ref, ROWS + ROWS // 2, 4 * TRIAL) == TRIAL  # twice a plain step's time for 1.5 steps' tokens
+    # once a decoding step was timed, a due probe that feeds prompts is the probe all the same
+    # (not fitted): with requests admitted every few steps, a probe kept due would make every
+    # step plain until one fed no prompt
+    while budget(ref).off_left:
+        plain_step(ref)
+    steps_until_probe(ref, emitted=4 * ROWS)
+    fit = ref.cost.fit()
+    ref.observe(None, prompt_tokens, 0, ROWS, ROWS, 3 * PLAIN_STEP)
+    assert ref.choose() == "budget" and ref.cost.fit() == fit
 
 
 def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles():
