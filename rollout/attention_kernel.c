@@ -1,9 +1,10 @@
-/* Attention for the CPU, one token at a time: the token at position p of a request reads its
-   slot's keys and values at positions max(0, p - window + 1) .. p, and nothing else.
+/* Attention for the CPU, token by token: the token at position p of a request reads its slot's
+   keys and values at positions max(0, p - window + 1) .. p, and nothing else.
 
    Each token's output is a fixed sequence of arithmetic on its own query and those keys, so it
    has the same bits whatever else is in the forward: how many rows, how many queries per row
-   (decode, verify or prefill), which slots. That is the engine's batch invariance, here by
+   (decode, verify or prefill), which slots. A request's consecutive tokens share their loads
+   (attend_rows), not their arithmetic. That is the engine's batch invariance, here by
    construction (rollout/attention_kernel.py; torch's fused CPU attention picks its blocking by
    the shapes, and rounds differently for a lone query in bfloat16).
 
@@ -20,6 +21,11 @@
 
 #define MAX_GROUP 16
 #define SCORE_BLOCK (4 * LANES) /* positions scored together: four vectors of sums in flight */
+/* A request's consecutive tokens (a verify row's drafts, a prompt chunk) read the same keys and
+   values: up to MAX_ROWS query rows of one key/value head (ROW_TILE at a time) go through them
+   together, each key or value vector loaded once for all of them. */
+#define ROW_TILE 4
+#define MAX_ROWS 16
 
 static inline float from_bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -137,6 +143,100 @@ static float softmax_numerators(float *s, int64_t n, float top) {
 ATTEND_ONE(attend_one_f32, float, LOAD_F32, vec_load)
 ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
 
+/* attend_rows: what attend_one does for each of R query rows (q: [R padded to ROW_TILE, D]
+   float32, zeros past R), where row r sees positions 0 .. n0 + r / G - 1 (rows token-major: G
+   heads of a token, then the next token one position on). Every score and every output entry
+   is the same arithmetic in the same order as attend_one's (a sum over d, then one over
+   positions, for each position and row alike); only the loads are shared: ROW_TILE rows are
+   scored against a vector of positions, and summed over a vector of values, per load. */
+#define ROW_SCORES(T, VLOAD, BLOCKS)                                                               \
+    for (; j < nmax && j + (BLOCKS) * LANES <= room; j += (BLOCKS) * LANES) {                    \
+        vec acc[ROW_TILE][BLOCKS];                                                                  \
+        for (int r = 0; r < ROW_TILE; r++)                                                          \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                acc[r][b] = (vec){0};                                                               \
+        for (int64_t d = 0; d < D; d++) {                                                           \
+            const T *kd = k + d * stride + j;                                                       \
+            vec kb[BLOCKS];                                                                         \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                kb[b] = VLOAD(kd + b * LANES);                                                      \
+            for (int r = 0; r < ROW_TILE; r++) {                                                    \
+                float qd = qt[r * D + d];                                                           \
+                for (int b = 0; b < (BLOCKS); b++)                                                  \
+                    acc[r][b] += qd * kb[b];                                                        \
+            }                                                                                       \
+        }                                                                                           \
+        for (int r = 0; r < ROW_TILE; r++)                                                          \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                vec_store(st + r * width + j + b * LANES, acc[r][b] * scale);                       \
+    }
+#define ATTEND_ROWS(NAME, T, LOAD, VLOAD)                                                          \
+    static void NAME(const float *q, int64_t R, int64_t G, int64_t D, const T *k, int64_t stride,   \
+                     int64_t room, const T *v, int64_t n0, float scale, float *scores, float *out) { \
+        float total[MAX_ROWS];                                                                      \
+        int64_t last = n0 + (R - 1) / G;                                                            \
+        int64_t width = (last + SCORE_BLOCK - 1) / SCORE_BLOCK * SCORE_BLOCK;                       \
+        for (int64_t r0 = 0; r0 < R; r0 += ROW_TILE) {                                              \
+            const float *qt = q + r0 * D;                                                           \
+            float *st = scores + r0 * width;                                                        \
+            int64_t nmax = n0 + (r0 + ROW_TILE - 1 < R ? r0 + ROW_TILE - 1 : R - 1) / G, j = 0;    \
+            ROW_SCORES(T, VLOAD, 4)                                                                 \
+            ROW_SCORES(T, VLOAD, 1)                                                                 \
+            for (; j < nmax; j++)                                                                   \
+                for (int r = 0; r < ROW_TILE; r++) {                                                \
+                    float acc = 0.0f;                                                               \
+                    for (int64_t d = 0; d < D; d++)                                                 \
+                        acc += qt[r * D + d] * LOAD(k[d * stride + j]);                             \
+                    st[r * width + j] = acc * scale;                                                \
+                }                                                                                   \
+        }                                                                                           \
+        for (int64_t r = 0; r < R; r++) {                                                           \
+            float *sr = scores + r * width, top = -__builtin_inff();                                \
+            int64_t n = n0 + r / G;                                                                 \
+            for (int64_t i = 0; i < n; i++)                                                         \
+                top = sr[i] > top ? sr[i] : top;                                                    \
+            total[r] = softmax_numerators(sr, n, top);                                              \
+        }                                                                                           \
+        for (int64_t r0 = 0; r0 < R; r0 += ROW_TILE) {                                              \
+            int64_t rows = R - r0 < ROW_TILE ? R - r0 : ROW_TILE, first = n0 + r0 / G;              \
+            const float *w = scores + r0 * width;                                                   \
+            int64_t d0 = 0;                                                                         \
+            for (; d0 + LANES <= D; d0 += LANES) {                                                  \
+                vec acc[ROW_TILE] = {{0}};                                                          \
+                int64_t j = 0;                                                                      \
+                for (; j < first; j++) {                                                            \
+                    vec vj = VLOAD(v + j * D + d0);                                                 \
+                    for (int r = 0; r < ROW_TILE; r++)                                              \
+                        acc[r] += w[r * width + j] * vj;                                            \
+                }                                                                                   \
+                for (; j < n0 + (r0 + rows - 1) / G; j++) {                                         \
+                    vec vj = VLOAD(v + j * D + d0);                                                 \
+                    for (int r = 0; r < rows; r++)                                                  \
+                        if (j < n0 + (r0 + r) / G)                                                  \
+                            acc[r] += w[r * width + j] * vj;                                        \
+                }                                                                                   \
+                for (int r = 0; r < rows; r++)                                                      \
+                    vec_store(out + (r0 + r) * D + d0, acc[r]);                                     \
+            }                                                                                       \
+            for (; d0 < D; d0++)                                                                    \
+                for (int r = 0; r < rows; r++) {                                                    \
+                    float acc = 0.0f;                                                               \
+                    int64_t n = n0 + (r0 + r) / G;                                                  \
+                    for (int64_t j = 0; j < n; j++)                                                 \
+                        acc += w[r * width + j] * LOAD(v[j * D + d0]);                              \
+                    out[(r0 + r) * D + d0] = acc;                                                   \
+                }                                                                                   \
+        }                                                                                           \
+        for (int64_t r = 0; r < R; r++) {                                                           \
+            float inv = 1.0f / total[r];                                                            \
+            for (int64_t d = 0; d < D; d++)                                                         \
+                out[r * D + d] *= inv;                                                              \
+        }                                                                                           \
+    }
+
+ATTEND_ROWS(attend_rows_f32, float, LOAD_F32, vec_load)
+ATTEND_ROWS(attend_rows_bf16, uint16_t, LOAD_BF16, vload_bf16)
+
 /* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len] in rows of key_stride
    >= max_len entries (rollout/kv_cache.py pads them: rows 4 KiB apart would all fall in the same
    cache set), values [slots, Hkv, max_len, D]; window 0: none.
@@ -149,17 +249,43 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
     int64_t G = H / Hkv;
     if (G > MAX_GROUP)
         return -2;
-    float *scratch = malloc(sizeof(float) * (size_t)(G * (max_len + SCORE_BLOCK) + 2 * G * D));
+    float *scratch = malloc(sizeof(float) * (size_t)(MAX_ROWS * (max_len + SCORE_BLOCK) + 2 * MAX_ROWS * D));
     if (scratch == NULL)
         return -1;
-    float *scores = scratch, *qf = scores + G * (max_len + SCORE_BLOCK), *of = qf + G * D;
-    for (int64_t t = t0; t < t1; t++) {
+    float *scores = scratch, *qf = scores + MAX_ROWS * (max_len + SCORE_BLOCK), *of = qf + MAX_ROWS * D;
+    for (int64_t t = t0; t < t1;) {
         int64_t p = positions[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, n = p - lo + 1;
+        int64_t m = 1;  /* this token and the next ones of its request, at the next positions, seeing from 0 */
+        while (lo == 0 && t + m < t1 && (m + 1) * G <= MAX_ROWS && slots[t + m] == slots[t]
+               && positions[t + m] == p + m && !(window > 0 && p + m - window + 1 > 0))
+            m++;
         for (int64_t h = 0; h < Hkv; h++) {
             int64_t keys = (slots[t] * Hkv + h) * D * key_stride + lo;
             int64_t values = ((slots[t] * Hkv + h) * max_len + lo) * D;
             int64_t qat = (t * H + h * G) * D;
-            if (bf16) {
+            if (m > 1) {
+                int64_t R = m * G, padded = (R + ROW_TILE - 1) / ROW_TILE * ROW_TILE;
+                for (int64_t i = 0; i < m; i++) {
+                    int64_t at = ((t + i) * H + h * G) * D;
+                    for (int64_t x = 0; x < G * D; x++)
+                        qf[i * G * D + x] = bf16 ? from_bf16(((const uint16_t *)q)[at + x]) : ((const float *)q)[at + x];
+                }
+                memset(qf + R * D, 0, sizeof(float) * (size_t)((padded - R) * D));
+                if (bf16)
+                    attend_rows_bf16(qf, R, G, D, (const uint16_t *)kc + keys, key_stride, max_len - lo,
+                                     (const uint16_t *)vc + values, n, scale, scores, of);
+                else
+                    attend_rows_f32(qf, R, G, D, (const float *)kc + keys, key_stride, max_len - lo,
+                                    (const float *)vc + values, n, scale, scores, of);
+                for (int64_t i = 0; i < m; i++) {
+                    int64_t at = ((t + i) * H + h * G) * D;
+                    for (int64_t x = 0; x < G * D; x++)
+                        if (bf16)
+                            ((uint16_t *)out)[at + x] = to_bf16(of[i * G * D + x]);
+                        else
+                            ((float *)out)[at + x] = of[i * G * D + x];
+                }
+            } else if (bf16) {
                 const uint16_t *q16 = (const uint16_t *)q + qat;
                 for (int64_t i = 0; i < G * D; i++)
                     qf[i] = from_bf16(q16[i]);
@@ -173,6 +299,7 @@ int attend_tokens(int64_t t0, int64_t t1, int64_t H, int64_t Hkv, int64_t D, int
                                (const float *)vc + values, n, scale, scores, (float *)out + qat);
             }
         }
+        t += m;
     }
     free(scratch);
     return 0;

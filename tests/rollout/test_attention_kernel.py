@@ -73,6 +73,24 @@ def test_a_token_has_the_same_bits_in_any_batch(dtype, monkeypatch):
     assert torch.equal(attend(q, k, v, slots, positions, None), full)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("shape", [dict(), dict(heads=6, kv_heads=2, head_dim=24), dict(heads=16, kv_heads=1)])
+def test_a_requests_consecutive_tokens_read_the_cache_together_with_the_same_bits(dtype, tolerance, shape):
+    """Verify rows and prompt chunks (a slot's tokens at consecutive positions) go through the
+    kernel's shared-load path: right, and each token the same bits as alone; with a window that
+    cuts into them, each token alone."""
+    kernel_or_skip()
+    q, k, v, _, _ = case(dtype, tokens=43, seed=3, **shape)
+    runs = [(4, 0, 9), (7, 30, 17), (1, 60, 2), (4, 85, 11), (9, 5, 1), (2, 0, 3)]  # (slot, first position, tokens)
+    slots = torch.tensor([s for s, _, n in runs for _ in range(n)])
+    positions = torch.tensor([p + i for _, p, n in runs for i in range(n)])
+    for window in (None, 12):
+        got = attend(q, k, v, slots, positions, window)
+        assert (got.double() - reference(q, k, v, slots, positions, window)).abs().max() < tolerance
+        for i in range(len(slots)):
+            assert torch.equal(attend(q[i:i + 1], k, v, slots[i:i + 1], positions[i:i + 1], window), got[i:i + 1])
+
+
 def test_keys_past_a_token_do_not_reach_it():
     kernel_or_skip()
     q, k, v, slots, positions = case(torch.float32, tokens=10, seed=2)
