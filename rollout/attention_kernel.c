@@ -66,6 +66,25 @@ static inline vec vload_bf16(const uint16_t *p) {
    weights times the values summed position by position in order, LANES of its D entries at a
    time in a vector that stays in a register (a sum kept in memory waits on its own store at
    every position). scores: G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
+/* Row r of out ([rows, D]) divided by total[r]: the softmax's denominator, applied last. */
+static void divide_rows(float *out, int64_t rows, int64_t D, const float *total) {
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = 1.0f / total[r];
+        for (int64_t d = 0; d < D; d++)
+            out[r * D + d] *= inv;
+    }
+}
+
+static float softmax_numerators(float *s, int64_t n, float top);
+
+/* s[0 .. n-1] <- their softmax's numerators, less their maximum; returns the denominator. */
+static float exponentiate(float *s, int64_t n) {
+    float top = -__builtin_inff();
+    for (int64_t i = 0; i < n; i++)
+        top = s[i] > top ? s[i] : top;
+    return softmax_numerators(s, n, top);
+}
+
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
 #define SCORES(T, LOAD, WIDTH)                                                                     \
@@ -92,10 +111,7 @@ static inline vec vload_bf16(const uint16_t *p) {
             SCORES(T, LOAD, SCORE_BLOCK)                                                            \
             SCORES(T, LOAD, LANES)                                                                  \
             SCORES(T, LOAD, 1)                                                                      \
-            float top = -__builtin_inff();                                                          \
-            for (int64_t i = 0; i < n; i++)                                                         \
-                top = sg[i] > top ? sg[i] : top;                                                    \
-            total[g] = softmax_numerators(sg, n, top);                                              \
+            total[g] = exponentiate(sg, n);                                                         \
         }                                                                                           \
         for (int64_t g = 0; g < G; g++) {                                                           \
             const float *wg = scores + g * width;                                                   \
@@ -114,11 +130,7 @@ static inline vec vload_bf16(const uint16_t *p) {
                 o[d0] = acc;                                                                        \
             }                                                                                       \
         }                                                                                           \
-        for (int64_t g = 0; g < G; g++) {                                                           \
-            float inv = 1.0f / total[g];                                                            \
-            for (int64_t d = 0; d < D; d++)                                                         \
-                out[g * D + d] *= inv;                                                              \
-        }                                                                                           \
+        divide_rows(out, G, D, total);                                                              \
     }
 
 /* s[j] <- e^(s[j] - top) in place; returns their sum (LANES partial sums, a fixed tree). */
@@ -190,13 +202,8 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
                     st[r * width + j] = acc * scale;                                                \
                 }                                                                                   \
         }                                                                                           \
-        for (int64_t r = 0; r < R; r++) {                                                           \
-            float *sr = scores + r * width, top = -__builtin_inff();                                \
-            int64_t n = n0 + r / G;                                                                 \
-            for (int64_t i = 0; i < n; i++)                                                         \
-                top = sr[i] > top ? sr[i] : top;                                                    \
-            total[r] = softmax_numerators(sr, n, top);                                              \
-        }                                                                                           \
+        for (int64_t r = 0; r < R; r++)                                                             \
+            total[r] = exponentiate(scores + r * width, n0 + r / G);                                \
         for (int64_t r0 = 0; r0 < R; r0 += ROW_TILE) {                                              \
             int64_t rows = R - r0 < ROW_TILE ? R - r0 : ROW_TILE, first = n0 + r0 / G;              \
             const float *w = scores + r0 * width;                                                   \
@@ -227,11 +234,7 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
                     out[(r0 + r) * D + d0] = acc;                                                   \
                 }                                                                                   \
         }                                                                                           \
-        for (int64_t r = 0; r < R; r++) {                                                           \
-            float inv = 1.0f / total[r];                                                            \
-            for (int64_t d = 0; d < D; d++)                                                         \
-                out[r * D + d] *= inv;                                                              \
-        }                                                                                           \
+        divide_rows(out, R, D, total);                                                              \
     }
 
 ATTEND_ROWS(attend_rows_f32, float, LOAD_F32, vec_load)
