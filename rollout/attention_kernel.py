@@ -1,7 +1,7 @@
 """Attention on the CPU through rollout/attention_kernel.c: each token attends to its own slot's
-cached keys up to its position, by the same arithmetic in any batch, so its output has the same
-bits in any batch (a request's consecutive tokens, a verify row or a prompt chunk, share the
-loads of those keys and values).
+cached keys up to its position by a fixed sequence of arithmetic, so its output has the same bits
+in any batch (a request's consecutive tokens, a verify row or a prompt chunk, share the loads of
+those keys and values, not the arithmetic).
 
 This replaces, on the CPU, the grids of rollout/batch.py (rows padded into [R, L] query grids
 against a bucket of keys, with masks) and torch's fused attention, which picks its blocking by

@@ -52,7 +52,7 @@ from .step_cost import StepCost
 PROBE_EVERY = 64  # speculating steps between probes once the plain cost is known ...
 FIRST_PROBES = 4  # ... until this many probes were timed, one every EARLY_PROBE_EVERY steps
 EARLY_PROBE_EVERY = 8
-PROBE_MAX_FEED = 2  # tokens fed per decoding request, at most, in a plain step that is timed as a probe
+PROBE_MAX_FEED = 2  # tokens fed per decoding request, at most, in a plain step that the fit takes
 # Per speculating step, the probes so far fade by this: the machine's speed drifts, and the fit
 # must follow it between probes, not the plain steps of a stretch long past.
 PLAIN_FADE = 0.99
