@@ -54,6 +54,42 @@ static inline vec vload_bf16(const uint16_t *p) {
     return v;
 }
 
+/* s[j] <- e^(s[j] - top) in place; returns their sum (LANES partial sums, a fixed tree). */
+static float softmax_numerators(float *s, int64_t n, float top) {
+    float sum[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            s[j + l] = exp_nonpositive(s[j + l] - top);
+            sum[l] += s[j + l];
+        }
+    for (; j < n; j++) {
+        s[j] = exp_nonpositive(s[j] - top);
+        sum[0] += s[j];
+    }
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++)
+            sum[l] += sum[l + width];
+    return sum[0];
+}
+
+/* Row r of out ([rows, D]) divided by total[r]: the softmax's denominator, applied last. */
+static void divide_rows(float *out, int64_t rows, int64_t D, const float *total) {
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = 1.0f / total[r];
+        for (int64_t d = 0; d < D; d++)
+            out[r * D + d] *= inv;
+    }
+}
+
+/* s[0 .. n-1] <- their softmax's numerators, less their maximum; returns the denominator. */
+static float exponentiate(float *s, int64_t n) {
+    float top = -__builtin_inff();
+    for (int64_t i = 0; i < n; i++)
+        top = s[i] > top ? s[i] : top;
+    return softmax_numerators(s, n, top);
+}
+
 /* attend_one over keys and values of type T, widened to float by LOAD as they are read: one
    token's G query heads (q: [G, D] float32) against n positions of one head, into out [G, D]
    float32. k points at the first position's column of a head's transposed keys ([D, stride]:
@@ -66,25 +102,6 @@ static inline vec vload_bf16(const uint16_t *p) {
    weights times the values summed position by position in order, LANES of its D entries at a
    time in a vector that stays in a register (a sum kept in memory waits on its own store at
    every position). scores: G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
-/* Row r of out ([rows, D]) divided by total[r]: the softmax's denominator, applied last. */
-static void divide_rows(float *out, int64_t rows, int64_t D, const float *total) {
-    for (int64_t r = 0; r < rows; r++) {
-        float inv = 1.0f / total[r];
-        for (int64_t d = 0; d < D; d++)
-            out[r * D + d] *= inv;
-    }
-}
-
-static float softmax_numerators(float *s, int64_t n, float top);
-
-/* s[0 .. n-1] <- their softmax's numerators, less their maximum; returns the denominator. */
-static float exponentiate(float *s, int64_t n) {
-    float top = -__builtin_inff();
-    for (int64_t i = 0; i < n; i++)
-        top = s[i] > top ? s[i] : top;
-    return softmax_numerators(s, n, top);
-}
-
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
 #define SCORES(T, LOAD, WIDTH)                                                                     \
@@ -132,25 +149,6 @@ static float exponentiate(float *s, int64_t n) {
         }                                                                                           \
         divide_rows(out, G, D, total);                                                              \
     }
-
-/* s[j] <- e^(s[j] - top) in place; returns their sum (LANES partial sums, a fixed tree). */
-static float softmax_numerators(float *s, int64_t n, float top) {
-    float sum[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            s[j + l] = exp_nonpositive(s[j + l] - top);
-            sum[l] += s[j + l];
-        }
-    for (; j < n; j++) {
-        s[j] = exp_nonpositive(s[j] - top);
-        sum[0] += s[j];
-    }
-    for (int width = LANES / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; l++)
-            sum[l] += sum[l + width];
-    return sum[0];
-}
 
 ATTEND_ONE(attend_one_f32, float, LOAD_F32, vec_load)
 ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
