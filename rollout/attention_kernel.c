@@ -322,3 +322,14 @@ void write_keys(int64_t N, int64_t Hkv, int64_t D, int64_t key_stride, int64_t e
                     ((uint16_t *)kc)[to + d * key_stride] = ((const uint16_t *)k)[from + d];
         }
 }
+
+/* vc[slots[t], h, positions[t], :] = v[t, h, :] for a value cache [slots, Hkv, max_len, D]
+   (contiguous) of `elem`-byte entries. */
+void write_values(int64_t N, int64_t Hkv, int64_t D, int64_t max_len, int64_t elem, const void *v, void *vc,
+                  const int64_t *slots, const int64_t *positions) {
+    int64_t row = D * elem;
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t h = 0; h < Hkv; h++)
+            memcpy((char *)vc + ((slots[t] * Hkv + h) * max_len + positions[t]) * row,
+                   (const char *)v + (t * Hkv + h) * row, (size_t)row);
+}

@@ -26,6 +26,8 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.attend_tokens.restype = ctypes.c_int
     library.write_keys.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
     library.write_keys.restype = None
+    library.write_values.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    library.write_values.restype = None
     return library
 
 
@@ -96,3 +98,17 @@ def write_keys(k_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tens
     slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     library.write_keys(k.shape[0], k_cache.shape[1], k_cache.shape[2], stride, k_cache.element_size(),
                        k.data_ptr(), k_cache.data_ptr(), slots.data_ptr(), positions.data_ptr())
+
+
+def write_values(v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, v: torch.Tensor) -> None:
+    """v_cache[slots[i], :, positions[i]] = v[i] for a value cache [slots, Hkv, max_len, D] and v
+    [N, Hkv, D]; as `write_keys`, slots and positions must be in range."""
+    library = load()
+    if (library is None or v_cache.device.type != "cpu" or not v_cache.is_contiguous()
+            or v_cache.element_size() not in (2, 4)):
+        v_cache[slots, :, positions] = v
+        return
+    v = v.to(v_cache.dtype).contiguous()
+    slots, positions = slots.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    library.write_values(v.shape[0], v_cache.shape[1], v_cache.shape[3], v_cache.shape[2], v_cache.element_size(),
+                         v.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), positions.data_ptr())

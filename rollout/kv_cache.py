@@ -37,11 +37,12 @@ class KVCache:
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [N, kv_heads, head_dim] for N tokens at (slots[i], positions[i])."""
-        if self.keys_transposed:
+        if self.keys_transposed:  # (the CPU kernel's layout: its library writes both)
             attention_kernel.write_keys(self.k[layer], slots, positions, k)
+            attention_kernel.write_values(self.v[layer], slots, positions, v)
         else:
             self.k[layer][slots, :, positions] = k
-        self.v[layer][slots, :, positions] = v
+            self.v[layer][slots, :, positions] = v
 
     def prefixes(self, length: int) -> list[tuple[torch.Tensor, ...]]:
         """Per layer, views of positions [0, length) of every slot: (keys, values)."""

@@ -11,19 +11,27 @@ from two up and at any row position, in float32 and bfloat16 (`tests/rollout/tes
 A single row can take a matrix-vector kernel that sums in another order, so one-row calls run as
 two rows: a request decoding alone is computed as it is in a batch, or in a verify row.
 
-The pack is a derived copy of the module's weight, which stays the owner (state_dict,
+Weights too small to pay for oneDNN's per-call cost run in float32 through our own kernel where
+the CPU has AVX-512 (rollout/linear_kernel.py: one chain of fused multiply-adds per output, so
+any row count gives the same bits; MKL's sgemm takes other kernels for one to three rows), else
+through MKL.
+
+A pack is a derived copy of the module's weight, which stays the owner (state_dict,
 update_weights, the drafter reading lm_head): it is rebuilt whenever the weight is written or
-replaced. Small weights stay with MKL, whose per-call overhead is lower there.
+replaced.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Optional
 
 import torch
 from torch import nn
 
-# Weights with fewer numbers than this (a tiny model's) run faster through MKL than packed.
+from . import linear_kernel
+
+# Weights with fewer numbers than this (a tiny model's) run faster unpacked (MKL or linear_kernel).
 PACK_MIN_WEIGHTS = 1 << 17
 PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row count works with it
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
@@ -55,43 +63,55 @@ def padded_rows(n: int) -> int:
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear that runs packed through oneDNN where `packs` says so (inference only: the
-    packed operator has no gradient), and plain elsewhere. One-row bfloat16 calls that stay plain
-    run as two rows, for the same reason as above."""
+    """nn.Linear that runs packed through oneDNN where `packs` says so, through linear_kernel for
+    other float32 CPU weights where it was built (inference only: neither has a gradient), and
+    plain elsewhere. One-row bfloat16 calls that stay plain run as two rows, for the same reason
+    as above."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (w.numel() >= PACK_MIN_WEIGHTS and x.dtype == w.dtype and packs(w)
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
-            return self._packed_forward(x)
+        if x.dtype == w.dtype and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+            route = self._route()
+            if route is not None:
+                return route(x, self.bias)
         if x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.device.type == "cpu":
             return super().forward(x.repeat(2, 1))[:1]
         return super().forward(x)
 
-    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        n = x.shape[0]
-        rows = padded_rows(n)
-        if rows != n:
-            x = torch.cat([x, x[:1].expand(rows - n, -1)])
-        y = torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
-        return y[:n].reshape(*shape[:-1], self.out_features)
-
-    def _pack(self) -> torch.Tensor:
-        """The packed copy of the current weight: rebuilt when the weight object, its storage or
-        its version (any in-place write) changed since it was made."""
+    def _route(self):
+        """The call (x, bias) -> y that runs this layer for the current weight (None: torch's
+        own), holding the weight's pack: rebuilt when the weight object, its storage or its
+        version (any in-place write) changed since it was made."""
         w = self.weight
         key = (w.data_ptr(), w._version, w.dtype)
         cached: Optional[tuple] = self.__dict__.get("_packed")
-        if cached is None or cached[0]() is not w or cached[1] != key:
+        if cached is None or cached[1] != key or cached[0]() is not w:
             with torch.no_grad():
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_ROWS)
-            cached = self.__dict__["_packed"] = (weakref.ref(w), key, packed)
+                route = self._make_route(w.detach().contiguous())
+            cached = self.__dict__["_packed"] = (weakref.ref(w), key, route)
         return cached[2]
+
+    def _make_route(self, w: torch.Tensor):
+        if w.numel() >= PACK_MIN_WEIGHTS and packs(w):
+            return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
+        library = linear_kernel.load() if w.device.type == "cpu" and w.dtype == torch.float32 else None
+        if library is None:
+            return None
+        return functools.partial(linear_kernel.linear, library, linear_kernel.pack(library, w), w.shape[0])
 
     def __getstate__(self):
         # A copy (deepcopy, pickle) repacks on its first call rather than carrying oneDNN's layout.
         state = super().__getstate__()
         state.pop("_packed", None)
         return state
+
+
+def _onednn_forward(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    n = x.shape[0]
+    rows = padded_rows(n)
+    if rows != n:
+        x = torch.cat([x, x[:1].expand(rows - n, -1)])
+    y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return y[:n].reshape(*shape[:-1], y.shape[-1])

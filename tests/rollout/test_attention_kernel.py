@@ -135,3 +135,16 @@ def test_keys_written_into_the_transposed_cache_land_where_torch_puts_them(dtype
     expected[slots, :, :, positions] = k
     attention_kernel.write_keys(cache, slots, positions, k)
     assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_values_written_into_the_cache_land_where_torch_puts_them(dtype):
+    kernel_or_skip()
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn(6, 2, 40, 24, generator=gen).to(dtype)
+    slots, positions = torch.tensor([4, 0, 4, 5]), torch.tensor([7, 39, 8, 0])
+    v = torch.randn(4, 2, 24, generator=gen).to(dtype)
+    expected = cache.clone()
+    expected[slots, :, positions] = v
+    attention_kernel.write_values(cache, slots, positions, v)
+    assert torch.equal(cache, expected)

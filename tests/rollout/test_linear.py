@@ -81,7 +81,7 @@ def test_copies_and_gradients_take_the_plain_path_safely():
     assert m.weight.grad is not None and torch.allclose(out, y, rtol=1e-5, atol=1e-5)
 
 
-def test_small_weights_stay_with_mkl():
+def test_small_weights_are_not_packed_for_onednn():
     m = PackedLinear(128, 256)
     assert not linear.packs(m.weight)
     assert not linear.packs(layer().weight.double())
