@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention_kernel
+from . import attention_kernel, pointwise_kernel
 from .batch import MIN_BUCKET, AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
 from .linear import PackedLinear
@@ -100,6 +100,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = pointwise_kernel.rms_norm(x, self.weight, self.eps)  # (float32 on the CPU)
+        if out is not None:
+            return out
         # Normalise in float32 and cast back before the weight, as transformers does.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -107,7 +110,11 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, D]; cos/sin: [N, 1, D]. The half-split rotation of the HF checkpoints."""
+    """x: [N, heads, D]; cos/sin: [N, 1, D]. The half-split rotation of the HF checkpoints (on
+    the CPU in float32 by rollout/pointwise_kernel.c, with the same bits)."""
+    out = pointwise_kernel.rotate(x, cos, sin)
+    if out is not None:
+        return out
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

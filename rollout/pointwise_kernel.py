@@ -1,0 +1,61 @@
+"""A decoder layer's row-wise operations through rollout/pointwise_kernel.c on the CPU, in
+float32 and outside autograd: the rotary embedding with the same bits as `model.rotate`'s torch
+expression, and RMSNorm with a fixed order of its own (each row's result depends on that row
+alone, as the engine's batch invariance needs). torch takes several passes and as many
+temporary tensors for each (tests/rollout/test_pointwise_kernel.py)."""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import c_kernels
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.rotate_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
+    library.rotate_rows.restype = None
+    library.rms_norm_rows.argtypes = [i64, i64, ptr, ptr, ctypes.c_float, ptr]
+    library.rms_norm_rows.restype = None
+    return library
+
+
+def load() -> Optional[ctypes.CDLL]:
+    return c_kernels.load("pointwise_kernel", _bind)
+
+
+def _applies(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[torch.Tensor]:
+    """`model.rotate(x, cos, sin)` for x [N, heads, D] and cos, sin [N, 1, D]; None where the
+    kernel does not apply (the caller runs torch's)."""
+    if (x.dim() != 3 or x.shape[-1] % 2 or cos.shape != (x.shape[0], 1, x.shape[2]) or sin.shape != cos.shape
+            or not _applies(x, cos, sin)):
+        return None
+    library = load()
+    if library is None:
+        return None
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty_like(x)
+    library.rotate_rows(x.shape[0], x.shape[1], x.shape[2], x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                        out.data_ptr())
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Optional[torch.Tensor]:
+    """RMSNorm of x [..., D] with weight [D]; None where the kernel does not apply."""
+    if weight.dim() != 1 or x.shape[-1] != weight.shape[0] or not _applies(x, weight):
+        return None
+    library = load()
+    if library is None:
+        return None
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    library.rms_norm_rows(x.numel() // weight.shape[0], weight.shape[0], x.data_ptr(), weight.data_ptr(), eps,
+                          out.data_ptr())
+    return out
