@@ -27,7 +27,8 @@ def measure(library, out_features: int, in_features: int, rows: int, rounds: int
     b = torch.randn(out_features, generator=gen)
     x = torch.randn(rows, in_features, generator=gen)
     packed = linear_kernel.pack(library, w)
-    runs = {"mkl": lambda: F.linear(x, w, b), "kernel": lambda: linear_kernel.linear(library, packed, out_features, x, b)}
+    runs = {"mkl": lambda: F.linear(x, w, b),
+            "kernel": lambda: linear_kernel.linear(library, packed, out_features, x, b)}
     seconds = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
