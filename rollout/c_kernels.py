@@ -1,7 +1,8 @@
 """C kernels for the CPU, compiled on first use with the system's C compiler.
 
 Each kernel is one C file beside the module that calls it (rollout/noise_kernel.c,
-rollout/attention_kernel.c, drafter/head_kernel.c), compiled into ~/.cache/spectail/kernels (or
+rollout/attention_kernel.c, rollout/linear_kernel.c, rollout/pointwise_kernel.c,
+drafter/head_kernel.c), compiled into ~/.cache/spectail/kernels (or
 $SPECTAIL_KERNEL_DIR), keyed by the source, the flags and the CPU, so a shared home directory
 never hands one CPU another's build; processes racing to build one each write their own file and
 rename it into place. Without a compiler, or with SPECTAIL_C_KERNELS=0, `load` is None (and says

@@ -1,5 +1,6 @@
-/* Arithmetic shared by the C kernels (rollout/attention_kernel.c, drafter/head_kernel.c);
-   rollout/c_kernels.py rebuilds a kernel when a header it includes changes. */
+/* Arithmetic shared by the C kernels (rollout/attention_kernel.c, rollout/pointwise_kernel.c,
+   drafter/head_kernel.c); rollout/c_kernels.py rebuilds a kernel when a header it includes
+   changes. */
 #ifndef SPECTAIL_KERNEL_MATH_H
 #define SPECTAIL_KERNEL_MATH_H
 
