@@ -58,7 +58,7 @@ import itertools
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from .plain_reference import EAGER_MAX_COST, POLICIES, PlainReference
 from .proposers.base import Draft, Proposer
@@ -134,7 +134,7 @@ class StepPlan:
     def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, float]:
         """`cut_surplus` of the draft's first n tokens, (n, expected accepted, surplus), by the
         offer's rates for the evidence behind it and its tokens' confidence."""
-        return cut_surplus(rates_from(offer.table, draft.evidence, draft.confidence, n), self.threshold, self.lookahead)
+        return cut_surplus(iter_rates(offer.table, draft.evidence, draft.confidence, n), self.threshold, self.lookahead)
 
     @functools.cached_property
     def live(self) -> tuple:
@@ -458,11 +458,12 @@ class AdaptiveController:
         confidence = draft.confidence or ()
         for i, lv in enumerate(levels(draft.evidence, trials)):  # token i is judged after i accepted ones
             landed = i < accepted
-            keys = [(name, lv)]
+            key = (name, lv)
+            acc[key] = acc.get(key, 0.0) + landed
+            tri[key] = tri.get(key, 0.0) + 1
             b = confidence_bin(confidence[i]) if i < len(confidence) else 0
             if b:
-                keys.append((name, lv, b))
-            for key in keys:
+                key = (name, lv, b)
                 acc[key] = acc.get(key, 0.0) + landed
                 tri[key] = tri.get(key, 0.0) + 1
 
@@ -540,10 +541,16 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
                n: int) -> list[float]:
     """The acceptance rate of each of n draft tokens from a proposer's rate table: token i is
     reached only after i accepted ones, which add i tokens of agreement to the draft's evidence."""
-    rows = [table[lv] for lv in levels(evidence, n)]
+    return list(iter_rates(table, evidence, confidence, n))
+
+
+def iter_rates(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
+               n: int) -> Iterator[float]:
+    """`rates_from`, one rate at a time: a cut reads only the rates up to where it cuts."""
+    lv = levels(evidence, n)
     if confidence is None:
-        return [row[0] for row in rows]
-    return [row[confidence_bin(q)] for row, q in zip(rows, confidence)]
+        return (table[i][0] for i in lv)
+    return (table[i][confidence_bin(q)] for i, q in zip(lv, confidence))
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:

@@ -7,7 +7,6 @@ state (GRPO siblings) until `drop_group`.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -34,7 +33,7 @@ class Draft:
         if n >= len(self.tokens):
             return self
         conf = None if self.confidence is None else self.confidence[:n]
-        return dataclasses.replace(self, tokens=self.tokens[:n], confidence=conf)
+        return Draft(self.tokens[:n], self.proposer, self.evidence, conf)  # (dataclasses.replace is slower)
 
 
 @dataclass(frozen=True)
