@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,6 +132,19 @@ def main(argv=None) -> dict:
           f"tokens identical to the plain engine: {ng['identical_to_plain']}")
     report = {"model_parameters": params, "prompts": args.prompts, "batch": args.batch, "useful_tokens": useful,
               "threads": torch.get_num_threads(), "lengths": lengths, "results": results}
+    return save_report(report, args.out)
+
+
+def report_cases(args, header: str, cases, measure, line) -> dict:
+    """A microbenchmark's table: `header`, then `line(result)` for `measure(*case)` of each case;
+    written as JSON to args.out with the arguments and the load average before and after."""
+    load = os.getloadavg()
+    print(header)
+    results = []
+    for case in cases:
+        results.append(measure(*case))
+        print(line(results[-1]))
+    report = {"args": vars(args), "load_before": list(load), "load_after": list(os.getloadavg()), "results": results}
     return save_report(report, args.out)
 
 

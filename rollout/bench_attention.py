@@ -14,14 +14,13 @@ the shared loads alone buy.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 
 from . import attention_kernel
-from .bench import save_report
+from .bench import report_cases
 
 
 def tokens(slots: int, per_row: int, context: int, heads: int, head_dim: int, seed: int = 0):
@@ -75,18 +74,13 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(1)
     k = torch.randn(args.slots, args.kv_heads, args.max_len, args.head_dim, generator=gen).transpose(2, 3).contiguous()
     v = torch.randn(args.slots, args.kv_heads, args.max_len, args.head_dim, generator=gen)
-    load = os.getloadavg()
-    results = []
-    print(f"{'context':>8}{'per row':>9}{'rows us/token':>15}{'interleaved':>13}{'ratio':>8}  same bits")
-    for context in map(int, args.contexts.split(",")):
-        for per_row in map(int, args.per_row.split(",")):
-            r = measure(args, context, per_row, k, v)
-            results.append(r)
-            print(f"{context:8d}{per_row:9d}{r['rows_us_per_token']:15.2f}{r['interleaved_us_per_token']:13.2f}"
-                  f"{r['interleaved_over_rows']:7.2f}x  {r['identical']}")
-    report = {"args": vars(args), "load_before": list(load), "load_after": list(os.getloadavg()), "results": results}
-    return save_report(report, args.out)
-
+    cases = [(context, per_row) for context in map(int, args.contexts.split(","))
+             for per_row in map(int, args.per_row.split(","))]
+    return report_cases(
+        args, f"{'context':>8}{'per row':>9}{'rows us/token':>15}{'interleaved':>13}{'ratio':>8}  same bits", cases,
+        lambda context, per_row: measure(args, context, per_row, k, v),
+        lambda r: (f"{r['context']:8d}{r['per_row']:9d}{r['rows_us_per_token']:15.2f}"
+                   f"{r['interleaved_us_per_token']:13.2f}{r['interleaved_over_rows']:7.2f}x  {r['identical']}"))
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@ checks that the kernel gives the first row the bits it has alone, and reports wh
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import statistics
 import time
 
@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from . import linear_kernel
-from .bench import save_report
+from .bench import report_cases
 
 DEMO_SHAPES = "128x128,64x128,256x128,128x256,102x128"  # (out x in) the demo policy's layers
 
 
-def measure(library, out_features: int, in_features: int, rows: int, rounds: int, calls: int) -> dict:
+def measure(library, args, out_features: int, in_features: int, rows: int) -> dict:
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(out_features, in_features, generator=gen)
     b = torch.randn(out_features, generator=gen)
@@ -30,12 +30,12 @@ def measure(library, out_features: int, in_features: int, rows: int, rounds: int
     runs = {"mkl": lambda: F.linear(x, w, b),
             "kernel": lambda: linear_kernel.linear(library, packed, out_features, x, b)}
     seconds = {name: [] for name in runs}
-    for _ in range(rounds):
+    for _ in range(args.rounds):
         for name, run in runs.items():
             start = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(args.calls):
                 run()
-            seconds[name].append((time.perf_counter() - start) / calls)
+            seconds[name].append((time.perf_counter() - start) / args.calls)
     alone = {"mkl": F.linear(x[:1], w, b), "kernel": linear_kernel.linear(library, packed, out_features, x[:1], b)}
     same = {name: bool(torch.equal(run()[:1], alone[name])) for name, run in runs.items()}
     result = {"shape": f"{out_features}x{in_features}", "rows": rows, "kernel_same_bits": same["kernel"],
@@ -60,18 +60,12 @@ def main(argv=None) -> dict:
     if library is None:
         raise SystemExit("the linear kernel could not be built here (it needs a C compiler and AVX-512)")
     torch.set_num_threads(args.threads)
-    load = os.getloadavg()
-    results = []
-    print(f"{'shape':>9}{'rows':>6}{'MKL us':>9}{'kernel us':>11}{'ratio':>8}{'GFLOP/s':>9}  same bits (kernel, MKL)")
-    for shape in args.shapes.split(","):
-        out_features, in_features = map(int, shape.split("x"))
-        for rows in map(int, args.rows.split(",")):
-            r = measure(library, out_features, in_features, rows, args.rounds, args.calls)
-            results.append(r)
-            print(f"{r['shape']:>9}{rows:6d}{r['mkl_us']:9.1f}{r['kernel_us']:11.1f}{r['mkl_over_kernel']:7.2f}x"
-                  f"{r['kernel_gflops']:9.1f}  {r['kernel_same_bits']}, {r['mkl_same_bits']}")
-    report = {"args": vars(args), "load_before": list(load), "load_after": list(os.getloadavg()), "results": results}
-    return save_report(report, args.out)
+    cases = [(*map(int, shape.split("x")), rows) for shape in args.shapes.split(",")
+             for rows in map(int, args.rows.split(","))]
+    header = f"{'shape':>9}{'rows':>6}{'MKL us':>9}{'kernel us':>11}{'ratio':>8}{'GFLOP/s':>9}  same bits (kernel, MKL)"
+    return report_cases(args, header, cases, functools.partial(measure, library, args), lambda r: (
+        f"{r['shape']:>9}{r['rows']:6d}{r['mkl_us']:9.1f}{r['kernel_us']:11.1f}{r['mkl_over_kernel']:7.2f}x"
+        f"{r['kernel_gflops']:9.1f}  {r['kernel_same_bits']}, {r['mkl_same_bits']}"))
 
 
 if __name__ == "__main__":

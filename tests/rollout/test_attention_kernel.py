@@ -125,26 +125,20 @@ def test_engines_run_the_kernel_and_torch_attention_gives_the_same_tokens(monkey
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_keys_written_into_the_transposed_cache_land_where_torch_puts_them(dtype):
+@pytest.mark.parametrize("kind", ["keys", "values"])
+def test_keys_and_values_land_where_torch_puts_them(dtype, kind):
+    """Keys into the transposed cache [slots, Hkv, D, max_len], values into [slots, Hkv, max_len, D]."""
     kernel_or_skip()
     gen = torch.Generator().manual_seed(3)
-    cache = torch.randn(6, 2, 24, 40, generator=gen).to(dtype)
+    shape = (6, 2, 24, 40) if kind == "keys" else (6, 2, 40, 24)
+    cache = torch.randn(*shape, generator=gen).to(dtype)
     slots, positions = torch.tensor([4, 0, 4, 5]), torch.tensor([7, 39, 8, 0])
-    k = torch.randn(4, 2, 24, generator=gen).to(dtype)
+    new = torch.randn(4, 2, 24, generator=gen).to(dtype)
     expected = cache.clone()
-    expected[slots, :, :, positions] = k
-    attention_kernel.write_keys(cache, slots, positions, k)
-    assert torch.equal(cache, expected)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_values_written_into_the_cache_land_where_torch_puts_them(dtype):
-    kernel_or_skip()
-    gen = torch.Generator().manual_seed(4)
-    cache = torch.randn(6, 2, 40, 24, generator=gen).to(dtype)
-    slots, positions = torch.tensor([4, 0, 4, 5]), torch.tensor([7, 39, 8, 0])
-    v = torch.randn(4, 2, 24, generator=gen).to(dtype)
-    expected = cache.clone()
-    expected[slots, :, positions] = v
-    attention_kernel.write_values(cache, slots, positions, v)
+    if kind == "keys":
+        expected[slots, :, :, positions] = new
+        attention_kernel.write_keys(cache, slots, positions, new)
+    else:
+        expected[slots, :, positions] = new
+        attention_kernel.write_values(cache, slots, positions, new)
     assert torch.equal(cache, expected)
