@@ -100,7 +100,8 @@ class PackedLinear(nn.Linear):
         return functools.partial(linear_kernel.linear, library, linear_kernel.pack(library, w), w.shape[0])
 
     def __getstate__(self):
-        # A copy (deepcopy, pickle) repacks on its first call rather than carrying oneDNN's layout.
+        # A copy (deepcopy, pickle) repacks on its first call rather than carrying a pack (oneDNN's
+        # layout, or the kernel's panels with its library handle, which does not pickle).
         state = super().__getstate__()
         state.pop("_packed", None)
         return state

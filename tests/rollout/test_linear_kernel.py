@@ -2,6 +2,9 @@
 chain of fused multiply-adds per output so a row's bits never depend on what shares the call
 (MKL's sgemm gives one to three rows other bits), and the engine's model gives a token the same
 logits alone as in a batch."""
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,3 +87,13 @@ def test_a_token_alone_has_the_logits_it_has_in_a_batch():
     alone = last_logits(0)
     assert torch.equal(last_logits(1), alone)
     assert torch.equal(last_logits(9), alone)
+
+
+def test_a_copied_layer_repacks_and_gives_the_same_bits():
+    m = small_layer(48, 30, True)
+    x = torch.randn(5, 48)
+    with torch.inference_mode():
+        y = m(x)  # the pack (and the library handle, which does not pickle) now sit on the module
+    for other in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        with torch.inference_mode():
+            assert torch.equal(other(x), y)
