@@ -82,5 +82,6 @@ def main(argv=None) -> dict:
         lambda r: (f"{r['context']:8d}{r['per_row']:9d}{r['rows_us_per_token']:15.2f}"
                    f"{r['interleaved_us_per_token']:13.2f}{r['interleaved_over_rows']:7.2f}x  {r['identical']}"))
 
+
 if __name__ == "__main__":
     main()
