@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollout import pointwise_kernel
+from rollout.linear import PackedLinear, bound
 from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
 
 from .head_cache import HeadCache, Rows
@@ -100,18 +102,18 @@ class HeadAttention(nn.Module):
     def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
         hd, bias = cfg.head_dim, bool(cfg.attention_bias)
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=bias)
+        self.q_proj = PackedLinear(d, cfg.num_heads * hd, bias=bias)
+        self.k_proj = PackedLinear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.v_proj = PackedLinear(d, cfg.num_kv_heads * hd, bias=bias)
+        self.o_proj = PackedLinear(cfg.num_heads * hd, d, bias=bias)
 
 
 class HeadMLP(nn.Module):
     def __init__(self, d: int, inner: int):
         super().__init__()
-        self.gate_proj = nn.Linear(d, inner, bias=False)
-        self.up_proj = nn.Linear(d, inner, bias=False)
-        self.down_proj = nn.Linear(inner, d, bias=False)
+        self.gate_proj = PackedLinear(d, inner, bias=False)
+        self.up_proj = PackedLinear(d, inner, bias=False)
+        self.down_proj = PackedLinear(inner, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -119,8 +121,9 @@ class HeadMLP(nn.Module):
 
 class HeadLayer(nn.Module):
     """One Llama decoder layer without input_layernorm (EAGLE's layer 0); the "mlp" kind has no
-    self_attn. Its own modules rather than rollout.model's, so the engine's kernels can change
-    without touching the head; the parameter names are the same."""
+    self_attn. Its own modules rather than rollout.model's decoder layer, so the engine's layers
+    can change without touching the head; the parameter names are the same. Its linear layers are
+    the engine's PackedLinear: nn.Linear under autograd, the engine's kernels in inference."""
 
     def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
@@ -129,18 +132,22 @@ class HeadLayer(nn.Module):
         self.mlp = HeadMLP(d, cfg.intermediate_size)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def feed_forward(self, x: torch.Tensor, gate_up: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x + mlp(norm(x)); gate_up: the gate and up weights packed in one (the engine's way)."""
+    def feed_forward(self, x: torch.Tensor, gate_up: Optional[Callable] = None) -> torch.Tensor:
+        """x + mlp(norm(x)); gate_up: the gate and up projections as one call (the engine's way)."""
         h = norm(self.post_attention_layernorm, x)
         if gate_up is None:
             return x + self.mlp(h)
-        gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+        gate, up = gate_up(h).chunk(2, dim=-1)
         return x + self.mlp.down_proj(F.silu(gate) * up)
 
 
 def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    """An RMSNorm module's function through torch's rms_norm (normalised in float32 and cast back
-    before the weight, as rollout.model.RMSNorm): one call where the module makes eight."""
+    """An RMSNorm module's function: the engine's kernel outside autograd (float32 on the CPU),
+    else torch's rms_norm (normalised in float32 and cast back before the weight, as
+    rollout.model.RMSNorm does), which autograd takes as one call where the module makes eight."""
+    out = pointwise_kernel.rms_norm(x, module.weight, module.eps)
+    if out is not None:
+        return out
     if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)
     return module.weight * F.rms_norm(x.float(), (x.shape[-1],), None, module.eps).to(x.dtype)
@@ -148,12 +155,12 @@ def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Packed:
-    """The projections the engine's way runs as one matmul each, made from the live weights."""
+    """The projections the engine's way runs as one matmul each (rollout.linear.bound: the
+    engine's packed kernels), made from the live weights."""
 
     version: tuple
-    qkv_weight: Optional[torch.Tensor]
-    qkv_bias: Optional[torch.Tensor]
-    gate_up: torch.Tensor
+    qkv: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
 
 
 class DraftHead(nn.Module):
@@ -164,7 +171,7 @@ class DraftHead(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg, self.hidden_size, self.vocab_size = cfg, hidden_size, vocab_size
-        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.fc = PackedLinear(2 * hidden_size, hidden_size, bias=False)
         self.embedding_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.hidden_states_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([HeadLayer(cfg, hidden_size)])
@@ -205,8 +212,13 @@ class DraftHead(nn.Module):
                                   norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
-        """The policy's live lm_head on the head's output: float32 logits."""
-        w = policy.lm_head.weight.detach()
+        """The policy's live lm_head on the head's output: float32 logits. Outside autograd through
+        the module (its packed kernel); under autograd on the detached weight, so a training step
+        of the head leaves the policy's gradients alone."""
+        lm_head = policy.lm_head
+        if not torch.is_grad_enabled():
+            return lm_head(out.to(lm_head.weight.dtype)).float()
+        w = lm_head.weight.detach()
         return F.linear(out.to(w.dtype), w).float()
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,7 +262,7 @@ class DraftHead(nn.Module):
             return out, self.logits(policy, out)
         attn, cfg, n = layer.self_attn, self.cfg, x.shape[0]
         heads, kv = cfg.num_heads, cfg.num_kv_heads
-        qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias).view(n, heads + 2 * kv, cfg.head_dim)
+        qkv = packed.qkv(x).view(n, heads + 2 * kv, cfg.head_dim)
         attended = cache.attend_rows(qkv, heads, rows)
         last = x if rows.all_last else x[rows.last]
         out = layer.feed_forward(last + attn.o_proj(attended), packed.gate_up)
@@ -263,18 +275,26 @@ class DraftHead(nn.Module):
         parts = [mlp.gate_proj.weight, mlp.up_proj.weight]
         if attn is not None:
             parts += [t for m in (attn.q_proj, attn.k_proj, attn.v_proj) for t in (m.weight, m.bias) if t is not None]
-        version = tuple((id(t), t._version, t.device, t.dtype) for t in parts)
+        version = tuple((id(t), t.data_ptr(), t._version) for t in parts)  # (a .to() moves data_ptr)
         cached = getattr(self, "_packed", None)
         if cached is not None and cached.version == version:
             return cached
         with torch.no_grad():
-            qkv_w = qkv_b = None
+            qkv = None
             if attn is not None:
-                qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                qkv_b = None
                 if attn.q_proj.bias is not None:
                     qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-            self._packed = Packed(version, qkv_w, qkv_b, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+                qkv = bound(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), qkv_b)
+            self._packed = Packed(version, qkv, bound(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])))
         return self._packed
+
+    def __getstate__(self):
+        # A copy packs again on first use rather than carrying the kernels' packs (with a
+        # library handle that does not pickle).
+        state = super().__getstate__()
+        state.pop("_packed", None)
+        return state
 
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import linear_kernel
@@ -87,17 +88,9 @@ class PackedLinear(nn.Linear):
         cached: Optional[tuple] = self.__dict__.get("_packed")
         if cached is None or cached[1] != key or cached[0]() is not w:
             with torch.no_grad():
-                route = self._make_route(w.detach().contiguous())
+                route = make_route(w.detach().contiguous())
             cached = self.__dict__["_packed"] = (weakref.ref(w), key, route)
         return cached[2]
-
-    def _make_route(self, w: torch.Tensor):
-        if w.numel() >= PACK_MIN_WEIGHTS and packs(w):
-            return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
-        library = linear_kernel.load() if w.device.type == "cpu" and w.dtype == torch.float32 else None
-        if library is None:
-            return None
-        return functools.partial(linear_kernel.linear, library, linear_kernel.pack(library, w), w.shape[0])
 
     def __getstate__(self):
         # A copy (deepcopy, pickle) repacks on its first call rather than carrying a pack (oneDNN's
@@ -105,6 +98,28 @@ class PackedLinear(nn.Linear):
         state = super().__getstate__()
         state.pop("_packed", None)
         return state
+
+
+def make_route(w: torch.Tensor) -> Optional[Callable]:
+    """The call (x, bias) -> y that runs a linear layer with the (detached, contiguous) weight w
+    outside autograd: oneDNN with w packed, or linear_kernel with w packed; None: torch's own."""
+    if w.numel() >= PACK_MIN_WEIGHTS and packs(w):
+        return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
+    library = linear_kernel.load() if w.device.type == "cpu" and w.dtype == torch.float32 else None
+    if library is None:
+        return None
+    return functools.partial(linear_kernel.linear, library, linear_kernel.pack(library, w), w.shape[0])
+
+
+def bound(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> F.linear(x, weight, bias) through make_route's call, for inference with a weight that
+    no module owns (the draft head's projections packed into one). Made once per weight value:
+    it holds a pack, so a later write to `weight` is not seen."""
+    with torch.no_grad():
+        route = make_route(weight.detach().contiguous())
+    if route is None:
+        return functools.partial(F.linear, weight=weight, bias=bias)
+    return lambda x: route(x, bias)
 
 
 def _onednn_forward(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from rollout import linear_kernel
 from rollout.batch import ForwardBatch
-from rollout.linear import PackedLinear
+from rollout.linear import PackedLinear, bound
 from rollout.model import CausalLM
 from tests.conftest import tiny_hf_model
 
@@ -53,6 +53,18 @@ def test_a_row_has_the_same_bits_whatever_shares_the_call(threads):
             assert torch.equal(m(x.view(7, 10, 128))[0, 0], ref)  # leading dimensions are rows too
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_bound_weight_runs_as_a_layer_with_that_weight():
+    # The draft head runs its projections packed into one weight through `bound`.
+    m = small_layer(96, 48, True)
+    x = torch.randn(9, 96)
+    with torch.inference_mode():
+        assert torch.equal(bound(m.weight, m.bias)(x), m(x))
+        wide = torch.cat([m.weight, 2 * m.weight])
+        assert torch.equal(bound(wide, torch.cat([m.bias, m.bias]))(x)[:, :48], m(x))  # a column's own bits
+        ref = F.linear(x.double(), m.weight.double(), m.bias.double())
+        assert torch.equal(bound(m.weight.double(), m.bias.double())(x.double()), ref)  # no kernel: torch's
 
 
 def test_the_pack_follows_in_place_writes_and_new_biases():
