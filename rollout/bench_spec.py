@@ -19,6 +19,7 @@ pair's (each the median over rounds of the ratio within a round), and writes JSO
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -27,6 +28,8 @@ import torch
 
 from . import Engine, EngineConfig, SamplingParams, SpecConfig
 from .bench import save_report
+from .config import torch_dtype
+from .model import CausalLM
 
 WORKLOADS = {"zero": (None, 1.0), "low": (10.0, 1.0), "medium": (14.0, 1.0), "high": (16.0, 1.0)}  # (peak, T)
 FIXED = (2, 4, 8, 16)
@@ -78,8 +81,11 @@ def prepare(name: str, batch: int, args) -> dict:
     ids = [p for p in prompts for _ in range(GROUP)]
     params = SamplingParams(temperature=temperature, max_tokens=args.tokens)
     max_len = max(map(len, prompts)) + args.tokens + 1
-    engines = {c: Engine.from_pretrained(model, EngineConfig(max_batch_size=batch, max_model_len=max_len, spec=spec,
-                                                                   num_threads=args.threads, device=args.device))
+    # One copy of the weights for every engine: where a copy lies in memory moves a forward's time
+    # by as much as the budget's own cost, and would be read as the budget's.
+    base = EngineConfig(max_batch_size=batch, max_model_len=max_len, num_threads=args.threads, device=args.device)
+    policy = CausalLM.from_pretrained(model, torch_dtype(base.dtype), base.device)
+    engines = {c: Engine(policy, dataclasses.replace(base, spec=spec))
                for c, spec in configs(max(FIXED), ZERO_PROPOSERS if peak is None else PROPOSERS).items()}
     old = engines["plain"].generate(ids, params, seeds=[10_000 + i for i in range(len(ids))])
     return {"engines": engines, "ids": ids, "params": params, "seeds": list(range(len(ids))),
