@@ -13,6 +13,7 @@ and fades as soon as they do.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 DECAY = 0.97  # per step: the fit follows the last few dozen steps
 PRIOR_STEPS = 2.0  # the profile's slope weighs as much as this many steps ...
@@ -23,6 +24,8 @@ PRIOR_SPREAD = 0.25  # ... spread this fraction of the current step size around 
 class StepCost:
     sums: list = field(default_factory=lambda: [0.0] * 5)  # decayed w, wx, wy, wxx, wxy over steps
     anchor: list = field(default_factory=lambda: [0.0] * 5)  # the same sums over the profile's points
+    # The fit of the sums as they stand: a step reads it several times and changes it once.
+    _fitted: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     @property
     def profiled(self) -> bool:
@@ -30,6 +33,7 @@ class StepCost:
 
     def add_profile(self, tokens: int, seconds: float) -> None:
         _accumulate(self.anchor, 1.0, tokens, seconds)
+        self._fitted = None
 
     def observe(self, tokens: int, seconds: float) -> None:
         self.fade(DECAY)
@@ -38,6 +42,7 @@ class StepCost:
     def fade(self, factor: float) -> None:
         """Weigh every step so far by `factor` against those still to come."""
         self.sums = [s * factor for s in self.sums]
+        self._fitted = None
 
     def state_dict(self) -> dict:
         return {"sums": list(self.sums), "anchor": list(self.anchor)}
@@ -48,6 +53,11 @@ class StepCost:
 
     def fit(self) -> tuple[float, float]:
         """(fixed seconds per step, seconds per fed token), both >= 0."""
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> tuple[float, float]:
         prior_fixed, prior_slope = _line(self.anchor)
         w, x, y, xx, xy = self.sums
         if w <= 1e-9:
