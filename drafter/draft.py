@@ -73,7 +73,8 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
     feats = torch.cat([c.feats for c in chains]).to(device)
     rows = Rows.build([c.slot for c in chains], [c.start for c in chains], [c.tokens for c in chains], feats, device,
                       cache)
-    out, logits = head.forward_rows(policy, cache, rows)
+    packed = head.packed()  # (once: no weight changes within the call)
+    out, logits = head.forward_rows(policy, cache, rows, packed)
     sampler = CoupledSampler(chains, device)
     live, index = list(range(len(chains))), None
     for s in range(max(c.k for c in chains)):
@@ -92,7 +93,7 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
             index = torch.tensor(live).to(device)
             toks, out = toks[step], out[step]
         rows = rows.advance(step, going, toks, out, cache)
-        out, logits = head.forward_rows(policy, cache, rows)
+        out, logits = head.forward_rows(policy, cache, rows, packed)
     return drafts
 
 

@@ -246,17 +246,18 @@ class DraftHead(nn.Module):
                              self.cfg.window)
 
     @torch.inference_mode()
-    def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache],
-                     rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache], rows: Rows,
+                     packed: Optional[Packed] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """New rows j of some requests (drafter/head_cache.py): every row's key and value is
         written, and only each request's last row (the others lie below it in its slot) is
         attended from. Returns (out [C, d], logits [C, V] float32) of those last rows.
 
         A key and value depend only on their own row (layer 0 has no attention before them), so
         catch-up rows cost two projections and no attention: a draft position is one query per
-        request."""
+        request. packed: `self.packed()` when the caller runs several positions in a row (their
+        weights cannot change in between), else made here."""
         x = self.inputs(policy, rows.tokens, rows.feats)
-        layer, packed = self.layers[0], self.packed()
+        layer, packed = self.layers[0], self.packed() if packed is None else packed
         if self.kind != "attention":
             out = layer.feed_forward(x if rows.all_last else x[rows.last], packed.gate_up)
             return out, self.logits(policy, out)

@@ -76,7 +76,7 @@ class EngineOracle(DraftHead):
     """Outputs the policy's own h_{j+1} at row j: it remembers the token each row carried per slot
     (row j holds x_{j+1}; x_0 is every prompt's first token, 1) and runs the policy over them."""
 
-    def forward_rows(self, policy, cache, rows: Rows):
+    def forward_rows(self, policy, cache, rows: Rows, packed=None):
         seqs = self.__dict__.setdefault("seqs", {})
         last = list(range(len(rows.slots))) if rows.all_last else rows.last.tolist()
         row_slots = [s for s, a, b in zip(rows.slots, [-1] + last, last) for _ in range(b - a)]
