@@ -20,7 +20,8 @@ missed did at best what a plain step does, so it never reads as a gain, whatever
 A policy's ledger sums both over its recent speculating steps; once the speculating seconds
 reach the plain ones, that policy is off for a wait that doubles, up to MAX_OFF steps, with each
 trial that loses clearly or loses again, so a workload whose drafts never land (or land just too
-seldom to pay) pays for a trial of TRIAL steps every so often. While the policy's longer record
+seldom to pay) pays for a trial every so often (TRIAL steps; SHORT_TRIAL once a trial lost and the
+policy's record loses too). While the policy's longer record
 wins, a losing stretch is likelier the machine's noise than a change: it waits MIN_OFF steps, and
 the wait does not grow. Each run starts with a trial and a trial that wins resets the wait:
 drafts that start landing (a new epoch's history, a trained drafter) are back at once.
@@ -58,6 +59,10 @@ PROBE_MAX_FEED = 2  # tokens fed per decoding request, at most, in a plain step 
 PLAIN_FADE = 0.99
 LEDGER_DECAY = 0.95  # per speculating step: the verdict follows the last few dozen steps
 TRIAL = 6  # speculating steps' worth of evidence before the ledger may turn a policy off
+# ... and for a policy whose last trial lost while its record loses too: its trials are what a
+# workload whose drafts keep missing pays every run, and drafts that start landing save whole
+# steps, which a few steps show.
+SHORT_TRIAL = 3
 MIN_OFF, MAX_OFF = 16, 256  # plain steps between trials: the first wait, and the longest
 # Step timings on a shared machine move by tens of percent: a trial that lost by less than
 # CLEAR_LOSS may have lost to the machine's noise, so the wait doubles only past it, or when the
@@ -97,7 +102,9 @@ class Ledger:
 
     @property
     def trial(self) -> int:
-        return BURSTY_TRIAL if self.bursty and self.lenient else TRIAL
+        if self.bursty and self.lenient:
+            return BURSTY_TRIAL
+        return SHORT_TRIAL if self.lost and not self.winning else TRIAL
 
     @property
     def judged(self) -> bool:

@@ -12,6 +12,7 @@ from rollout.plain_reference import (
     MIN_OFF,
     PROBE_EVERY,
     PROBE_MAX_FEED,
+    SHORT_TRIAL,
     TRIAL,
     PlainReference,
 )
@@ -110,8 +111,8 @@ def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles
     for _ in range(MIN_OFF):
         assert ref.choose() is None
         plain_step(ref)
-    assert ref.choose() == "budget"  # a trial again
-    assert speculate(ref, ROWS + 1, 100) == TRIAL and budget(ref).off_left == 2 * MIN_OFF
+    assert ref.choose() == "budget"  # a trial again, a short one: the last lost, and so does the record
+    assert speculate(ref, ROWS + 1, 100) == SHORT_TRIAL and budget(ref).off_left == 2 * MIN_OFF
 
     ref.new_run(0.5)  # a new run tries at once (after its probe); the wait it earned is kept
     assert budget(ref).off_left == 0 and budget(ref).wait == 4 * MIN_OFF
@@ -126,8 +127,8 @@ def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
     plain_step(ref)
     slight = round(2 * ROWS / 1.1)  # about 1.1x the plain time: under CLEAR_LOSS
     waits = []
-    for _ in range(4):
-        assert speculate(ref, slight, 100) == TRIAL
+    for trial in (TRIAL, SHORT_TRIAL, SHORT_TRIAL, SHORT_TRIAL):
+        assert speculate(ref, slight, 100) == trial
         waits.append(budget(ref).off_left)
         for _ in range(budget(ref).off_left):
             plain_step(ref)
@@ -402,4 +403,4 @@ def test_a_bursty_policy_whose_record_lost_is_judged_on_a_trial_like_any_other()
         assert ref.preferred == "eager"
         first = ran.index("eager")
         stretches.append(ran[first:].index(None) if None in ran[first:] else len(ran) - first)
-    assert stretches == [BURSTY_TRIAL, TRIAL]
+    assert stretches == [BURSTY_TRIAL, SHORT_TRIAL]  # (its last trial lost, and its record)
