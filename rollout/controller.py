@@ -37,8 +37,8 @@ earlier for it: not when it ends with the slowest of many requests alike. Each r
 (rollout/critical_path.py) measures the steps drafts saved against those the price expected,
 and their ratio (`critical_share`) scales that part of a token's worth in the runs after. With drafts that never
 land the learnt rates fall under the price and speculation switches itself off; a small
-exploration budget (about 1% of the measured time) keeps trying one token now and then, so it
-switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
+exploration budget (about 1% of the time of the steps that may draft) keeps trying one token now
+and then, so it switches back on when drafts start landing (a new epoch, a trained drafter). Asking a proposer
 costs host time too, which the price per fed token charges to no draft: where a proposer's
 chosen drafts have earned less over the run's last steps than its asks took, it is asked for a
 share of the requests (`ask_share`). What an emitted token costs is measured on plain steps
@@ -290,7 +290,11 @@ class AdaptiveController:
         for stats in self.asking.values():
             stats[:] = [x * ASK_DECAY for x in stats]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
-        self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
+        # Only a step that may draft earns exploration: while every policy is off its trials
+        # explore, and credit saved up over plain steps would be spent at once in the trial
+        # (a token for every request), which it then loses.
+        if policy is not None:
+            self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
     def threshold(self, load: float, rows: int) -> float:
         """The value a draft token must reach this step. rows: the requests that will emit (the

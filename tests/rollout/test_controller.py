@@ -3,7 +3,16 @@ import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import SamplingParams as SP
-from rollout.controller import ASK_FLOOR, MIN_ASKS, MIN_PRICE, AdaptiveController, level, levels, rates_from
+from rollout.controller import (
+    ASK_FLOOR,
+    EXPLORE_FRACTION,
+    MIN_ASKS,
+    MIN_PRICE,
+    AdaptiveController,
+    level,
+    levels,
+    rates_from,
+)
 from rollout.proposers.base import Draft, Proposer
 from rollout.request import Request
 from tests.conftest import tiny_hf_model
@@ -176,6 +185,18 @@ def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
             record(c, req, sure, 0, proposed=len(d.tokens), accepted=len(d.tokens))
         c.observe_step(8, 8, 0.018)
     assert explored > 0 and c.plan_step([sure], 8, 1.0).offers[0].most > 0
+
+
+def test_only_steps_that_may_draft_earn_exploration():
+    """A plain step (a probe, or every policy off) earns no exploration: while speculation is off
+    its trials explore, and credit saved over plain steps would be spent in the next trial's first
+    step, a token for every request."""
+    c = AdaptiveController(max_draft_tokens=8)
+    for _ in range(50):
+        c.observe_step(8, 8, 0.02, rows=8, policy=None)
+    assert c.credit == 0.0
+    c.observe_step(8, 8, 0.02, rows=8, policy="budget")
+    assert c.credit == pytest.approx(EXPLORE_FRACTION * 0.02)
 
 
 def test_a_proposer_whose_asks_find_nothing_is_asked_for_few_requests_and_one_that_pays_for_all():
