@@ -24,8 +24,8 @@ log="$dir/gpu_checks_${gpu}.log"
 nvidia-smi -L | tee "$log"
 export PYTHONUNBUFFERED=1
 status=0
-timeout 300 "$py" -m drafter.bench --device cuda --reps 3 --out "$dir/drafter_engine_gpu_${gpu}.json" \
+timeout 320 "$py" -m drafter.bench --device cuda --reps 2 --out "$dir/drafter_engine_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
-timeout 240 "$py" -m rollout.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
+timeout 230 "$py" -m rollout.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
 exit $status
