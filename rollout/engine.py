@@ -484,9 +484,9 @@ class Engine:
             return [], []
         dev = logits.device
         temperature, top_k, top_p = sampling.sampling_tensors(params, dev)  # [M] each
-        tokens, logprobs = sampling.sample(
-            logits, torch.tensor(seeds, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev), temperature, top_k, top_p)
+        # seeds and positions stay on the host: sampling derives the rows' keys there
+        tokens, logprobs = sampling.sample(logits, torch.tensor(seeds, dtype=torch.int64),
+                                           torch.tensor(positions, dtype=torch.int64), temperature, top_k, top_p)
         if self.lenience is not None:
             self._score_leniently(rows, logits, temperature, top_k, top_p)
         return tokens.tolist(), logprobs.tolist()

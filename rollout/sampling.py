@@ -105,6 +105,17 @@ def _row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tenso
     return a[:, None], b[:, None]
 
 
+def _row_keys_to(device: torch.device, seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """_row_keys computed where the seeds lie, then both keys copied to `device` at once. The
+    engine passes its seeds from the host: on an accelerator the keys' many small integer ops
+    would each be a launch, and a copy is one."""
+    a, b = _row_keys(seeds, positions)
+    if a.device == device:
+        return a, b
+    keys = torch.cat((a, b), dim=1).to(device)
+    return keys[:, :1], keys[:, 1:]
+
+
 @functools.lru_cache(maxsize=8)
 def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
     """[1, V] per-token keys: a bijective scramble of the token id. Cached: it is the same
@@ -342,8 +353,8 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
     logits = logits.to(torch.float32).contiguous()
     device = logits.device
     m, vocab_size = logits.shape
-    seeds = torch.as_tensor(seeds, dtype=torch.int64).to(device)
-    positions = torch.as_tensor(positions, dtype=torch.int64).to(device)
+    seeds = torch.as_tensor(seeds, dtype=torch.int64)
+    positions = torch.as_tensor(positions, dtype=torch.int64)
     temperature = temperature.to(device=device, dtype=torch.float32)
     top_k, top_p = top_k.to(device), top_p.to(device)
     tokens = torch.empty(m, dtype=torch.int64, device=device)
@@ -355,8 +366,10 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
     any_greedy, any_random = bool(greedy.any()), not bool(greedy.all())
     chunks = list(_row_chunks(m, vocab_size, device))
     kernel = _kernel() if device.type == "cpu" else None
+    if kernel is not None:
+        seeds, positions = seeds.to(device), positions.to(device)
     if any_random and kernel is None:
-        a, b = _row_keys(seeds, positions)
+        a, b = _row_keys_to(device, seeds, positions)
         hv = _vocab_keys(vocab_size, device)
         rows = max(r1 - r0 for r0, r1 in chunks)
         scratch = _scratch(rows, vocab_size, device)
