@@ -19,6 +19,12 @@ buys, converted at the engine's measured seconds per emitted token (`Pace`):
   chains are expected to add there (each chain's chance of reaching it times the drafter's rate,
   less the verify slot's price) against one more batched forward.
 
+A token the head adds over a request's copy draft is worth less than a plain step's share: the
+request goes on at the copies' pace without it, about 1 + c tokens a step where its copy draft
+this step earns c, so an extra token saves 1 / (1 + c) of the step share the controller values
+it at (`over_copies`). Without that, where copies already land (the GPU's demo at step 0: 2.8
+tokens a forward) the head ran long chains whose saved steps did not pay for them.
+
 Before the pace is measured (the first steps of a run) neither decision uses the head's cost:
 the request is drafted when the head is expected to beat the copies, and positions follow the
 controller's cut alone.
@@ -129,6 +135,13 @@ def copy_limit(rate: float, k: int, threshold: float, per_request_s: float,
     return max(0.0, surplus - cost)
 
 
+def over_copies(copy: float) -> float:
+    """What a token the head adds to a request is worth, as a share of a plain token's value, where
+    the request's copy draft earns `copy` accepted tokens this step (taken as its pace in the
+    steps after: 1 + copy tokens a step)."""
+    return 1.0 / (1.0 + max(copy, 0.0))
+
+
 def worth_running(gains: Sequence[tuple[float, int]], first_s: float, position_s: Callable[[int], float],
                   seconds_per_emitted: Optional[float]) -> bool:
     """Run the head this step at all: gains[i] = (request i's expected run over its best copy
@@ -144,12 +157,14 @@ def worth_running(gains: Sequence[tuple[float, int]], first_s: float, position_s
 
 
 def worth_another_position(reach: Sequence[float], rates: Sequence[float], threshold: float, position_s: float,
-                           seconds_per_emitted: Optional[float]) -> bool:
+                           seconds_per_emitted: Optional[float], worth: Optional[Sequence[float]] = None) -> bool:
     """Run one more batched position for the chains going on: reach[i] is chain i's chance of
-    having been accepted so far, rates[i] the drafter's rate for its next token. Each token is
-    worth its chance of landing less its verify slot's price (the threshold); together they must
-    pay for the forward. Always, while the pace is unknown."""
+    having been accepted so far, rates[i] the drafter's rate for its next token, worth[i] its token's
+    share of a plain token's value (`over_copies`; None: all 1). Each token is worth its chance of
+    landing less its verify slot's price (the threshold); together they must pay for the forward.
+    Always, while the pace is unknown."""
     if seconds_per_emitted is None:
         return True
-    gain = sum(max(0.0, r * a - threshold) for r, a in zip(reach, rates))
+    worth = [1.0] * len(reach) if worth is None else worth
+    gain = sum(w * max(0.0, r * a - threshold) for r, a, w in zip(reach, rates, worth))
     return gain * seconds_per_emitted >= position_s

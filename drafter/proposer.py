@@ -42,7 +42,16 @@ from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
 from rollout.step_cost import StepCost
 
-from .budget import Backoff, Pace, PositionClock, copy_limit, expected_surplus, worth_another_position, worth_running
+from .budget import (
+    Backoff,
+    Pace,
+    PositionClock,
+    copy_limit,
+    expected_surplus,
+    over_copies,
+    worth_another_position,
+    worth_running,
+)
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -220,10 +229,10 @@ class DrafterProposer(Proposer):
         if spe is not None and self.backoff.skip():
             return
         try:
-            chains, states, gains = self._candidates(requests, offer, plan, spe)
+            chains, states, gains, worth = self._candidates(requests, offer, plan, spe)
             ran = bool(chains) and worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe)
             if ran:
-                self._draft(chains, [offer.table[level(st.run)] for st in states], states, plan, spe)
+                self._draft(chains, [offer.table[level(st.run)] for st in states], states, plan, spe, worth)
             if spe is not None:
                 self.backoff.result(ran)
         finally:  # the look-ups count too, drafted or not
@@ -235,11 +244,12 @@ class DrafterProposer(Proposer):
         emitted token."""
         return plan.token_value or self.pace.seconds_per_emitted()
 
-    def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, list, list]:
-        """(chains, their states, (expected gain over the copies, positions)) of the requests the
-        head is worth running for, in slot order (the head reads its cache in place)."""
+    def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, ...]:
+        """(chains, their states, (expected gain over the copies, positions), each chain's token
+        worth over its copies: `over_copies`) of the requests the head is worth running for, in
+        slot order (the head reads its cache in place). Gains are in plain tokens' value."""
         per_request = self.cost.fit()[1]
-        chains, states, gains = [], [], []
+        chains, states, gains, worth = [], [], [], []
         for req in sorted(requests, key=lambda r: r.slot):
             st = req.proposer_state.get(self.name)
             chain = self._chain(req, st, offer.most) if st is not None else None
@@ -252,10 +262,12 @@ class DrafterProposer(Proposer):
                 chains.append(chain)
                 states.append(st)
                 n, surplus = expected_surplus(rate, chain.k, plan.threshold)
-                gains.append((surplus - copy, n))
-        return chains, states, gains
+                worth.append(over_copies(copy))
+                gains.append(((surplus - copy) * worth[-1], n))
+        return chains, states, gains, worth
 
-    def _draft(self, chains: list[Chain], rows: list, states: list, plan, spe: Optional[float]) -> None:
+    def _draft(self, chains: list[Chain], rows: list, states: list, plan, spe: Optional[float],
+               worth: list[float]) -> None:
         """Run the head: each chain stops once its next token's chance of being reached and
         accepted falls under the threshold; all stop when another position does not pay."""
         reach = [1.0] * len(chains)
@@ -269,7 +281,7 @@ class DrafterProposer(Proposer):
         def proceed(going: list[int]) -> bool:
             return clock.mark(len(going), worth_another_position(
                 [reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
-                self.position_cost(len(going)), spe))
+                self.position_cost(len(going)), spe, [worth[i] for i in going]))
 
         begin = time.perf_counter()
         drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep, proceed=proceed)
