@@ -47,10 +47,18 @@ PAD_PARTS = 16
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether a linear layer with this weight runs packed through oneDNN."""
+    """Whether a linear layer with this weight runs packed through oneDNN (in bfloat16 only where
+    the CPU has oneDNN's bfloat16 path: AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere it refuses
+    to pack)."""
     return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
             and weight.numel() >= PACK_MIN_WEIGHTS and torch.backends.mkldnn.is_available()
-            and torch.backends.mkldnn.enabled)
+            and torch.backends.mkldnn.enabled and (weight.dtype == torch.float32 or onednn_bf16()))
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_bf16() -> bool:
+    """Whether this CPU runs oneDNN's bfloat16 matmuls (the check inductor's weight prepacking makes)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def padded_rows(n: int) -> int:
