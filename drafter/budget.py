@@ -22,8 +22,8 @@ buys, converted at the engine's measured seconds per emitted token (`Pace`):
 A token the head adds over a request's copy draft is worth less than a plain step's share: the
 request goes on at the copies' pace without it, about 1 + c tokens a step where its copy draft
 this step earns c, so an extra token saves 1 / (1 + c) of the step share the controller values
-it at (`over_copies`). Without that, where copies already land (the GPU's demo at step 0: 2.8
-tokens a forward) the head ran long chains whose saved steps did not pay for them.
+it at (`over_copies`). Without that, where copies already land the head ran long chains whose
+saved steps did not pay for them (docs/results.md, the GPU's demo).
 
 Before the pace is measured (the first steps of a run) neither decision uses the head's cost:
 the request is drafted when the head is expected to beat the copies, and positions follow the
