@@ -22,8 +22,9 @@ too: a proposer that copies sampled text knows how likely the policy found each 
 was sampled (its `confidence`); with fresh noise a copied token lands about that often, so `a`
 is also learnt per confidence bin and a draft is cut right before an unsure token.
 
-The threshold is a price. A step costs `fixed + per_token x fed tokens` seconds, measured
-(rollout/step_cost.py), and emits tokens at some rate; a draft token adds `per_token` seconds
+The threshold is a price. A step costs `fixed + per_token x fed tokens + per_attended x context
+they attend over` seconds, measured (rollout/step_cost.py), and emits tokens at some rate; a
+draft token adds `per_token` seconds (here: its slot and its attention over its request's context)
 and `value` expected tokens, so it raises the rollout's throughput exactly when
 `value / per_token > emitted tokens / second`, i.e. when
 
@@ -60,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
 
+from . import step_cost
 from .plain_reference import EAGER_MAX_COST, POLICIES, PlainReference
 from .proposers.base import Draft, Proposer
 from .request import Request
@@ -262,31 +264,35 @@ class AdaptiveController:
 
     # ---- the price -----------------------------------------------------------------------
 
-    def add_profile(self, tokens: int, seconds: float) -> None:
-        """A timed forward of the engine's start-up profile: a prior for both step-cost lines."""
-        self.cost.add_profile(tokens, seconds)
-        self.plain.cost.add_profile(tokens, seconds)
+    def add_profile(self, tokens: int, seconds: float, attended: int = 0) -> None:
+        """A timed forward of the engine's start-up profile: a prior for both step-cost planes."""
+        self.cost.add_profile(tokens, seconds, attended)
+        self.plain.cost.add_profile(tokens, seconds, attended)
 
-    def policy(self, running: int) -> Optional[str]:
+    def policy(self, running: int, context: int = 0) -> Optional[str]:
         """The next step's drafting policy (rollout/plain_reference.py), None for a plain step: a
         priced budget runs plain steps while speculation loses, and now and then to time them,
-        and tries drafting in full where such a step costs little more than a plain one."""
+        and tries drafting in full where such a step costs little more than a plain one.
+        context: what the running requests' next tokens attend over, summed."""
         if not (self.priced and self.checks_plain):
             return POLICIES[0]
-        plain = self.cost.predict(running)
-        full = self.cost.predict(running * (self.max_draft_tokens + 1))
+        plain = self.cost.predict(running, context)
+        n = self.max_draft_tokens + 1  # (the drafts of a row attend over its context, and over each other)
+        full = self.cost.predict(running * n, n * context + running * step_cost.attended(0, n - 1))
         return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain)
 
     def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, *,
                      rows: Optional[int] = None, drafted: int = 0,
-                     policy: Optional[str] = POLICIES[0]) -> None:
+                     policy: Optional[str] = POLICIES[0], work=None) -> None:
         """A step fed `fed` tokens (`drafted` of them drafts), emitted `emitted` for `rows`
         requests and took `seconds` (all of it: host work too), of which `batched` went to batched
         proposers (a draft head), priced by their own cost. policy: the drafting policy it ran by
-        (None: a plain step)."""
+        (None: a plain step). work: the context its attention read (rollout/engine.py `Work`;
+        None: not counted)."""
+        attended = work.attended if work is not None else 0
         if self.priced and rows is not None:
-            self.plain.observe(policy, fed, drafted, rows, emitted, seconds)
-        self.cost.observe(fed, seconds - batched)
+            self.plain.observe(policy, fed, drafted, rows, emitted, seconds, work)
+        self.cost.observe(fed, seconds - batched, attended)
         for stats in self.asking.values():
             stats[:] = [x * ASK_DECAY for x in stats]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
@@ -296,49 +302,57 @@ class AdaptiveController:
         if policy is not None:
             self.credit = min(self.credit + EXPLORE_FRACTION * seconds, 1.0)
 
-    def threshold(self, load: float, rows: int) -> float:
+    def threshold(self, load: float, rows: int, context: int = 0) -> float:
         """The value a draft token must reach this step. rows: the requests that will emit (the
-        rate before any step was timed is the profile's: one token per row)."""
+        rate before any step was timed is the profile's: one token per row); context: what
+        their next tokens attend over, summed."""
         if not self.priced:
             return self.min_draft_prob * min(max(load, 0.0), 1.0)
-        per_token = self.cost.per_token()
-        return _price(per_token, self.token_value(rows, per_token))
+        per_token = self.token_cost(rows, context)
+        return _price(per_token, self.token_value(rows, per_token, context))
 
-    def token_value(self, rows: int, per_token: Optional[float] = None) -> float:
+    def token_cost(self, rows: int, context: int = 0) -> float:
+        """Seconds a draft token adds to a step: its slot, and its attention over its request's
+        context (the running requests' mean)."""
+        return self.cost.per_token() + self.cost.per_attended() * context / max(rows, 1)
+
+    def token_value(self, rows: int, per_token: Optional[float] = None, context: int = 0) -> float:
         """Seconds an accepted draft token saves: its own slot (it is fed now instead of next
         step) plus its request's share of a step's remaining cost, as far as the runs so far
-        show that a saved step shortens the rollout (`critical_share`). per_token: the step
-        cost's slope, when the caller has it."""
-        per_token = self.cost.per_token() if per_token is None else per_token
-        per_emitted = self.seconds_per_emitted(rows)
+        show that a saved step shortens the rollout (`critical_share`). per_token: the cost of a
+        draft token (`token_cost`), when the caller has it."""
+        per_token = self.token_cost(rows, context) if per_token is None else per_token
+        per_emitted = self.seconds_per_emitted(rows, context)
         return per_token + self.critical_share * max(per_emitted - per_token, 0.0)
 
-    def seconds_per_emitted(self, rows: int) -> float:
+    def seconds_per_emitted(self, rows: int, context: int = 0) -> float:
         """What an emitted token costs without speculation: a plain step's seconds over its rows,
         once plain steps were timed; before, the recent steps' seconds over their tokens (and
         before any step was timed, the profile's one token per row)."""
-        plain = self.plain.seconds_per_emitted(rows)
+        plain = self.plain.seconds_per_emitted(rows, context)
         if plain is not None:
             return plain
         seconds, tokens = self.emitted
         if tokens <= 0:
-            seconds, tokens = self.cost.predict(rows), rows
+            seconds, tokens = self.cost.predict(rows, context), rows
         return seconds / max(tokens, 1e-9)
 
     # ---- one step ------------------------------------------------------------------------
 
-    def plan_step(self, proposers: Sequence[Proposer], running: int, load: float) -> Optional[StepPlan]:
+    def plan_step(self, proposers: Sequence[Proposer], running: int, load: float,
+                  context: int = 0) -> Optional[StepPlan]:
         """The step's budget; None when it drafts nothing (more requests running than
-        max_batch_for_spec: the step is compute-bound; or a plain step, `policy`). Rates move only
-        when a step is recorded, so a table is read once per step."""
+        max_batch_for_spec: the step is compute-bound; or a plain step, `policy`). context: what
+        the running requests' next tokens attend over, summed. Rates move only when a step is
+        recorded, so a table is read once per step."""
         if not proposers or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
-        policy = self.policy(running)
+        policy = self.policy(running, context)
         if policy is None:
             return None
         eager = policy == "eager"
-        per_token = self.cost.per_token() if self.priced else 0.0
-        value = self.token_value(running, per_token) if self.priced else 0.0
+        per_token = self.token_cost(running, context) if self.priced else 0.0
+        value = self.token_value(running, per_token, context) if self.priced else 0.0
         threshold = 0.0 if eager else _price(per_token, value) if self.priced else self.threshold(load, running)
         standings = [(p, self.standing(p)) for p in proposers]
         lookahead = max((s.reach for p, s in standings if p.wants_lookahead), default=(), key=sum)

@@ -23,7 +23,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from . import lenient, linear, sampling, slot_order, threads
+from . import lenient, linear, sampling, slot_order, step_cost, threads
 from .batch import ForwardBatch, bucket, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
@@ -33,6 +33,9 @@ from .model import CausalLM
 from .proposers import make_proposers
 from .proposers.base import Draft, HiddenSpan
 from .request import Lookahead, Request, make_requests
+
+# The profile's long-context forward reads this many cached tokens per row (or what fits).
+PROFILE_CONTEXT = 512
 
 
 @dataclass
@@ -56,7 +59,8 @@ class Row:
 class StepDone:
     """What one step did: the drafting policy it ran by (None: no draft budget, a plain step),
     the tokens it fed (drafts among them), the requests that emitted (rows with logits), the
-    tokens they emitted, and the seconds batched proposers spent before the plan."""
+    tokens they emitted, the seconds batched proposers spent before the plan, and the context
+    its attention read (`Work`)."""
 
     policy: Optional[str]
     fed: int
@@ -64,6 +68,30 @@ class StepDone:
     rows: int
     emitted: int
     prepared: float
+    work: Work = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """The context a step's attention read (rollout/step_cost.py): summed over its fed tokens
+    (`attended`), over those but its drafts (`plain`), and what a plain step after it reads, one
+    token for each request that emitted (`context`)."""
+
+    attended: int = 0
+    plain: int = 0
+    context: int = 0
+
+    @classmethod
+    def of(cls, rows: list[Row]) -> Work:
+        """Before the step's tokens are cached."""
+        attended = plain = context = 0
+        for row in rows:
+            start, n = row.req.num_cached, row.fed + len(row.draft_tokens)
+            attended += step_cost.attended(start, n)
+            plain += step_cost.attended(start, row.fed)
+            if row.first_logit is not None:
+                context += start + row.fed + 1
+        return cls(attended, plain, context)
 
 
 @dataclass(frozen=True)
@@ -286,7 +314,8 @@ class Engine:
             done = self._step(running)
             if self.controller is not None:
                 self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
-                                             rows=done.rows, drafted=done.drafted, policy=done.policy)
+                                             rows=done.rows, drafted=done.drafted, policy=done.policy,
+                                             work=done.work)
             steps, spec_off, fed = steps + 1, spec_off + (done.policy is None), fed + done.fed
             if tally is not None and done.drafted:  # (a step without drafts accepts none)
                 tally.step(running)
@@ -338,19 +367,21 @@ class Engine:
         """One forward for every running request."""
         plan, prepared = None, 0.0
         if self.controller is not None:
-            plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size)
+            plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
+                                             context=sum(r.num_tokens for r in running))
             if plan is not None:
                 start = time.perf_counter()
                 self._prepare(running, plan)
                 prepared = time.perf_counter() - start
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
+        work = Work.of(rows) if self.controller is not None else None
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
         emitted = self._verify(rows, logits, offered, observers, hidden)
         return StepDone(plan.policy if plan is not None else None, int(batch.token_ids.shape[0]),
                         sum(len(r.draft_tokens) for r in rows), sum(r.first_logit is not None for r in rows),
-                        emitted, prepared)
+                        emitted, prepared, work)
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding
@@ -503,25 +534,27 @@ class Engine:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
     def _profile(self) -> None:
-        """Two timed forwards of different sizes (one token per row, then a draft's worth), so the
-        step cost has a slope before the first real step. They write into free KV-cache slots at
-        positions no request has yet: each request overwrites its slot from position 0."""
+        """Three timed forwards of different sizes and contexts (one token per row, a draft's
+        worth, one token per row after PROFILE_CONTEXT cached ones), so the step cost has its
+        slopes before the first real step. They write into free KV-cache slots at positions no
+        request has yet: each request overwrites its slot from position 0."""
         rows = min(self.config.max_batch_size, 8)
-        for per_row in (1, 1 + min(self.config.spec.max_draft_tokens, 8)):
-            if per_row > self.config.max_model_len:
+        draft = 1 + min(self.config.spec.max_draft_tokens, 8)
+        for start, per_row in ((0, 1), (0, draft), (min(PROFILE_CONTEXT, self.config.max_model_len - 1), 1)):
+            if start + per_row > self.config.max_model_len:
                 continue
-            feed = [(slot, 0, [0] * per_row) for slot in range(rows)]
+            feed = [(slot, start, [0] * per_row) for slot in range(rows)]
             batch = ForwardBatch.build(feed, list(range(rows * per_row)), self.device, self.min_bucket)
             seconds = []
             for _ in range(2):
-                start = time.perf_counter()
+                begin = time.perf_counter()
                 logits, _ = self.model(batch, self.cache)
                 n = logits.shape[0]
                 sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
                                 torch.arange(n, device=logits.device), *sampling.sampling_tensors(
                                     [SamplingParams()] * n, logits.device))[0].tolist()
-                seconds.append(time.perf_counter() - start)
-            self.controller.add_profile(rows * per_row, min(seconds))
+                seconds.append(time.perf_counter() - begin)
+            self.controller.add_profile(rows * per_row, min(seconds), rows * step_cost.attended(start, per_row))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""

@@ -5,8 +5,9 @@ The price (rollout/controller.py) decides token by token from a model of the ste
 can be wrong (host work per request that only drafting steps pay, a step cost that is not a line
 in the tokens fed) and nothing in it would notice. So the engine also runs a plain step now and
 then, with no proposer asked and no draft fed (a "probe"), and fits what a plain step costs from
-those alone: `plain(fed)` seconds for a step that feeds `fed` tokens (decoding steps: one that
-feeds whole prompts is not fitted). A probe right after a step
+those alone: `plain(fed, attended)` seconds for a step that feeds `fed` tokens attending over
+`attended` tokens of context in all (decoding steps: one that feeds whole prompts is not fitted;
+the context matters because a run's first steps read far less of it than its last). A probe right after a step
 that drafted cuts a chain (the lookahead drafts from the samples a draft's rows yield, and a plain
 step yields none), so probes come every EARLY_PROBE_EVERY steps after steps that drafted nothing,
 where they cost about nothing, and only every PROBE_EVERY steps between drafting ones; the fit
@@ -14,7 +15,8 @@ fades between probes, as the machine's speed drifts. A speculating step that fed
 `fed` tokens, `drafted` of them drafts, for `rows` requests that each emitted at least one token,
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
-`plain(fed - drafted)` seconds) and the others one token per request (`plain(rows)` each): a
+`plain(fed - drafted, ...)` seconds) and the others one token per request (`plain(rows, context)`
+each, at the context the step leaves): a
 prompt chunk is fed once however many tokens the step's drafts emit. A step whose drafts all
 missed did at best what a plain step does, so it never reads as a gain, whatever the fit's error.
 A policy's ledger sums both over its recent speculating steps; once the speculating seconds
@@ -226,9 +228,11 @@ class PlainReference:
         return self.preferred if self.preferred in ready else ready[0]
 
     def observe(self, policy: Optional[str], fed: int, drafted: int, rows: int, emitted: int,
-                seconds: float) -> None:
+                seconds: float, work=None) -> None:
         """A step's outcome. policy: the one it drafted by (None: it was plain, a probe or a step
-        while every policy was off)."""
+        while every policy was off). work: the context its attention read (rollout/engine.py
+        `Work`; None: not counted)."""
+        plain_attended, context = (work.plain, work.context) if work is not None else (0, 0)
         for name, ledger in self.ledgers.items():
             if name != policy:
                 ledger.off_left = max(ledger.off_left - 1, 0)
@@ -238,7 +242,7 @@ class PlainReference:
                 # their row's work; a run's first such step pays its one-time costs too): it is
                 # not fitted, and until a decoding step was, the probe stays due.
                 if fed <= PROBE_MAX_FEED * rows:
-                    self.cost.observe(fed, seconds)
+                    self.cost.observe(fed, seconds, plain_attended)
                     self.probes += 1
                 elif not self.measured:
                     return
@@ -249,14 +253,16 @@ class PlainReference:
         self.cost.fade(PLAIN_FADE)
         if rows <= 0 or not self.measured:
             return
-        plain = self.cost.predict(max(fed - drafted, rows)) + (emitted / rows - 1) * self.cost.predict(rows)
+        plain = (self.cost.predict(max(fed - drafted, rows), plain_attended)
+                 + (emitted / rows - 1) * self.cost.predict(rows, context))
         if emitted <= rows:  # no draft landed: at best it did what a plain step does, whatever the fit says
             plain = min(plain, seconds)
         self.ledgers[policy].add(seconds, plain)
 
-    def seconds_per_emitted(self, rows: int) -> Optional[float]:
-        """What a plain step at `rows` decoding requests costs per token it emits, once measured."""
-        return self.cost.predict(rows) / rows if self.measured and rows > 0 else None
+    def seconds_per_emitted(self, rows: int, context: int = 0) -> Optional[float]:
+        """What a plain step at `rows` decoding requests whose tokens attend over `context` in all
+        costs per token it emits, once measured."""
+        return self.cost.predict(rows, context) / rows if self.measured and rows > 0 else None
 
     def state_dict(self) -> dict:
         return {"cost": self.cost.state_dict(), "probes": self.probes, "preferred": self.preferred, "kept": self.kept,
