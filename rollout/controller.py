@@ -24,11 +24,11 @@ is also learnt per confidence bin and a draft is cut right before an unsure toke
 
 The threshold is a price. A step costs `fixed + per_token x fed tokens + per_attended x context
 they attend over` seconds, measured (rollout/step_cost.py), and emits tokens at some rate; a
-draft token adds `per_token` seconds (here: its slot and its attention over its request's context)
-and `value` expected tokens, so it raises the rollout's throughput exactly when
-`value / per_token > emitted tokens / second`, i.e. when
+draft token adds `cost = per_token + per_attended x its request's context` seconds and `value`
+expected tokens, so it raises the rollout's throughput exactly when
+`value / cost > emitted tokens / second`, i.e. when
 
-    value >= per_token x emitted tokens per second   (= seconds per fed token / seconds per emitted token).
+    value >= cost x emitted tokens per second   (= seconds per draft token / seconds per emitted token).
 
 On a compute-bound CPU step every fed token costs about what an emitted one does, so only sure
 tokens pay; on a GPU, or in the long tail where a few requests are left and a step costs about

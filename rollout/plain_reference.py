@@ -16,7 +16,7 @@ fades between probes, as the machine's speed drifts. A speculating step that fed
 and emitted `emitted` tokens in `seconds`, would have taken `emitted / rows` plain steps (one
 token per request per step), the first feeding what it fed but its drafts (prompt chunks too:
 `plain(fed - drafted, ...)` seconds) and the others one token per request (`plain(rows, context)`
-each, at the context the step leaves): a
+each, at the context the step leaves, growing by a token a request each step): a
 prompt chunk is fed once however many tokens the step's drafts emit. A step whose drafts all
 missed did at best what a plain step does, so it never reads as a gain, whatever the fit's error.
 A policy's ledger sums both over its recent speculating steps; once the speculating seconds
@@ -253,8 +253,9 @@ class PlainReference:
         self.cost.fade(PLAIN_FADE)
         if rows <= 0 or not self.measured:
             return
+        steps = emitted / rows  # (the ones after the first read rows more tokens each: the mean is used)
         plain = (self.cost.predict(max(fed - drafted, rows), plain_attended)
-                 + (emitted / rows - 1) * self.cost.predict(rows, context))
+                 + (steps - 1) * self.cost.predict(rows, context + rows * max(steps - 2, 0) / 2))
         if emitted <= rows:  # no draft landed: at best it did what a plain step does, whatever the fit says
             plain = min(plain, seconds)
         self.ledgers[policy].add(seconds, plain)

@@ -80,3 +80,14 @@ def test_a_step_counts_the_context_its_rows_attend_over():
     assert work.attended == attended(10, 4) + attended(0, 4)
     assert work.plain == attended(10, 1) + attended(0, 4)
     assert work.context == 12  # the next plain step of the decoding request reads 12 tokens
+
+
+def test_the_plain_counterpart_of_a_step_reads_a_growing_context():
+    """32 tokens for 8 requests take 4 plain steps: the first feeds what the step fed but its
+    drafts, the next three a token a request at a context 8 tokens longer each step."""
+    ref = PlainReference()
+    for ctx in (400, 800, 1600, 3200):
+        ref.observe(None, 8, 0, 8, 8, plane(8, ctx), Work(ctx, ctx, ctx))
+    ref.observe("budget", 32, 24, 8, 32, 0.05, Work(3000, 800, 808))
+    w, spent, plain_seconds = ref.ledgers["budget"].sums
+    assert plain_seconds == pytest.approx(plane(8, 800) + sum(plane(8, 808 + 8 * j) for j in range(3)))
