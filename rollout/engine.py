@@ -68,7 +68,7 @@ class StepDone:
     rows: int
     emitted: int
     prepared: float
-    work: Work = None
+    work: Optional[Work] = None
 
 
 @dataclass(frozen=True)
