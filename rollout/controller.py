@@ -277,7 +277,7 @@ class AdaptiveController:
         if not (self.priced and self.checks_plain):
             return POLICIES[0]
         plain = self.cost.predict(running, context)
-        n = self.max_draft_tokens + 1  # (the drafts of a row attend over its context, and over each other)
+        n = self.plain.eager_length(self.max_draft_tokens) + 1  # (drafts attend over the context and each other)
         full = self.cost.predict(running * n, n * context + running * step_cost.attended(0, n - 1))
         return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain)
 
@@ -356,9 +356,10 @@ class AdaptiveController:
         threshold = 0.0 if eager else _price(per_token, value) if self.priced else self.threshold(load, running)
         standings = [(p, self.standing(p)) for p in proposers]
         lookahead = max((s.reach for p, s in standings if p.wants_lookahead), default=(), key=sum)
+        longest = self.plain.eager_length(self.max_draft_tokens) if eager else self.max_draft_tokens
         offers = []
         for p, s in standings:
-            most = self.draft_len(s.top, self.max_draft_tokens, threshold, lookahead)
+            most = self.draft_len(s.top, longest, threshold, lookahead)
             if p.batched and self.priced:
                 most = self._positions_worth(p, s.top, threshold, lookahead, running, value)
             # (a batched proposer's cost is its prepared positions, priced above: its asks are free)

@@ -77,6 +77,7 @@ EAGER_MAX_COST = 2.0  # plain steps' worth that a step drafting in full may cost
 EAGER_EDGE = 0.1
 EXPLORE_RUNS = 4  # runs in a row that prefer one policy before the other is preferred for one
 BURSTY_TRIAL = 4 * TRIAL  # a bursty policy's first stretch (Ledger.bursty)
+MAX_SHORTER = 3  # halvings of a bursty policy's draft length, at most (Ledger.shorter)
 
 
 @dataclass
@@ -97,6 +98,11 @@ class Ledger:
     # after runs where its record did not lose, it is judged on a longer first stretch; a losing
     # stretch switches it off only while its record does not win.
     bursty: bool = False
+    # Halvings of a bursty policy's draft length: what pays at one length can lose at twice it
+    # (a request's long drafts cost their rows, and a chain of lookahead drafts keeps going only
+    # while every step drafts), so a trial that loses clearly or again halves it, and a run that
+    # starts with its record winning tries it twice as long again.
+    shorter: int = 0
     lenient: bool = True  # its score did not lose when this run started
     # Runs that preferred it: what it did as a stand-in (on the steps the preferred one left it,
     # which need not be like the rest) ranks it for no run.
@@ -155,19 +161,22 @@ class Ledger:
             self.off_left = self.wait
             if self.ratio > CLEAR_LOSS or self.lost:
                 self.wait = min(self.wait * 2, MAX_OFF)
+                if self.bursty:
+                    self.shorter = min(self.shorter + 1, MAX_SHORTER)
         self.lost = True
         self.sums = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
 
     def state_dict(self) -> dict:
         return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record),
-                "runs": self.runs, "lenient": self.lenient}
+                "runs": self.runs, "lenient": self.lenient, "shorter": self.shorter}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Ledger:
         # (what is absent from older checkpoints starts afresh)
         return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
                    bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))],
-                   runs=int(state.get("runs", 0)), lenient=bool(state.get("lenient", True)))
+                   runs=int(state.get("runs", 0)), lenient=bool(state.get("lenient", True)),
+                   shorter=int(state.get("shorter", 0)))
 
 
 @dataclass
@@ -196,6 +205,8 @@ class PlainReference:
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
             ledger.record = [x * decay for x in ledger.record]
             ledger.lenient = (ledger.score or 0.0) < 1
+            if ledger.winning and ledger.shorter > 0:
+                ledger.shorter -= 1
         rank = {p: self._rank(p) for p in POLICIES}
         best = "budget" if rank["budget"] * (1 + EAGER_EDGE) < rank["eager"] else "eager"
         if best == self.preferred and self.kept >= EXPLORE_RUNS:
@@ -207,6 +218,10 @@ class PlainReference:
     def _rank(self, policy: str) -> float:
         score = self.ledgers[policy].score
         return -1.0 if score is None else score  # (one no run preferred yet first)
+
+    def eager_length(self, longest: int) -> int:
+        """Eager's draft length now: `longest` halved by its losses (not under 2)."""
+        return max(longest >> self.ledgers["eager"].shorter, min(longest, 2))
 
     def choose(self, eager_ok: bool = False) -> Optional[str]:
         """The next step's drafting policy: the preferred one, or the other while the preferred

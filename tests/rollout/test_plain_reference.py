@@ -9,6 +9,7 @@ from rollout.plain_reference import (
     EAGER_EDGE,
     EARLY_PROBE_EVERY,
     FIRST_PROBES,
+    MAX_SHORTER,
     MIN_OFF,
     PROBE_EVERY,
     PROBE_MAX_FEED,
@@ -292,6 +293,21 @@ def test_a_policy_that_loses_to_plain_is_switched_off_on_its_own_and_the_other_d
     assert restored.preferred == ref.preferred and restored.kept == ref.kept
     assert {p: vars(x) | {"off_left": 0} for p, x in restored.ledgers.items()} == \
         {p: vars(x) | {"off_left": 0} for p, x in ref.ledgers.items()}
+
+
+def test_eager_halves_its_draft_length_as_it_loses_and_tries_it_longer_once_its_record_wins():
+    ref = PlainReference()
+    assert ref.eager_length(16) == 16
+    run_policies(ref, {"budget": 4 * ROWS, "eager": 4 * ROWS}, 40)  # the first run: the budget
+    run_policies(ref, {"budget": 4 * ROWS, "eager": ROWS + 1}, 200)  # eager loses trial after trial
+    eager = ref.ledgers["eager"]
+    assert eager.shorter == MAX_SHORTER and ref.eager_length(16) == 2 and ref.eager_length(3) == 2
+    assert ref.ledgers["budget"].shorter == 0  # (the budget's drafts are cut by the price, not a length)
+    lengths = []
+    for _ in range(12):  # eager wins now: each run that starts with its record winning doubles it back
+        run_policies(ref, {"budget": 4 * ROWS, "eager": 6 * ROWS}, 40)
+        lengths.append(ref.eager_length(16))
+    assert lengths[-1] == 16 and lengths == sorted(lengths)
 
 
 def test_while_the_preferred_policy_is_off_the_other_stands_in_only_if_its_record_wins():
