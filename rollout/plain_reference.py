@@ -29,11 +29,13 @@ the wait does not grow. Each run starts with a trial and a trial that wins reset
 drafts that start landing (a new epoch's history, a trained drafter) are back at once.
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
-price. "eager" drafts every token a proposer offers, up to the draft length, as a fixed length
+price. "eager" drafts every token a proposer offers, up to its draft length, as a fixed length
 does: what a draft buys beyond its own tokens (the target's samples past a rejection, which the
 lookahead drafts from in the next steps and which run on once one lands) the price cannot see
-token by token, and a fixed length sometimes wins by it. Eager runs only where a step that
-drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost line (a lone request on
+token by token, and a fixed length sometimes wins by it. Its length is halved after trials that
+lose clearly or again, down to 2, and doubled back when a run starts with its record winning
+(`Ledger.shorter`): a length that pays can lose at twice it. Eager runs only where a step that
+drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost plane (a lone request on
 a CPU, small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers
 one policy, which drafts where it may run and is not off (the other drafts where it may not
 run, and while it is off only if the other's own record beats plain steps): the one whose
