@@ -438,7 +438,7 @@ class Engine:
             was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += row.fed
             if row.first_logit is not None:  # (else a prompt chunk that did not reach the end of the prompt)
-                if not was_prefill:
+                if not was_prefill or req.output_ids:  # (a continued request's prefill emits as a decode step does)
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],

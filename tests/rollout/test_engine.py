@@ -137,6 +137,21 @@ def test_chunked_prefill_and_divided_rollout_are_identical(hf):
     assert [r.output_ids for r in reqs] == tokens(ref)
 
 
+def test_a_continued_request_counts_the_forward_of_its_prefill(hf):
+    """Every forward that emits counts but the prompt's own: a continued request's prefill (its
+    output fed again, elsewhere) emits its next token and accepted drafts as a decode step does."""
+    ps, seeds = [p + [1] for p in prompts(4, seed=5)], list(range(4))  # (a one-token prompt has no prefill)
+    params = SamplingParams(temperature=1.0, max_tokens=24)
+    ref = engine(hf, max_batch_size=4).generate(ps, params, seeds=seeds)
+    eng = engine(hf, max_batch_size=4, spec=SpecConfig(proposers=("history",), max_draft_tokens=3, min_draft_prob=0.0))
+    reqs = eng.make_requests(ps, params, seeds=seeds, drafts=tokens(ref))
+    while any(r.finish_reason is None for r in reqs):
+        eng.run(reqs, max_new_tokens=4)  # (no kept slots: each round prefills prompt and output again)
+    assert [r.output_ids for r in reqs] == tokens(ref)
+    for r in reqs:
+        assert r.forward_passes == len(r.output_ids) - 1 - sum(r.accepted.values()) > 0
+
+
 def test_logprobs_match_transformers_teacher_forced(hf):
     ps, seeds = prompts(4, seed=4), [1, 2, 3, 4]
     for params in (SamplingParams(temperature=0.7, max_tokens=20), SamplingParams(temperature=1.0, max_tokens=20)):
