@@ -353,7 +353,7 @@ class AdaptiveController:
         eager = policy == "eager"
         per_token = self.token_cost(running, context) if self.priced else 0.0
         value = self.token_value(running, per_token, context) if self.priced else 0.0
-        threshold = 0.0 if eager else _price(per_token, value) if self.priced else self.threshold(load, running)
+        threshold = 0.0 if eager else self.threshold(load, running, context)
         standings = [(p, self.standing(p)) for p in proposers]
         lookahead = max((s.reach for p, s in standings if p.wants_lookahead), default=(), key=sum)
         longest = self.plain.eager_length(self.max_draft_tokens) if eager else self.max_draft_tokens
