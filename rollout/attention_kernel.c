@@ -20,12 +20,19 @@
 #include "kernel_math.h"
 
 #define MAX_GROUP 16
-#define SCORE_BLOCK (4 * LANES) /* positions scored together: four vectors of sums in flight */
+#define SCORE_BLOCK 64 /* positions scored together: several vectors of sums in flight */
 /* A request's consecutive tokens (a verify row's drafts, a prompt chunk) read the same keys and
    values: up to MAX_ROWS query rows of one key/value head (ROW_TILE at a time) go through them
    together, each key or value vector loaded once for all of them. */
 #define ROW_TILE 4
 #define MAX_ROWS 16
+/* Vectors of positions such a tile scores at once: its ROW_TILE x ROW_BLOCKS sums and ROW_BLOCKS
+   key vectors stay in registers (32 with AVX-512, 16 with AVX2). */
+#if MLANES == 16
+#define ROW_BLOCKS 4
+#else
+#define ROW_BLOCKS 2
+#endif
 
 static inline float from_bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -41,28 +48,34 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
 
-/* LANES bfloat16 values widened to a vector of floats. */
-typedef uint16_t vec16 __attribute__((vector_size(LANES * sizeof(uint16_t))));
-typedef uint32_t vec32 __attribute__((vector_size(LANES * sizeof(uint32_t))));
+/* MLANES bfloat16 values widened to a vector of floats. */
+typedef uint16_t mvec16 __attribute__((vector_size(MLANES * sizeof(uint16_t))));
+typedef uint32_t mvec32 __attribute__((vector_size(MLANES * sizeof(uint32_t))));
 
-static inline vec vload_bf16(const uint16_t *p) {
-    vec16 h;
+static inline mvec mvec_load_bf16(const uint16_t *p) {
+    mvec16 h;
     memcpy(&h, p, sizeof h);
-    vec32 bits = __builtin_convertvector(h, vec32) << 16;
-    vec v;
+    mvec32 bits = __builtin_convertvector(h, mvec32) << 16;
+    mvec v;
     memcpy(&v, &bits, sizeof v);
     return v;
 }
 
 /* s[j] <- e^(s[j] - top) in place; returns their sum (LANES partial sums, a fixed tree). */
 static float softmax_numerators(float *s, int64_t n, float top) {
-    float sum[LANES] = {0};
+    mvec part[LANES / MLANES];
+    for (int b = 0; b < LANES / MLANES; b++)
+        part[b] = mvec_splat(0.0f);
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            s[j + l] = exp_nonpositive(s[j + l] - top);
-            sum[l] += s[j + l];
+        for (int b = 0; b < LANES / MLANES; b++) {
+            mvec e = mvec_exp_nonpositive(mvec_load(s + j + b * MLANES) - top);
+            mvec_store(s + j + b * MLANES, e);
+            part[b] += e;
         }
+    float sum[LANES];
+    for (int b = 0; b < LANES / MLANES; b++)
+        mvec_store(sum + b * MLANES, part[b]);
     for (; j < n; j++) {
         s[j] = exp_nonpositive(s[j] - top);
         sum[0] += s[j];
@@ -82,41 +95,53 @@ static void divide_rows(float *out, int64_t rows, int64_t D, const float *total)
     }
 }
 
-/* s[0 .. n-1] <- their softmax's numerators, less their maximum; returns the denominator. */
+/* s[0 .. n-1] <- their softmax's numerators, less their maximum; returns the denominator. The
+   maximum is exact, whatever order it is taken in. */
 static float exponentiate(float *s, int64_t n) {
+    mvec most = mvec_splat(-__builtin_inff());
+    int64_t i = 0;
+    for (; i + MLANES <= n; i += MLANES) {
+        mvec x = mvec_load(s + i);
+        most = mvec_select(x > most, x, most);
+    }
     float top = -__builtin_inff();
-    for (int64_t i = 0; i < n; i++)
+    for (int l = 0; l < MLANES; l++)
+        top = most[l] > top ? most[l] : top;
+    for (; i < n; i++)
         top = s[i] > top ? s[i] : top;
     return softmax_numerators(s, n, top);
 }
 
-/* attend_one over keys and values of type T, widened to float by LOAD as they are read: one
-   token's G query heads (q: [G, D] float32) against n positions of one head, into out [G, D]
-   float32. k points at the first position's column of a head's transposed keys ([D, stride]:
-   key d of position j at k[d * stride + j]); v at its first position's row ([n, D]).
+/* attend_one over keys and values of type T, widened to float by LOAD (one) and MLOAD (a
+   vector) as they are read: one token's G query heads (q: [G, D] float32) against n positions
+   of one head, into out [G, D] float32. k points at the first position's column of a head's
+   transposed keys ([D, stride]: key d of position j at k[d * stride + j]); v at its first
+   position's row ([n, D]).
    A score is q . k_j summed over d in order, one position per vector lane: SCORE_BLOCK positions
    (several vectors, so that their sums run side by side) at a time while `room` (the positions
-   from the first to the end of the cache row) allows, then LANES, then one; a last block runs
+   from the first to the end of the cache row) allows, then MLANES, then one; a last block runs
    past the n positions wanted, into the cache row's later entries, whose scores are not used.
    Every position gets the same arithmetic whichever way it was reached. The output is the
-   weights times the values summed position by position in order, LANES of its D entries at a
+   weights times the values summed position by position in order, MLANES of its D entries at a
    time in a vector that stays in a register (a sum kept in memory waits on its own store at
    every position). scores: G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
-#define SCORES(T, LOAD, WIDTH)                                                                     \
-    for (; j < n && j + (WIDTH) <= room; j += (WIDTH)) {                                            \
-        float acc[WIDTH] = {0};                                                                     \
+#define SCORES(T, MLOAD, BLOCKS)                                                                   \
+    for (; j < n && j + (BLOCKS) * MLANES <= room; j += (BLOCKS) * MLANES) {                     \
+        mvec acc[BLOCKS];                                                                           \
+        for (int b = 0; b < (BLOCKS); b++)                                                          \
+            acc[b] = mvec_splat(0.0f);                                                              \
         for (int64_t d = 0; d < D; d++) {                                                           \
             float qd = qg[d];                                                                       \
             const T *kd = k + d * stride + j;                                                       \
-            for (int l = 0; l < (WIDTH); l++)                                                       \
-                acc[l] += qd * LOAD(kd[l]);                                                         \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                acc[b] += qd * MLOAD(kd + b * MLANES);                                              \
         }                                                                                           \
-        for (int l = 0; l < (WIDTH); l++)                                                           \
-            sg[j + l] = acc[l] * scale;                                                             \
+        for (int b = 0; b < (BLOCKS); b++)                                                          \
+            mvec_store(sg + j + b * MLANES, acc[b] * scale);                                        \
     }
-#define ATTEND_ONE(NAME, T, LOAD, VLOAD)                                                           \
+#define ATTEND_ONE(NAME, T, LOAD, MLOAD)                                                           \
     static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, int64_t room, \
                      const T *v, int64_t n, float scale, float *scores, float *out) {               \
         float total[MAX_GROUP];                                                                     \
@@ -125,20 +150,25 @@ static float exponentiate(float *s, int64_t n) {
             const float *qg = q + g * D;                                                            \
             float *sg = scores + g * width;                                                         \
             int64_t j = 0;                                                                          \
-            SCORES(T, LOAD, SCORE_BLOCK)                                                            \
-            SCORES(T, LOAD, LANES)                                                                  \
-            SCORES(T, LOAD, 1)                                                                      \
+            SCORES(T, MLOAD, SCORE_BLOCK / MLANES)                                                  \
+            SCORES(T, MLOAD, 1)                                                                     \
+            for (; j < n; j++) {                                                                    \
+                float acc = 0.0f;                                                                   \
+                for (int64_t d = 0; d < D; d++)                                                     \
+                    acc += qg[d] * LOAD(k[d * stride + j]);                                         \
+                sg[j] = acc * scale;                                                                \
+            }                                                                                       \
             total[g] = exponentiate(sg, n);                                                         \
         }                                                                                           \
         for (int64_t g = 0; g < G; g++) {                                                           \
             const float *wg = scores + g * width;                                                   \
             float *o = out + g * D;                                                                 \
             int64_t d0 = 0;                                                                         \
-            for (; d0 + LANES <= D; d0 += LANES) {                                                  \
-                vec acc = {0};                                                                      \
+            for (; d0 + MLANES <= D; d0 += MLANES) {                                                \
+                mvec acc = mvec_splat(0.0f);                                                        \
                 for (int64_t j = 0; j < n; j++)                                                     \
-                    acc += wg[j] * VLOAD(v + j * D + d0);                                           \
-                vec_store(o + d0, acc);                                                             \
+                    acc += wg[j] * MLOAD(v + j * D + d0);                                           \
+                mvec_store(o + d0, acc);                                                            \
             }                                                                                       \
             for (; d0 < D; d0++) {                                                                  \
                 float acc = 0.0f;                                                                   \
@@ -150,8 +180,8 @@ static float exponentiate(float *s, int64_t n) {
         divide_rows(out, G, D, total);                                                              \
     }
 
-ATTEND_ONE(attend_one_f32, float, LOAD_F32, vec_load)
-ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
+ATTEND_ONE(attend_one_f32, float, LOAD_F32, mvec_load)
+ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, mvec_load_bf16)
 
 /* attend_rows: what attend_one does for each of R query rows (q: [R padded to ROW_TILE, D]
    float32, zeros past R), where row r sees positions 0 .. n0 + r / G - 1 (rows token-major: G
@@ -159,17 +189,17 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
    is the same arithmetic in the same order as attend_one's (a sum over d, then one over
    positions, for each position and row alike); only the loads are shared: ROW_TILE rows are
    scored against a vector of positions, and summed over a vector of values, per load. */
-#define ROW_SCORES(T, VLOAD, BLOCKS)                                                               \
-    for (; j < nmax && j + (BLOCKS) * LANES <= room; j += (BLOCKS) * LANES) {                    \
-        vec acc[ROW_TILE][BLOCKS];                                                                  \
+#define ROW_SCORES(T, MLOAD, BLOCKS)                                                               \
+    for (; j < nmax && j + (BLOCKS) * MLANES <= room; j += (BLOCKS) * MLANES) {                  \
+        mvec acc[ROW_TILE][BLOCKS];                                                                 \
         for (int r = 0; r < ROW_TILE; r++)                                                          \
             for (int b = 0; b < (BLOCKS); b++)                                                      \
-                acc[r][b] = (vec){0};                                                               \
+                acc[r][b] = mvec_splat(0.0f);                                                       \
         for (int64_t d = 0; d < D; d++) {                                                           \
             const T *kd = k + d * stride + j;                                                       \
-            vec kb[BLOCKS];                                                                         \
+            mvec kb[BLOCKS];                                                                        \
             for (int b = 0; b < (BLOCKS); b++)                                                      \
-                kb[b] = VLOAD(kd + b * LANES);                                                      \
+                kb[b] = MLOAD(kd + b * MLANES);                                                     \
             for (int r = 0; r < ROW_TILE; r++) {                                                    \
                 float qd = qt[r * D + d];                                                           \
                 for (int b = 0; b < (BLOCKS); b++)                                                  \
@@ -178,9 +208,9 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
         }                                                                                           \
         for (int r = 0; r < ROW_TILE; r++)                                                          \
             for (int b = 0; b < (BLOCKS); b++)                                                      \
-                vec_store(st + r * width + j + b * LANES, acc[r][b] * scale);                       \
+                mvec_store(st + r * width + j + b * MLANES, acc[r][b] * scale);                     \
     }
-#define ATTEND_ROWS(NAME, T, LOAD, VLOAD)                                                          \
+#define ATTEND_ROWS(NAME, T, LOAD, MLOAD)                                                          \
     static void NAME(const float *q, int64_t R, int64_t G, int64_t D, const T *k, int64_t stride,   \
                      int64_t room, const T *v, int64_t n0, float scale, float *scores, float *out) { \
         float total[MAX_ROWS];                                                                      \
@@ -190,8 +220,8 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
             const float *qt = q + r0 * D;                                                           \
             float *st = scores + r0 * width;                                                        \
             int64_t nmax = n0 + (r0 + ROW_TILE - 1 < R ? r0 + ROW_TILE - 1 : R - 1) / G, j = 0;    \
-            ROW_SCORES(T, VLOAD, 4)                                                                 \
-            ROW_SCORES(T, VLOAD, 1)                                                                 \
+            ROW_SCORES(T, MLOAD, ROW_BLOCKS)                                                        \
+            ROW_SCORES(T, MLOAD, 1)                                                                 \
             for (; j < nmax; j++)                                                                   \
                 for (int r = 0; r < ROW_TILE; r++) {                                                \
                     float acc = 0.0f;                                                               \
@@ -206,22 +236,24 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
             int64_t rows = R - r0 < ROW_TILE ? R - r0 : ROW_TILE, first = n0 + r0 / G;              \
             const float *w = scores + r0 * width;                                                   \
             int64_t d0 = 0;                                                                         \
-            for (; d0 + LANES <= D; d0 += LANES) {                                                  \
-                vec acc[ROW_TILE] = {{0}};                                                          \
+            for (; d0 + MLANES <= D; d0 += MLANES) {                                                \
+                mvec acc[ROW_TILE];                                                                 \
+                for (int r = 0; r < ROW_TILE; r++)                                                  \
+                    acc[r] = mvec_splat(0.0f);                                                      \
                 int64_t j = 0;                                                                      \
                 for (; j < first; j++) {                                                            \
-                    vec vj = VLOAD(v + j * D + d0);                                                 \
+                    mvec vj = MLOAD(v + j * D + d0);                                                \
                     for (int r = 0; r < ROW_TILE; r++)                                              \
                         acc[r] += w[r * width + j] * vj;                                            \
                 }                                                                                   \
                 for (; j < n0 + (r0 + rows - 1) / G; j++) {                                         \
-                    vec vj = VLOAD(v + j * D + d0);                                                 \
+                    mvec vj = MLOAD(v + j * D + d0);                                                \
                     for (int r = 0; r < rows; r++)                                                  \
                         if (j < n0 + (r0 + r) / G)                                                  \
                             acc[r] += w[r * width + j] * vj;                                        \
                 }                                                                                   \
                 for (int r = 0; r < rows; r++)                                                      \
-                    vec_store(out + (r0 + r) * D + d0, acc[r]);                                     \
+                    mvec_store(out + (r0 + r) * D + d0, acc[r]);                                    \
             }                                                                                       \
             for (; d0 < D; d0++)                                                                    \
                 for (int r = 0; r < rows; r++) {                                                    \
@@ -235,8 +267,8 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, vload_bf16)
         divide_rows(out, R, D, total);                                                              \
     }
 
-ATTEND_ROWS(attend_rows_f32, float, LOAD_F32, vec_load)
-ATTEND_ROWS(attend_rows_bf16, uint16_t, LOAD_BF16, vload_bf16)
+ATTEND_ROWS(attend_rows_f32, float, LOAD_F32, mvec_load)
+ATTEND_ROWS(attend_rows_bf16, uint16_t, LOAD_BF16, mvec_load_bf16)
 
 /* Tokens t0 <= t < t1. q, out: [N, H, D]; keys [slots, Hkv, D, max_len] in rows of key_stride
    >= max_len entries (rollout/kv_cache.py pads them: rows 4 KiB apart would all fall in the same
