@@ -59,44 +59,50 @@ void head_write_rows(int64_t n0, int64_t n1, int64_t heads, int64_t kv, int64_t 
 }
 
 /* Scores q . k * scale into w[c] for the cells c of [c0, c1), both multiples of LANES, of one
-   head's transposed keys kt [D, kept]: SPLIT vectors of cells at a time where they fit, their sums
-   kept down the D rows (independent additions in flight). */
+   head's transposed keys kt [D, kept]: SPLIT * LANES cells at a time where they fit, their sums
+   kept down the D rows in machine vectors (independent additions in flight). */
+#define CELL_VECTORS (SPLIT * LANES / MLANES)
 static void scores(const float *q, const float *kt, int64_t kept, int64_t dim, int64_t c0, int64_t c1, float scale,
                    float *w) {
     int64_t j0 = c0;
     for (; j0 + SPLIT * LANES <= c1; j0 += SPLIT * LANES) {
-        vec acc[SPLIT] = {0};
+        mvec acc[CELL_VECTORS];
+        for (int s = 0; s < CELL_VECTORS; s++)
+            acc[s] = mvec_splat(0.0f);
         for (int64_t d = 0; d < dim; d++)
-            for (int s = 0; s < SPLIT; s++)
-                acc[s] += q[d] * vec_load(kt + d * kept + j0 + s * LANES);
-        for (int s = 0; s < SPLIT; s++)
-            vec_store(w + j0 + s * LANES, acc[s] * scale);
+            for (int s = 0; s < CELL_VECTORS; s++)
+                acc[s] += q[d] * mvec_load(kt + d * kept + j0 + s * MLANES);
+        for (int s = 0; s < CELL_VECTORS; s++)
+            mvec_store(w + j0 + s * MLANES, acc[s] * scale);
     }
-    for (; j0 < c1; j0 += LANES) {
-        vec acc = {0};
+    for (; j0 < c1; j0 += MLANES) {
+        mvec acc = mvec_splat(0.0f);
         for (int64_t d = 0; d < dim; d++)
-            acc += q[d] * vec_load(kt + d * kept + j0);
-        vec_store(w + j0, acc * scale);
+            acc += q[d] * mvec_load(kt + d * kept + j0);
+        mvec_store(w + j0, acc * scale);
     }
 }
 
-/* o[d] += sum_j w[j] v[j, d] over n value rows of D floats: LANES columns at a time, the rows
-   split among SPLIT sums added at the end (independent additions). */
+/* o[d] += sum_j w[j] v[j, d] over n value rows of D floats: LANES columns at a time (in machine
+   vectors), the rows split among SPLIT sums added at the end (independent additions). */
 static void weighted_values(const float *w, const float *v, int64_t n, int64_t dim, float *o) {
     int64_t d0 = 0;
-    for (; d0 + LANES <= dim; d0 += LANES) {
-        vec acc[SPLIT] = {0};
-        int64_t j = 0;
-        for (; j + SPLIT <= n; j += SPLIT)
+    for (; d0 + LANES <= dim; d0 += LANES)
+        for (int64_t m = d0; m < d0 + LANES; m += MLANES) {
+            mvec acc[SPLIT];
             for (int s = 0; s < SPLIT; s++)
-                acc[s] += w[j + s] * vec_load(v + (j + s) * dim + d0);
-        for (; j < n; j++)
-            acc[0] += w[j] * vec_load(v + j * dim + d0);
-        vec total = acc[0];
-        for (int s = 1; s < SPLIT; s++)
-            total += acc[s];
-        vec_store(o + d0, vec_load(o + d0) + total);
-    }
+                acc[s] = mvec_splat(0.0f);
+            int64_t j = 0;
+            for (; j + SPLIT <= n; j += SPLIT)
+                for (int s = 0; s < SPLIT; s++)
+                    acc[s] += w[j + s] * mvec_load(v + (j + s) * dim + m);
+            for (; j < n; j++)
+                acc[0] += w[j] * mvec_load(v + j * dim + m);
+            mvec total = acc[0];
+            for (int s = 1; s < SPLIT; s++)
+                total += acc[s];
+            mvec_store(o + m, mvec_load(o + m) + total);
+        }
     for (; d0 < dim; d0++)
         for (int64_t j = 0; j < n; j++)
             o[d0] += w[j] * v[j * dim + d0];
@@ -119,9 +125,12 @@ static void attend_one(const float *q, const float *kt, const float *values, int
     vec part = {0};
     for (int r = 0; r < 2; r++) {
         float *e = w + start[r];
-        for (int64_t b = 0; b < len[r]; b++)  /* (vectorizes: exp_nonpositive is plain arithmetic) */
-            e[b] = exp_nonpositive(e[b] - top);
         int64_t b = 0;
+        for (; b + MLANES <= len[r]; b += MLANES)
+            mvec_store(e + b, mvec_exp_nonpositive(mvec_load(e + b) - top));
+        for (; b < len[r]; b++)
+            e[b] = exp_nonpositive(e[b] - top);
+        b = 0;
         for (; b + LANES <= len[r]; b += LANES)
             part += vec_load(e + b);
         for (; b < len[r]; b++)
