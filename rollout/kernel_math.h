@@ -27,10 +27,12 @@ static inline void vec_store(float *p, vec v) {
    every lane, where the vector's width changes no bits: a 16-float vec takes two AVX2 registers,
    and loops that keep several of them in flight spill to the stack there. LANES stays the width
    of every sum across lanes (a fixed tree), so results are the same on both. */
+#ifndef MLANES /* (a test builds both widths on one machine) */
 #if defined(__AVX512F__)
 #define MLANES 16
 #else
 #define MLANES 8
+#endif
 #endif
 typedef float mvec __attribute__((vector_size(MLANES * sizeof(float))));
 typedef int32_t mivec __attribute__((vector_size(MLANES * sizeof(int32_t))));

@@ -1,0 +1,94 @@
+"""The C kernels' bits do not depend on the machine's vector width.
+
+Lane-wise arithmetic runs in `mvec` (MLANES floats: 16 where the CPU has AVX-512, 8 elsewhere,
+rollout/kernel_math.h) and sums across lanes keep LANES = 16 partial sums, so an AVX2 machine and
+an AVX-512 one sample the same tokens. Both widths are built here, on this machine, from the same
+source, and must agree bit for bit on random inputs (float32 and bfloat16 caches, windows, verify
+rows and lone tokens, head sizes that are not a multiple of either width).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from drafter import head_kernel
+from rollout import attention_kernel, c_kernels
+
+
+def build(source, lanes: int, folder) -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    target = folder / f"{source.stem}-{lanes}.so"
+    done = subprocess.run([compiler, *c_kernels.FLAGS, f"-DMLANES={lanes}", "-o", str(target), str(source)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    return ctypes.CDLL(str(target))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def test_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
+    libraries = [attention_kernel._bind(build(c_kernels.HERE / "attention_kernel.c", n, tmp_path)) for n in (8, 16)]
+    rng = random.Random(0)
+    for _ in range(60):
+        heads = rng.choice([2, 4, 8, 12])
+        kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+        dim, max_len, slots = rng.choice([8, 24, 32, 40, 64]), rng.choice([17, 100, 257]), rng.randint(1, 4)
+        stride = max_len + rng.choice([0, 16, 37])
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        k = (torch.randn(slots, kv, dim, stride) * rng.choice([0.3, 5.0, 50.0])).to(dtype)
+        v = torch.randn(slots, kv, max_len, dim).to(dtype)
+        window = rng.choice([0, 0, 5, 33])
+        token_slots, positions = [], []
+        for _ in range(rng.randint(1, 6)):  # runs of consecutive positions: verify rows, chunks, lone tokens
+            s, m = rng.randrange(slots), rng.randint(1, 12)
+            p0 = rng.randint(0, max_len - m)
+            token_slots += [s] * m
+            positions += range(p0, p0 + m)
+        token_slots, positions = torch.tensor(token_slots), torch.tensor(positions)
+        q = torch.randn(len(positions), heads, dim).to(dtype)
+        outs = []
+        for library in libraries:
+            out = torch.empty_like(q)
+            code = library.attend_tokens(0, len(positions), heads, kv, dim, max_len, stride, int(dtype == torch.bfloat16),
+                                         q.data_ptr(), k.data_ptr(), v.data_ptr(), token_slots.data_ptr(),
+                                         positions.data_ptr(), window, dim ** -0.5, out.data_ptr())
+            assert code == 0
+            outs.append(out)
+        assert torch.isfinite(outs[0].float()).all()
+        assert torch.equal(bits(outs[0]), bits(outs[1])), (heads, kv, dim, max_len, window, dtype)
+
+
+def test_the_draft_heads_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
+    libraries = [head_kernel._bind(build(head_kernel.HERE / "head_kernel.c", n, tmp_path)) for n in (8, 16)]
+    rng = random.Random(1)
+    for _ in range(60):
+        heads = rng.choice([1, 2, 4, 8])
+        kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+        dim, kept, slots, n = rng.choice([8, 24, 32, 40, 64]), rng.choice([16, 64, 128]), rng.randint(1, 4), 8
+        window = rng.choice([0, 7, 16, 40])
+        window = window if window <= kept else 0
+        positions = torch.tensor([rng.randrange(4 * kept if window else kept) for _ in range(n)])
+        token_slots = torch.tensor([rng.randrange(slots) for _ in range(n)])
+        qkv = torch.randn(n, (heads + 2 * kv) * dim) * rng.choice([0.3, 5.0, 40.0])
+        cos, sin = torch.randn(int(positions.max()) + 1, dim), torch.randn(int(positions.max()) + 1, dim)
+        k, v = torch.randn(slots, kv, dim, kept), torch.randn(slots, kv, kept, dim)
+        outs = []
+        for library in libraries:
+            out = torch.zeros(n, heads * dim)
+            code = library.head_attend_rows(0, n, heads, kv, dim, kept, window, dim ** -0.5, qkv.data_ptr(),
+                                            cos.data_ptr(), sin.data_ptr(), None, token_slots.data_ptr(),
+                                            positions.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+            assert code == 0
+            outs.append(out)
+        assert torch.isfinite(outs[0]).all()
+        assert torch.equal(bits(outs[0]), bits(outs[1])), (heads, kv, dim, kept, window)
