@@ -59,9 +59,10 @@ def test_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
         outs = []
         for library in libraries:
             out = torch.empty_like(q)
-            code = library.attend_tokens(0, len(positions), heads, kv, dim, max_len, stride, int(dtype == torch.bfloat16),
-                                         q.data_ptr(), k.data_ptr(), v.data_ptr(), token_slots.data_ptr(),
-                                         positions.data_ptr(), window, dim ** -0.5, out.data_ptr())
+            bf16 = int(dtype == torch.bfloat16)
+            code = library.attend_tokens(0, len(positions), heads, kv, dim, max_len, stride, bf16, q.data_ptr(),
+                                         k.data_ptr(), v.data_ptr(), token_slots.data_ptr(), positions.data_ptr(),
+                                         window, dim ** -0.5, out.data_ptr())
             assert code == 0
             outs.append(out)
         assert torch.isfinite(outs[0].float()).all()
