@@ -12,9 +12,9 @@ A single row can take a matrix-vector kernel that sums in another order, so one-
 two rows: a request decoding alone is computed as it is in a batch, or in a verify row.
 
 Weights too small to pay for oneDNN's per-call cost run in float32 through our own kernel where
-the CPU has AVX-512 (rollout/linear_kernel.py: one chain of fused multiply-adds per output, so
-any row count gives the same bits; MKL's sgemm takes other kernels for one to three rows), else
-through MKL.
+the CPU has AVX-512 or AVX2 with FMA (rollout/linear_kernel.py: one chain of fused multiply-adds
+per output, so any row count gives the same bits; MKL's sgemm takes other kernels for one to
+three rows), else through MKL.
 
 A pack is a derived copy of the module's weight, which stays the owner (state_dict,
 update_weights, the drafter reading lm_head): it is rebuilt whenever the weight is written or

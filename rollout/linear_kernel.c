@@ -26,6 +26,7 @@ void pack_weight(int64_t n, int64_t k, const float *w, float *packed) {
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#define GROUP PANELS /* panels a tile takes at once */
 
 int linear_vectorized(void) { return 1; }
 
@@ -67,7 +68,64 @@ static void any_tile(int rows, int panels, int64_t k, const float *x, const floa
     }
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GROUP 1 /* one panel's weights stay in the L1 cache while every row block passes */
+
+int linear_vectorized(void) { return 1; }
+
+/* A panel is two AVX2 vectors; a tile of up to ROWS rows by one panel keeps its sums in 8 of the
+   16 registers (two panels would not fit), so the panels of a group go one after the other. The
+   sums are named variables (GCC stored an array of them to the stack at every step). Each
+   output is the same chain of fused multiply-adds as in the AVX-512 tile. */
+#define ROW_FMA(R)                                                                                 \
+    if ((R) < rows) {                                                                              \
+        __m256 xv = _mm256_broadcast_ss(x + (R) * k + i);                                          \
+        a##R##0 = _mm256_fmadd_ps(xv, w0, a##R##0);                                                \
+        a##R##1 = _mm256_fmadd_ps(xv, w1, a##R##1);                                                \
+    }
+#define ROW_OUT(R)                                                                                 \
+    if ((R) < rows) {                                                                              \
+        float y[PANEL];                                                                            \
+        _mm256_storeu_ps(y, a##R##0);                                                              \
+        _mm256_storeu_ps(y + 8, a##R##1);                                                          \
+        for (unsigned j = 0; j < valid; j++)                                                       \
+            out[(R) * n + col + j] = bias ? y[j] + bias[col + j] : y[j];                           \
+    }
+#define PANEL_TILE(ROWS_T)                                                                         \
+    static void panel_tile_##ROWS_T(int64_t k, const float *x, const float *w, const float *bias,  \
+                                    float *out, int64_t n, int64_t col, unsigned valid) {          \
+        const int rows = ROWS_T;                                                                   \
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,  \
+               a30 = a00, a31 = a00;                                                               \
+        for (int64_t i = 0; i < k; i++) {                                                          \
+            __m256 w0 = _mm256_loadu_ps(w + i * PANEL), w1 = _mm256_loadu_ps(w + i * PANEL + 8);  \
+            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)                                            \
+        }                                                                                          \
+        ROW_OUT(0) ROW_OUT(1) ROW_OUT(2) ROW_OUT(3)                                                \
+    }
+PANEL_TILE(1)
+PANEL_TILE(2)
+PANEL_TILE(3)
+PANEL_TILE(4)
+
+static void any_tile(int rows, int panels, int64_t k, const float *x, const float *w, int64_t panel_stride,
+                     const float *bias, float *out, int64_t n, int64_t col, unsigned last) {
+    for (int p = 0; p < panels; p++) {
+        unsigned valid = p == panels - 1 ? (unsigned)__builtin_popcount(last) : PANEL;
+        const float *wp = w + p * panel_stride;
+        int64_t c = col + p * PANEL;
+        switch (rows) {
+            case 1: panel_tile_1(k, x, wp, bias, out, n, c, valid); break;
+            case 2: panel_tile_2(k, x, wp, bias, out, n, c, valid); break;
+            case 3: panel_tile_3(k, x, wp, bias, out, n, c, valid); break;
+            default: panel_tile_4(k, x, wp, bias, out, n, c, valid); break;
+        }
+    }
+}
+
 #else
+#define GROUP PANELS
 
 int linear_vectorized(void) { return 0; }
 
@@ -90,8 +148,8 @@ static void any_tile(int rows, int panels, int64_t k, const float *x, const floa
 void linear_rows(int64_t r0, int64_t r1, int64_t k, int64_t n, const float *x, const float *packed,
                  const float *bias, float *out) {
     int64_t panels = (n + PANEL - 1) / PANEL, panel_stride = k * PANEL;
-    for (int64_t p0 = 0; p0 < panels; p0 += PANELS) {
-        int group = (int)(panels - p0 < PANELS ? panels - p0 : PANELS);
+    for (int64_t p0 = 0; p0 < panels; p0 += GROUP) {
+        int group = (int)(panels - p0 < GROUP ? panels - p0 : GROUP);
         int64_t col = p0 * PANEL, valid = n - (p0 + group - 1) * PANEL;
         unsigned last = valid >= PANEL ? 0xFFFFu : (1u << valid) - 1u;
         for (int64_t r = r0; r < r1; r += ROWS) {

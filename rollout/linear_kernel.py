@@ -1,5 +1,6 @@
 """Small float32 linear layers on the CPU through rollout/linear_kernel.c (built on first use,
-rollout/c_kernels.py), where the CPU has AVX-512.
+rollout/c_kernels.py), where the CPU has AVX-512 or AVX2 with FMA (the same fused multiply-add
+chains on both: the same bits).
 
 MKL's sgemm, which torch calls for float32 weights too small to pay for oneDNN's per-call cost
 (rollout/linear.py), takes other kernels for one to three rows than for four or more, so a

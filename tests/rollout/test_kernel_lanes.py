@@ -4,7 +4,9 @@ Lane-wise arithmetic runs in `mvec` (MLANES floats: 16 where the CPU has AVX-512
 rollout/kernel_math.h) and sums across lanes keep LANES = 16 partial sums, so an AVX2 machine and
 an AVX-512 one sample the same tokens. Both widths are built here, on this machine, from the same
 source, and must agree bit for bit on random inputs (float32 and bfloat16 caches, windows, verify
-rows and lone tokens, head sizes that are not a multiple of either width).
+rows and lone tokens, head sizes that are not a multiple of either width). The linear kernel's
+vector path (AVX-512 or AVX2) must give the bits of its one-output-at-a-time fallback: one fused
+multiply-add chain per output.
 """
 from __future__ import annotations
 
@@ -18,15 +20,15 @@ import pytest
 import torch
 
 from drafter import head_kernel
-from rollout import attention_kernel, c_kernels
+from rollout import attention_kernel, c_kernels, linear_kernel
 
 
-def build(source, lanes: int, folder) -> ctypes.CDLL:
+def build(source, lanes: int, folder, *flags: str) -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         pytest.skip("no C compiler here")
-    target = folder / f"{source.stem}-{lanes}.so"
-    done = subprocess.run([compiler, *c_kernels.FLAGS, f"-DMLANES={lanes}", "-o", str(target), str(source)],
+    target = folder / f"{source.stem}-{lanes}{''.join(flags)}.so"
+    done = subprocess.run([compiler, *c_kernels.FLAGS, f"-DMLANES={lanes}", *flags, "-o", str(target), str(source)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-800:]
     return ctypes.CDLL(str(target))
@@ -93,3 +95,21 @@ def test_the_draft_heads_attention_has_the_same_bits_at_both_vector_widths(tmp_p
             outs.append(out)
         assert torch.isfinite(outs[0]).all()
         assert torch.equal(bits(outs[0]), bits(outs[1])), (heads, kv, dim, kept, window)
+
+
+def test_the_linear_kernels_vector_path_has_the_bits_of_its_fallback(tmp_path):
+    source = c_kernels.HERE / "linear_kernel.c"
+    vector = linear_kernel._bind(build(source, 16, tmp_path))
+    if not vector.linear_vectorized():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA: the fallback is the only path")
+    fallback = linear_kernel._bind(build(source, 16, tmp_path, "-mno-avx512f", "-mno-avx2"))
+    assert not fallback.linear_vectorized()
+    rng = random.Random(2)
+    for _ in range(80):
+        rows, k, n = rng.randint(1, 11), rng.choice([1, 7, 64, 130]), rng.choice([1, 5, 16, 17, 70, 102])
+        x, w = torch.randn(rows, k), torch.randn(n, k)
+        bias = torch.randn(n) if rng.random() < 0.5 else None
+        outs = [linear_kernel.linear(library, linear_kernel.pack(library, w), n, x, bias)
+                for library in (vector, fallback)]
+        assert torch.allclose(outs[0], x @ w.T + (0 if bias is None else bias), atol=1e-4, rtol=1e-4)
+        assert torch.equal(bits(outs[0]), bits(outs[1])), (rows, k, n, bias is None)

@@ -16,7 +16,8 @@ from rollout.model import CausalLM
 from tests.conftest import tiny_hf_model
 
 LIBRARY = linear_kernel.load()
-pytestmark = pytest.mark.skipif(LIBRARY is None, reason="the linear kernel needs a C compiler and AVX-512")
+pytestmark = pytest.mark.skipif(LIBRARY is None,
+                                reason="the linear kernel needs a C compiler and AVX-512 or AVX2 with FMA")
 
 
 def small_layer(n_in, n_out, bias, seed=0):
