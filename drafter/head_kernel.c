@@ -122,7 +122,7 @@ static void attend_one(const float *q, const float *kt, const float *values, int
         for (int64_t c = start[r]; c < start[r] + len[r]; c++)
             top = w[c] > top ? w[c] : top;
     }
-    vec part = {0};
+    float part[LANES] = {0};  /* LANES partial sums, added in order at the end */
     for (int r = 0; r < 2; r++) {
         float *e = w + start[r];
         int64_t b = 0;
@@ -132,7 +132,8 @@ static void attend_one(const float *q, const float *kt, const float *values, int
             e[b] = exp_nonpositive(e[b] - top);
         b = 0;
         for (; b + LANES <= len[r]; b += LANES)
-            part += vec_load(e + b);
+            for (int m = 0; m < LANES; m += MLANES)
+                mvec_store(part + m, mvec_load(part + m) + mvec_load(e + b + m));
         for (; b < len[r]; b++)
             part[b % LANES] += e[b];
     }

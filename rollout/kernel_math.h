@@ -7,26 +7,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 16 /* floats per vector: one AVX-512 register, two AVX2 ones */
+#define LANES 16 /* partial sums of every sum across lanes, whatever the machine's vector */
 
-/* LANES floats (GCC / Clang vector extensions: the compiler picks the instructions the CPU has);
-   loads and stores go through memcpy, which compiles to one unaligned move. */
-typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-
-static inline vec vec_load(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void vec_store(float *p, vec v) {
-    memcpy(p, &v, sizeof v);
-}
-
-/* The machine's own vector (MLANES floats: one register) for arithmetic that is the same in
-   every lane, where the vector's width changes no bits: a 16-float vec takes two AVX2 registers,
-   and loops that keep several of them in flight spill to the stack there. LANES stays the width
-   of every sum across lanes (a fixed tree), so results are the same on both. */
+/* The machine's own vector (MLANES floats: one register; GCC / Clang vector extensions, loads and
+   stores through memcpy, one unaligned move) for arithmetic that is the same in every lane, where
+   the vector's width changes no bits (16-float vectors take two AVX2 registers, and loops that
+   keep several in flight spill to the stack there). LANES stays the width of every sum across
+   lanes (partial sums in a fixed tree or order), so results are the same on both. */
 #ifndef MLANES /* (a test builds both widths on one machine) */
 #if defined(__AVX512F__)
 #define MLANES 16
@@ -56,33 +43,12 @@ static inline mvec mvec_select(mivec mask, mvec a, mvec b) {
     return (mvec)(((mivec)a & mask) | ((mivec)b & ~mask));
 }
 
-/* e^x for x <= 0 (scores less their maximum): 2^k e^r with |r| <= ln2 / 2, a degree-6
-   polynomial for e^r; under -87 it is 0 where float's exponent runs out. */
-static inline float exp_nonpositive(float x) {
-    float y = x < -87.0f ? -87.0f : x;
-    float t = y * 1.44269504f + 12582912.0f;  /* adding 1.5 * 2^23 rounds to an integer */
-    float k = t - 12582912.0f;
-    float r = y - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t e = (int32_t)k + 127;
-    uint32_t bits = (uint32_t)e << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x < -87.0f ? 0.0f : p * scale;
-}
-
-/* exp_nonpositive in every lane: the same operations in the same order. */
+/* e^x in every lane, for x <= 0 (scores less their maximum): 2^k e^r with |r| <= ln2 / 2, a
+   degree-6 polynomial for e^r; under -87 it is 0 where float's exponent runs out. */
 static inline mvec mvec_exp_nonpositive(mvec x) {
     mivec under = x < mvec_splat(-87.0f);
     mvec y = mvec_select(under, mvec_splat(-87.0f), x);
-    mvec t = y * 1.44269504f + 12582912.0f;
+    mvec t = y * 1.44269504f + 12582912.0f; /* adding 1.5 * 2^23 rounds to an integer */
     mvec k = t - 12582912.0f;
     mvec r = y - k * 0.693359375f;
     r = r - k * -2.12194440e-4f;
@@ -95,6 +61,11 @@ static inline mvec mvec_exp_nonpositive(mvec x) {
     p = p * r + 1.0f;
     mivec bits = (__builtin_convertvector(k, mivec) + 127) << 23;
     return mvec_select(under, mvec_splat(0.0f), p * (mvec)bits);
+}
+
+/* The same for one value (the tails of the vector loops): its lane's arithmetic. */
+static inline float exp_nonpositive(float x) {
+    return mvec_exp_nonpositive(mvec_splat(x))[0];
 }
 
 #endif

@@ -38,12 +38,40 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
+def agree(outs, case) -> None:
+    """Finite outputs of the same bits."""
+    assert torch.isfinite(outs[0].float()).all(), case
+    for out in outs[1:]:
+        assert torch.equal(bits(outs[0]), bits(out)), case
+
+
+def random_heads(rng: random.Random, choices) -> tuple[int, int]:
+    """(query heads, key/value heads dividing them)."""
+    heads = rng.choice(choices)
+    return heads, rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+
+
+def attend(library, q, k, v, token_slots, positions, kv, max_len, stride, window) -> torch.Tensor:
+    out, (n, heads, dim) = torch.empty_like(q), q.shape
+    assert library.attend_tokens(0, n, heads, kv, dim, max_len, stride, int(q.dtype == torch.bfloat16), q.data_ptr(),
+                                 k.data_ptr(), v.data_ptr(), token_slots.data_ptr(), positions.data_ptr(), window,
+                                 dim ** -0.5, out.data_ptr()) == 0
+    return out
+
+
+def head_attend(library, qkv, heads, kv, dim, kept, window, cos, sin, token_slots, positions, k, v) -> torch.Tensor:
+    out = torch.zeros(qkv.shape[0], heads * dim)
+    assert library.head_attend_rows(0, qkv.shape[0], heads, kv, dim, kept, window, dim ** -0.5, qkv.data_ptr(),
+                                    cos.data_ptr(), sin.data_ptr(), None, token_slots.data_ptr(),
+                                    positions.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()) == 0
+    return out
+
+
 def test_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
     libraries = [attention_kernel._bind(build(c_kernels.HERE / "attention_kernel.c", n, tmp_path)) for n in (8, 16)]
     rng = random.Random(0)
     for _ in range(60):
-        heads = rng.choice([2, 4, 8, 12])
-        kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+        heads, kv = random_heads(rng, [2, 4, 8, 12])
         dim, max_len, slots = rng.choice([8, 24, 32, 40, 64]), rng.choice([17, 100, 257]), rng.randint(1, 4)
         stride = max_len + rng.choice([0, 16, 37])
         dtype = rng.choice([torch.float32, torch.bfloat16])
@@ -58,25 +86,15 @@ def test_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
             positions += range(p0, p0 + m)
         token_slots, positions = torch.tensor(token_slots), torch.tensor(positions)
         q = torch.randn(len(positions), heads, dim).to(dtype)
-        outs = []
-        for library in libraries:
-            out = torch.empty_like(q)
-            bf16 = int(dtype == torch.bfloat16)
-            code = library.attend_tokens(0, len(positions), heads, kv, dim, max_len, stride, bf16, q.data_ptr(),
-                                         k.data_ptr(), v.data_ptr(), token_slots.data_ptr(), positions.data_ptr(),
-                                         window, dim ** -0.5, out.data_ptr())
-            assert code == 0
-            outs.append(out)
-        assert torch.isfinite(outs[0].float()).all()
-        assert torch.equal(bits(outs[0]), bits(outs[1])), (heads, kv, dim, max_len, window, dtype)
+        agree([attend(library, q, k, v, token_slots, positions, kv, max_len, stride, window) for library in libraries],
+              (heads, kv, dim, max_len, window, dtype))
 
 
 def test_the_draft_heads_attention_has_the_same_bits_at_both_vector_widths(tmp_path):
     libraries = [head_kernel._bind(build(head_kernel.HERE / "head_kernel.c", n, tmp_path)) for n in (8, 16)]
     rng = random.Random(1)
     for _ in range(60):
-        heads = rng.choice([1, 2, 4, 8])
-        kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
+        heads, kv = random_heads(rng, [1, 2, 4, 8])
         dim, kept, slots, n = rng.choice([8, 24, 32, 40, 64]), rng.choice([16, 64, 128]), rng.randint(1, 4), 8
         window = rng.choice([0, 7, 16, 40])
         window = window if window <= kept else 0
@@ -85,16 +103,8 @@ def test_the_draft_heads_attention_has_the_same_bits_at_both_vector_widths(tmp_p
         qkv = torch.randn(n, (heads + 2 * kv) * dim) * rng.choice([0.3, 5.0, 40.0])
         cos, sin = torch.randn(int(positions.max()) + 1, dim), torch.randn(int(positions.max()) + 1, dim)
         k, v = torch.randn(slots, kv, dim, kept), torch.randn(slots, kv, kept, dim)
-        outs = []
-        for library in libraries:
-            out = torch.zeros(n, heads * dim)
-            code = library.head_attend_rows(0, n, heads, kv, dim, kept, window, dim ** -0.5, qkv.data_ptr(),
-                                            cos.data_ptr(), sin.data_ptr(), None, token_slots.data_ptr(),
-                                            positions.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-            assert code == 0
-            outs.append(out)
-        assert torch.isfinite(outs[0]).all()
-        assert torch.equal(bits(outs[0]), bits(outs[1])), (heads, kv, dim, kept, window)
+        agree([head_attend(library, qkv, heads, kv, dim, kept, window, cos, sin, token_slots, positions, k, v)
+               for library in libraries], (heads, kv, dim, kept, window))
 
 
 def test_the_linear_kernels_vector_path_has_the_bits_of_its_fallback(tmp_path):
@@ -109,7 +119,7 @@ def test_the_linear_kernels_vector_path_has_the_bits_of_its_fallback(tmp_path):
         rows, k, n = rng.randint(1, 11), rng.choice([1, 7, 64, 130]), rng.choice([1, 5, 16, 17, 70, 102])
         x, w = torch.randn(rows, k), torch.randn(n, k)
         bias = torch.randn(n) if rng.random() < 0.5 else None
-        outs = [linear_kernel.linear(library, linear_kernel.pack(library, w), n, x, bias)
-                for library in (vector, fallback)]
-        assert torch.allclose(outs[0], x @ w.T + (0 if bias is None else bias), atol=1e-4, rtol=1e-4)
-        assert torch.equal(bits(outs[0]), bits(outs[1])), (rows, k, n, bias is None)
+        reference = x @ w.T + (0 if bias is None else bias)
+        outs = [linear_kernel.linear(lib, linear_kernel.pack(lib, w), n, x, bias) for lib in (vector, fallback)]
+        assert torch.allclose(outs[0], reference, atol=1e-4, rtol=1e-4)
+        agree(outs, (rows, k, n, bias is None))
