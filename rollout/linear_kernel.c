@@ -75,9 +75,9 @@ static void any_tile(int rows, int panels, int64_t k, const float *x, const floa
 int linear_vectorized(void) { return 1; }
 
 /* A panel is two AVX2 vectors; a tile of up to ROWS rows by one panel keeps its sums in 8 of the
-   16 registers (two panels would not fit), so the panels of a group go one after the other. The
-   sums are named variables (GCC stored an array of them to the stack at every step). Each
-   output is the same chain of fused multiply-adds as in the AVX-512 tile. */
+   16 registers (two panels would not fit: a group is one panel). The sums are named variables
+   (GCC stored an array of them to the stack at every step). Each output is the same chain of
+   fused multiply-adds as in the AVX-512 tile. */
 #define ROW_FMA(R)                                                                                 \
     if ((R) < rows) {                                                                              \
         __m256 xv = _mm256_broadcast_ss(x + (R) * k + i);                                          \
