@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from rl_integration.sigterm import exit_on_sigterm
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spectail", description="Exact speculative rollouts for LLM RL.")
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    _exit_cleanly_on_sigterm()
+    exit_on_sigterm()
     parser = build_parser()
     # overrides may sit between options (`demo a=1 --compare b=2`): argparse hands the ones after
     # an option back as unknown; anything unknown that is not key=value is an error
@@ -100,16 +102,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "tokens differ where that is expected (the lenient mode: biased by design; vLLM: "
                      "lossless in distribution only, docs/guarantees.md)"))
     return 0
-
-
-def _exit_cleanly_on_sigterm() -> None:
-    """`ray job stop`, a scheduler or `kill` send SIGTERM: turn it into SystemExit so the run's
-    finally blocks (Ray workers, temporary policy folders) clean up, as Ctrl-C's do."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _echo(line: str) -> None:
