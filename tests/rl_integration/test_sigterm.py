@@ -8,8 +8,12 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent("""
-    import os, signal, sys, time
-    from rl_integration.sigterm import exit_on_sigterm
+    import importlib.util, os, signal, sys, time
+    # the module alone, by its path: the package would import torch, seconds of each run
+    spec = importlib.util.spec_from_file_location("sigterm", "rl_integration/sigterm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    exit_on_sigterm = module.exit_on_sigterm
     exit_on_sigterm()
     exit_on_sigterm()  # a second main() in one process must not stack the hook
 
