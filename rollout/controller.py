@@ -59,7 +59,7 @@ import itertools
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from . import step_cost
 from .plain_reference import EAGER_MAX_COST, POLICIES, PlainReference
@@ -542,15 +542,19 @@ def cut_surplus(rates: Iterable[float], threshold: float,
     worth beyond the threshold (what a draft earns the rollout net of its verify slots, in
     accepted tokens' worth)."""
     n, p, value, surplus, failed = 0, 1.0, 0.0, 0.0, []
-    for i, a in enumerate(rates):
-        failed.append(p * (1.0 - a))  # the chance the first rejection is at i
+    reach = len(lookahead)
+    for a in rates:  # (runs for every token of every draft judged: kept lean)
+        failed.append(p * (1.0 - a))  # the chance the first rejection is at this token
         worth = p * a
-        if worth < threshold and lookahead:
-            lo = max(i - len(lookahead) + 1, 0)  # rejections further back than the lookahead reaches add nothing
-            worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:i - lo + 1])))
         if worth < threshold:
-            break
-        n, p = n + 1, p * a
+            if reach:
+                i = n  # (every token before this one was kept)
+                lo = max(i - reach + 1, 0)  # rejections further back than the lookahead reaches add nothing
+                worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:i - lo + 1])))
+            if worth < threshold:
+                break
+        n += 1
+        p *= a
         value += p
         surplus += worth - threshold
     return n, value, surplus
@@ -564,12 +568,14 @@ def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Seq
 
 
 def iter_rates(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
-               n: int) -> Iterator[float]:
-    """`rates_from`, one rate at a time: a cut reads only the rates up to where it cuts."""
+               n: int) -> Iterable[float]:
+    """`rates_from`, as an iterable (`confidence_bin` inlined: this runs for every token of every
+    draft judged)."""
     lv = levels(evidence, n)
     if confidence is None:
-        return (table[i][0] for i in lv)
-    return (table[i][confidence_bin(q)] for i, q in zip(lv, confidence))
+        return [table[i][0] for i in lv]
+    edges, right = CONFIDENCE_EDGES, bisect.bisect_right
+    return [table[i][0 if q is None or not q >= 0 else 1 + right(edges, q)] for i, q in zip(lv, confidence)]
 
 
 def lookahead_reach(table: list[list[float]], n: int) -> tuple:

@@ -557,14 +557,17 @@ class Engine:
             self.controller.add_profile(rows * per_row, min(seconds), rows * step_cost.attended(start, per_row))
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
-        """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request."""
-        emitted = []
-        for y, lp in zip(ys, lps):
-            req.output_ids.append(y)
-            req.logprobs.append(lp)
-            emitted.append(y)
-            if self._finish_if_done(req) or req.paused:
-                break
+        """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request
+        (or its chunk's end pauses it)."""
+        if not ys:  # (lenient mode re-feeds a draft token: nothing new to emit)
+            return []
+        stops = req.params.stop_token_ids
+        n = next((i + 1 for i, y in enumerate(ys) if y in stops), len(ys))
+        n = max(1, min(n, req.remaining, self.config.max_model_len - req.num_tokens, req.chunk_left))
+        emitted = ys[:n]
+        req.output_ids.extend(emitted)
+        req.logprobs.extend(lps[:n])
+        self._finish_if_done(req)
         return emitted
 
     def _finish_if_done(self, req: Request) -> bool:
