@@ -56,7 +56,7 @@ def attention(request, monkeypatch):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_speculation_and_batch_size_give_the_same_bits(hf, dtype, attention):
     ps, seeds = prompts(10, seed=1), list(range(10))
-    params = SamplingParams(temperature=1.0, max_tokens=100)
+    params = SamplingParams(temperature=1.0, max_tokens=64)
     ref = engine(hf, 8, dtype).generate(ps, params, seeds=seeds)
     runs = {"plain, batch 3": engine(hf, 3, dtype),
             "ngram, batch 8": engine(hf, 8, dtype, SpecConfig(proposers=("ngram",), max_draft_tokens=4,
