@@ -136,7 +136,7 @@ class StepPlan:
     def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, float]:
         """`cut_surplus` of the draft's first n tokens, (n, expected accepted, surplus), by the
         offer's rates for the evidence behind it and its tokens' confidence."""
-        return cut_surplus(iter_rates(offer.table, draft.evidence, draft.confidence, n), self.threshold, self.lookahead)
+        return cut_surplus(rates_from(offer.table, draft.evidence, draft.confidence, n), self.threshold, self.lookahead)
 
     @functools.cached_property
     def live(self) -> tuple:
@@ -547,10 +547,9 @@ def cut_surplus(rates: Iterable[float], threshold: float,
         failed.append(p * (1.0 - a))  # the chance the first rejection is at this token
         worth = p * a
         if worth < threshold:
-            if reach:
-                i = n  # (every token before this one was kept)
-                lo = max(i - reach + 1, 0)  # rejections further back than the lookahead reaches add nothing
-                worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:i - lo + 1])))
+            if reach:  # (n: this token's index, as every token before it was kept)
+                lo = max(n - reach + 1, 0)  # rejections further back than the lookahead reaches add nothing
+                worth += sum(map(operator.mul, failed[lo:], reversed(lookahead[:n - lo + 1])))
             if worth < threshold:
                 break
         n += 1
@@ -563,14 +562,8 @@ def cut_surplus(rates: Iterable[float], threshold: float,
 def rates_from(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
                n: int) -> list[float]:
     """The acceptance rate of each of n draft tokens from a proposer's rate table: token i is
-    reached only after i accepted ones, which add i tokens of agreement to the draft's evidence."""
-    return list(iter_rates(table, evidence, confidence, n))
-
-
-def iter_rates(table: list[list[float]], evidence: int, confidence: Optional[Sequence[float]],
-               n: int) -> Iterable[float]:
-    """`rates_from`, as an iterable (`confidence_bin` inlined: this runs for every token of every
-    draft judged)."""
+    reached only after i accepted ones, which add i tokens of agreement to the draft's evidence.
+    (`confidence_bin` is inlined: this runs for every token of every draft judged.)"""
     lv = levels(evidence, n)
     if confidence is None:
         return [table[i][0] for i in lv]
