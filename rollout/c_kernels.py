@@ -71,6 +71,11 @@ def _build(compiler: str, source: Path, target: Path) -> None:
             os.unlink(partial)
 
 
+def compiler() -> Optional[str]:
+    """The C compiler the kernels are built with: $CC, else cc, gcc or clang on PATH; None: none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 @functools.cache
 def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL], folder: Path = HERE) -> Optional[ctypes.CDLL]:
     """<folder>/<name>.c (folder: rollout/ unless another package keeps its own kernel) as a
@@ -78,14 +83,14 @@ def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL], folder: Path = H
     one warning) where it cannot be had."""
     if os.environ.get("SPECTAIL_C_KERNELS", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = compiler()
     try:
-        if compiler is None:
+        if cc is None:
             raise RuntimeError("no C compiler on PATH (set CC)")
         source = Path(folder) / f"{name}.c"
-        target = _library_path(source, compiler)
+        target = _library_path(source, cc)
         if not target.exists():
-            _build(compiler, source, target)
+            _build(cc, source, target)
         return bind(ctypes.CDLL(str(target)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         warnings.warn(f"spectail: the CPU kernel {name} is unavailable ({err}); the engine runs its torch code, "

@@ -11,9 +11,7 @@ multiply-add chain per output.
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
 import subprocess
 
 import pytest
@@ -24,11 +22,11 @@ from rollout import attention_kernel, c_kernels, linear_kernel
 
 
 def build(source, lanes: int, folder, *flags: str) -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
+    cc = c_kernels.compiler()
+    if cc is None:
         pytest.skip("no C compiler here")
     target = folder / f"{source.stem}-{lanes}{''.join(flags)}.so"
-    done = subprocess.run([compiler, *c_kernels.FLAGS, f"-DMLANES={lanes}", *flags, "-o", str(target), str(source)],
+    done = subprocess.run([cc, *c_kernels.FLAGS, f"-DMLANES={lanes}", *flags, "-o", str(target), str(source)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-800:]
     return ctypes.CDLL(str(target))
