@@ -277,7 +277,9 @@ class AdaptiveController:
         if not (self.priced and self.checks_plain):
             return POLICIES[0]
         plain = self.cost.predict(running, context)
-        n = self.plain.eager_length(self.max_draft_tokens) + 1  # (drafts attend over the context and each other)
+        # Gated at the longest draft, not eager's length now (which starts short): where drafting the
+        # longest could not pay, each run would pay eager's trials for nothing.
+        n = self.max_draft_tokens + 1  # (drafts attend over the context and each other)
         full = self.cost.predict(running * n, n * context + running * step_cost.attended(0, n - 1))
         return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain)
 

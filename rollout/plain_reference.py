@@ -34,11 +34,14 @@ does: what a draft buys beyond its own tokens (the target's samples past a rejec
 lookahead drafts from in the next steps and which run on once one lands) the price cannot see
 token by token, and a fixed length sometimes wins by it. Its length is halved after trials that
 lose clearly or again, down to 2, and doubled back when a run starts with its record winning
-(`Ledger.shorter`): a length that pays can lose at twice it. Eager runs only where a step that
-drafts in full costs at most EAGER_MAX_COST plain steps by the step-cost plane (a lone request on
-a CPU, small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers
-one policy, which drafts where it may run and is not off (the other drafts where it may not
-run, and while it is off only if the other's own record beats plain steps): the one whose
+(`Ledger.shorter`): a length that pays can lose at twice it. It starts at half the longest
+(EAGER_START): drafts that land reach the longest in a run, while a first trial at the longest
+where they seldom land loses by so much that its record keeps eager off long after its length
+came down to one that pays. Eager runs only where a step that drafts in full at the longest
+length costs at most EAGER_MAX_COST plain steps by the step-cost plane (a lone request on a CPU,
+small batches or the long tail on a GPU), so what it loses is bounded. Each run prefers one
+policy, which drafts where it may run and is not off (the other drafts where it may not run, and
+while it is off only if the other's own record beats plain steps): the one whose
 steps of the recent runs beat plain steps by more, one no run preferred yet first (what a policy
 did standing in, on the steps the other left it, need not be like the rest), and the other one
 for a run after EXPLORE_RUNS in a row. Runs, not steps, because gains come in bursts and a policy's drafts feed
@@ -80,6 +83,7 @@ EAGER_EDGE = 0.1
 EXPLORE_RUNS = 4  # runs in a row that prefer one policy before the other is preferred for one
 BURSTY_TRIAL = 4 * TRIAL  # a bursty policy's first stretch (Ledger.bursty)
 MAX_SHORTER = 3  # halvings of a bursty policy's draft length, at most (Ledger.shorter)
+EAGER_START = 1  # ... and eager's halvings when no run has judged it yet
 
 
 @dataclass
@@ -185,7 +189,8 @@ class Ledger:
 class PlainReference:
     cost: StepCost = field(default_factory=StepCost)  # plain seconds per step against tokens fed, probes only
     probes: float = 0.0  # plain steps timed: probes and steps while off (decayed with the runs, like the rates)
-    ledgers: dict = field(default_factory=lambda: {p: Ledger(bursty=p == "eager") for p in POLICIES})
+    ledgers: dict = field(default_factory=lambda: {p: Ledger(bursty=p == "eager", shorter=EAGER_START * (p == "eager"))
+                                                   for p in POLICIES})
     preferred: str = POLICIES[0]  # the policy that drafts in this run's steps where it may
     kept: int = 0  # runs in a row that preferred it
     since_probe: int = 0  # speculating steps since the last probe
@@ -228,8 +233,8 @@ class PlainReference:
     def choose(self, eager_ok: bool = False) -> Optional[str]:
         """The next step's drafting policy: the preferred one, or the other while the preferred
         one may not run, or is off and the other's record wins against plain; None: a plain
-        step (a probe is due, or no policy may draft). eager_ok: a step drafting in full would
-        cost at most EAGER_MAX_COST plain steps."""
+        step (a probe is due, or no policy may draft). eager_ok: a step drafting in full at the
+        longest length would cost at most EAGER_MAX_COST plain steps."""
         every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
         # A probe after a step that drafted cuts its chain (the lookahead drafts from the samples
         # its draft rows yield); after one that drafted nothing it costs about nothing and keeps
@@ -290,7 +295,8 @@ class PlainReference:
         self.cost = StepCost.from_state_dict(state["cost"])
         self.probes = float(state["probes"])
         ledgers = state.get("ledgers", {POLICIES[0]: state})  # (checkpoints from before eager: one ledger)
-        self.ledgers = {p: Ledger.from_state_dict(ledgers.get(p, {})) for p in POLICIES}
+        fresh = PlainReference().ledgers  # (a policy the checkpoint has no ledger for starts afresh)
+        self.ledgers = {p: Ledger.from_state_dict(ledgers[p]) if p in ledgers else fresh[p] for p in POLICIES}
         for p, ledger in self.ledgers.items():
             ledger.bursty = p == "eager"
         self.preferred, self.kept = state.get("preferred", POLICIES[0]), int(state.get("kept", 0))

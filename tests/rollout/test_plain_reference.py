@@ -7,6 +7,7 @@ from rollout.controller import AdaptiveController
 from rollout.plain_reference import (
     BURSTY_TRIAL,
     EAGER_EDGE,
+    EAGER_START,
     EARLY_PROBE_EVERY,
     FIRST_PROBES,
     MAX_SHORTER,
@@ -297,7 +298,7 @@ def test_a_policy_that_loses_to_plain_is_switched_off_on_its_own_and_the_other_d
 
 def test_eager_halves_its_draft_length_as_it_loses_and_tries_it_longer_once_its_record_wins():
     ref = PlainReference()
-    assert ref.eager_length(16) == 16
+    assert ref.eager_length(16) == 16 >> EAGER_START  # (no run has judged it: it starts short)
     run_policies(ref, {"budget": 4 * ROWS, "eager": 4 * ROWS}, 40)  # the first run: the budget
     run_policies(ref, {"budget": 4 * ROWS, "eager": ROWS + 1}, 200)  # eager loses trial after trial
     eager = ref.ledgers["eager"]
@@ -341,6 +342,7 @@ def test_a_checkpoint_of_before_eager_loads_into_the_budget_ledger():
     ref.load_state_dict(old)
     assert ref.ledgers["budget"].sums == [1.0, 2.0, 3.0] and ref.ledgers["budget"].wait == 64
     assert ref.ledgers["eager"].score is None and ref.probes == 2.0
+    assert ref.eager_length(16) == PlainReference().eager_length(16)  # eager starts as a fresh one does
 
 
 def test_eager_is_offered_only_where_drafting_in_full_costs_little_more_than_a_plain_step(monkeypatch):
@@ -355,14 +357,16 @@ def test_eager_is_offered_only_where_drafting_in_full_costs_little_more_than_a_p
         c = AdaptiveController(max_draft_tokens=8)
         c.add_profile(8, 0.010 + 8 * fed_cost)
         c.add_profile(72, 0.010 + 72 * fed_cost)
+        # gated at the longest draft, however short eager's own drafts are now (3 tokens a row would pass)
+        c.plain.ledgers["eager"].shorter = MAX_SHORTER
         monkeypatch.setattr(c.plain, "choose",
                             lambda eager_ok: seen.append(eager_ok) or ("eager" if eager_ok else "budget"))
         plan = c.plan_step([Offers()], 8, 1.0)
         assert seen[-1] is cheap  # 8 rows of 9 tokens: 1.6x a plain step's cost, or 4.6x
         assert plan.policy == ("eager" if cheap else "budget")
-        if cheap:  # every token a proposer offers, however unlikely
-            assert plan.threshold == 0.0 and plan.offers[0].most == 8
-            assert c.choose(Request(0, [1], SP(), 0), 8, plan).tokens == [7] * 8
+        if cheap:  # every token a proposer offers, however unlikely, up to eager's length
+            assert plan.threshold == 0.0 and plan.offers[0].most == c.plain.eager_length(8) == 2
+            assert c.choose(Request(0, [1], SP(), 0), 8, plan).tokens == [7] * 2
         else:
             assert plan.offers[0].most < 8
 
