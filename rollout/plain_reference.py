@@ -189,8 +189,7 @@ class Ledger:
 class PlainReference:
     cost: StepCost = field(default_factory=StepCost)  # plain seconds per step against tokens fed, probes only
     probes: float = 0.0  # plain steps timed: probes and steps while off (decayed with the runs, like the rates)
-    ledgers: dict = field(default_factory=lambda: {p: Ledger(bursty=p == "eager", shorter=EAGER_START * (p == "eager"))
-                                                   for p in POLICIES})
+    ledgers: dict = field(default_factory=lambda: {p: _new_ledger(p) for p in POLICIES})
     preferred: str = POLICIES[0]  # the policy that drafts in this run's steps where it may
     kept: int = 0  # runs in a row that preferred it
     since_probe: int = 0  # speculating steps since the last probe
@@ -295,11 +294,16 @@ class PlainReference:
         self.cost = StepCost.from_state_dict(state["cost"])
         self.probes = float(state["probes"])
         ledgers = state.get("ledgers", {POLICIES[0]: state})  # (checkpoints from before eager: one ledger)
-        fresh = PlainReference().ledgers  # (a policy the checkpoint has no ledger for starts afresh)
-        self.ledgers = {p: Ledger.from_state_dict(ledgers[p]) if p in ledgers else fresh[p] for p in POLICIES}
+        self.ledgers = {p: Ledger.from_state_dict(ledgers[p]) if p in ledgers else _new_ledger(p) for p in POLICIES}
         for p, ledger in self.ledgers.items():
             ledger.bursty = p == "eager"
         self.preferred, self.kept = state.get("preferred", POLICIES[0]), int(state.get("kept", 0))
+
+
+def _new_ledger(policy: str) -> Ledger:
+    """A policy's ledger before any run judged it (eager's drafts start at EAGER_START halvings)."""
+    eager = policy == "eager"
+    return Ledger(bursty=eager, shorter=EAGER_START if eager else 0)
 
 
 def _weight(steps: int) -> float:
