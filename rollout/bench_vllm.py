@@ -46,7 +46,7 @@ from typing import Optional
 
 import torch
 
-from . import Engine, EngineConfig, SamplingParams, SpecConfig
+from . import Engine, EngineConfig, SamplingParams, SpecConfig, cpu_isa
 from .bench import bench_model, run_hf, save_report, workload
 from .model import CausalLM
 
@@ -75,6 +75,8 @@ def peer_env() -> dict:
     if env.get("OMP_WAIT_POLICY") == "PASSIVE":  # set by importing spectail (rollout/threads.py)
         env.pop("OMP_WAIT_POLICY")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for k in cpu_isa.lifted(env):
+        env.pop(k)
     return env
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from . import lenient, linear, sampling, slot_order, step_cost, threads
+from . import cpu_isa, lenient, linear, sampling, slot_order, step_cost, threads
 from .batch import ForwardBatch, bucket, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .controller import AdaptiveController
@@ -108,6 +108,7 @@ class Engine:
         config.validate()
         self.model, self.config = model, config
         self.device = torch.device(config.device)
+        cpu_isa.check(model.lm_head.weight.dtype, self.device)
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from . import cpu_isa
 from .backend import tail_seconds
 from .config import Completion, EngineConfig, SamplingParams
 from .request import Request, make_requests
@@ -139,9 +140,14 @@ def chunk_seed(seed: int, position: int) -> int:
 
 @contextlib.contextmanager
 def environment(values: dict) -> Iterator[None]:
-    """os.environ with `values` while vLLM starts (its engine process reads them), then as before."""
+    """os.environ with `values` (None: without that variable) while vLLM starts (its engine process
+    reads them), then as before."""
     before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -269,7 +275,8 @@ class VllmBackend:
         cfg, opts = self.config, self.vllm_config
         on_cpu = cfg.device.split(":")[0] == "cpu"
         env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
-               "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset)} if on_cpu else {}
+               "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset),
+               **cpu_isa.lifted(os.environ)} if on_cpu else {}
         options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=_DTYPES[cfg.dtype],
                        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
                        max_num_batched_tokens=max(cfg.max_num_batched_tokens, cfg.max_model_len),

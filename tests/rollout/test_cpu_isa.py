@@ -1,0 +1,72 @@
+"""oneDNN is capped below AMX at the import of rollout (a bfloat16 row's bits must not depend on the
+call's row count), the user's own cap wins, an engine says so when the cap does not hold, and
+vLLM's processes run without it."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rollout import cpu_isa, vllm_backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+# An engine in bfloat16 on a tiny model, built in a child: it reports the probe and any warning.
+ENGINE = """
+import warnings, torch{first}
+from rollout import Engine, EngineConfig, cpu_isa
+from tests.conftest import tiny_hf_model
+hf = tiny_hf_model("llama")
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    Engine.from_pretrained(hf, EngineConfig(max_batch_size=2, max_model_len=32, dtype="bfloat16", num_threads=1))
+print(cpu_isa.rows_invariant(), any("AMX" in str(w.message) for w in seen))
+"""
+
+
+def _child(code: str, **env) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in cpu_isa.ISA_VARS}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def test_importing_rollout_caps_onednn_unless_the_user_chose():
+    show = "import os; print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('DNNL_MAX_CPU_ISA'))"
+    assert _child(f"import rollout; {show}") == f"{cpu_isa.CAP} None"
+    assert _child(f"import scheduler; {show}") == f"{cpu_isa.CAP} None"
+    assert _child(f"import rollout; {show}", ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "AVX512_CORE_AMX None"
+    assert _child(f"import rollout; {show}", DNNL_MAX_CPU_ISA="AVX2") == "None AVX2"
+
+
+def test_the_test_session_computes_bfloat16_rows_alike():
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == cpu_isa.CAP  # tests/conftest.py imports rollout first
+    assert cpu_isa.rows_invariant()
+
+
+@pytest.mark.skipif(not _amx(), reason="this CPU has no AMX: oneDNN's bfloat16 rows are alike without the cap")
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN runs no bfloat16 here")
+def test_without_the_cap_amx_rows_differ_and_the_engine_warns():
+    assert _child(ENGINE.format(first="")) == "True False"
+    assert _child(ENGINE.format(first=""), ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "False True"
+    # oneDNN made its kernels before spectail was imported: too late to cap, and said so
+    late = "\ntorch.ops.mkldnn._reorder_linear_weight(torch.ones(64, 64, dtype=torch.bfloat16), 32)"
+    assert _child(ENGINE.format(first=late)) == "False True"
+
+
+def test_vllm_runs_without_the_cap_set_here_but_keeps_the_users(monkeypatch):
+    assert cpu_isa.lifted({"ONEDNN_MAX_CPU_ISA": cpu_isa.CAP}) == {"ONEDNN_MAX_CPU_ISA": None}
+    assert cpu_isa.lifted({"ONEDNN_MAX_CPU_ISA": "AVX2"}) == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cpu_isa.CAP)
+    with vllm_backend.environment({"VLLM_CPU_KVCACHE_SPACE": "1", **cpu_isa.lifted(os.environ)}):
+        assert "ONEDNN_MAX_CPU_ISA" not in os.environ and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == cpu_isa.CAP
