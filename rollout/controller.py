@@ -211,9 +211,10 @@ class AdaptiveController:
     def priced(self) -> bool:
         return self.min_draft_prob is None
 
-    def new_run(self) -> None:
+    def new_run(self, sources: frozenset = frozenset()) -> None:
+        """sources: the draft sources the run's requests bring (rollout/plain_reference.py)."""
         self.tables.clear()
-        self.plain.new_run(GLOBAL_DECAY)
+        self.plain.new_run(GLOBAL_DECAY, sources)
         for key in self.trials:
             self.accepted[key] *= GLOBAL_DECAY
             self.trials[key] *= GLOBAL_DECAY

@@ -244,7 +244,7 @@ class Engine:
         than slots refill the slots freed inside it)."""
         waiting = self._admit(requests, max_new_tokens, keep, max_steps)
         if self.controller is not None:
-            self.controller.new_run()
+            self.controller.new_run(frozenset({"history"}) if any(r.history for r in requests) else frozenset())
             if self.controller.priced and not self.controller.cost.profiled:
                 self._profile()
         kept = self.kept.begin(requests, keep) if keep is not None else None

@@ -26,7 +26,11 @@ seldom to pay) pays for a trial every so often (TRIAL steps; SHORT_TRIAL once a 
 policy's record loses too). While the policy's longer record
 wins, a losing stretch is likelier the machine's noise than a change: it waits MIN_OFF steps, and
 the wait does not grow. Each run starts with a trial and a trial that wins resets the wait:
-drafts that start landing (a new epoch's history, a trained drafter) are back at once.
+drafts that start landing (a new epoch's history, a trained drafter) are back at once. A run
+that brings a draft source the last one lacked (history, after an epoch's first run without)
+judges every policy afresh, on a long first trial (BURSTY_TRIAL steps): its first steps, before
+the old responses are aligned, would otherwise decide on a short trial whether the whole run
+waits out the waits earned without it.
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
 price. "eager" drafts every token a proposer offers, up to its draft length, as a fixed length
@@ -113,10 +117,14 @@ class Ledger:
     # Runs that preferred it: what it did as a stand-in (on the steps the preferred one left it,
     # which need not be like the rest) ranks it for no run.
     runs: int = 0
+    # Its next trial is a run's first since a new draft source came (PlainReference.new_run):
+    # judged on a long stretch, as a run's first steps (the old responses not yet aligned, the
+    # step cost fitted on the last run's contexts) say little of the rest, and it happens once.
+    fresh: bool = False
 
     @property
     def trial(self) -> int:
-        if self.bursty and self.lenient:
+        if self.fresh or (self.bursty and self.lenient):
             return BURSTY_TRIAL
         return SHORT_TRIAL if self.lost and not self.winning else TRIAL
 
@@ -152,6 +160,7 @@ class Ledger:
         self.record = [self.record[0] + seconds, self.record[1] + plain]
         if not self.judged:
             return
+        self.fresh = False
         if self.ratio >= 1 and (not self.bursty or not self.winning):  # (even: it gains nothing for its asks)
             self._switch_off()
         else:  # a trial that wins: the next loss waits the shortest time again
@@ -174,7 +183,7 @@ class Ledger:
 
     def state_dict(self) -> dict:
         return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record),
-                "runs": self.runs, "lenient": self.lenient, "shorter": self.shorter}
+                "runs": self.runs, "lenient": self.lenient, "shorter": self.shorter, "fresh": self.fresh}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Ledger:
@@ -182,7 +191,7 @@ class Ledger:
         return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
                    bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))],
                    runs=int(state.get("runs", 0)), lenient=bool(state.get("lenient", True)),
-                   shorter=int(state.get("shorter", 0)))
+                   shorter=int(state.get("shorter", 0)), fresh=bool(state.get("fresh", False)))
 
 
 @dataclass
@@ -194,21 +203,27 @@ class PlainReference:
     kept: int = 0  # runs in a row that preferred it
     since_probe: int = 0  # speculating steps since the last probe
     drafted: bool = False  # the last speculating step fed drafts
+    sources: frozenset = frozenset()  # the draft sources the last run brought (Engine.run: "history")
 
     @property
     def measured(self) -> bool:
         return self.probes > 0
 
-    def new_run(self, decay: float) -> None:
+    def new_run(self, decay: float, sources: frozenset = frozenset()) -> None:
         """A run starts with a trial (its drafts may land where the last run's did not: a new
         epoch's history), after a probe at its first step (its context lengths, hence the step
-        cost, differ from the last run's). The waits losing trials earned are kept. It prefers
-        the policy with the better record, one no run preferred yet first, and the other one
-        after EXPLORE_RUNS runs in a row."""
+        cost, differ from the last run's). The waits losing trials earned are kept, unless the
+        run brings a draft source the last one lacked (`sources`: an epoch's history after a
+        first epoch without): they were earned without it, so each policy is judged afresh (on
+        a long first trial, then the shortest wait). It prefers the policy with the better record, one no
+        run preferred yet first, and the other one after EXPLORE_RUNS runs in a row."""
         self.probes *= decay
         self.since_probe = PROBE_EVERY  # (due at once: no interval is longer)
+        fresh, self.sources = bool(sources - self.sources), frozenset(sources)
         for ledger in self.ledgers.values():
             ledger.off_left, ledger.sums = 0, [0.0, 0.0, 0.0]
+            if fresh:
+                ledger.wait, ledger.lost, ledger.fresh = MIN_OFF, False, True
             ledger.record = [x * decay for x in ledger.record]
             ledger.lenient = (ledger.score or 0.0) < 1
             if ledger.winning and ledger.shorter > 0:
@@ -288,7 +303,8 @@ class PlainReference:
 
     def state_dict(self) -> dict:
         return {"cost": self.cost.state_dict(), "probes": self.probes, "preferred": self.preferred, "kept": self.kept,
-                "ledgers": {p: ledger.state_dict() for p, ledger in self.ledgers.items()}}
+                "ledgers": {p: ledger.state_dict() for p, ledger in self.ledgers.items()},
+                "sources": sorted(self.sources)}
 
     def load_state_dict(self, state: dict) -> None:
         self.cost = StepCost.from_state_dict(state["cost"])
@@ -298,6 +314,7 @@ class PlainReference:
         for p, ledger in self.ledgers.items():
             ledger.bursty = p == "eager"
         self.preferred, self.kept = state.get("preferred", POLICIES[0]), int(state.get("kept", 0))
+        self.sources = frozenset(state.get("sources", ()))
 
 
 def _new_ledger(policy: str) -> Ledger:

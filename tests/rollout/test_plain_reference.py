@@ -123,6 +123,34 @@ def test_steps_that_lose_to_plain_switch_speculation_off_for_a_wait_that_doubles
     assert budget(ref).off_left == 0 and budget(ref).wait == MIN_OFF  # a winning trial: the next loss waits the least
 
 
+def test_a_run_that_brings_a_new_draft_source_judges_every_policy_afresh():
+    """An epoch's first run has no history; the waits its losses earned were earned without it,
+    and a first short trial of the next run (where the old responses are not yet aligned) would
+    otherwise keep a whole epoch of history drafts waiting. Its first trial is a long one, once."""
+    ref = PlainReference()
+    ref.new_run(0.5)
+    plain_step(ref)
+    for _ in range(3):  # losses with the siblings alone: the wait grows, the trial shortens
+        speculate(ref, ROWS + 1, 100)
+        while budget(ref).off_left:
+            plain_step(ref)
+    assert budget(ref).wait == 8 * MIN_OFF and budget(ref).lost
+    ref.new_run(0.5, frozenset({"history"}))
+    assert budget(ref).wait == MIN_OFF and not budget(ref).lost
+    plain_step(ref)
+    assert speculate(ref, ROWS + 1, 100) == BURSTY_TRIAL  # a long trial ...
+    assert budget(ref).off_left == MIN_OFF  # ... and the least wait
+    while budget(ref).off_left:
+        plain_step(ref)
+    speculate(ref, ROWS + 1, 100)
+    ref.new_run(0.5, frozenset({"history"}))  # history again: nothing new, the wait it earned is kept
+    assert budget(ref).wait == 4 * MIN_OFF and budget(ref).lost
+    state = ref.state_dict()
+    again = PlainReference()
+    again.load_state_dict(state)  # a resumed engine knows what the last run brought
+    assert again.sources == frozenset({"history"})
+
+
 def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
     ref = PlainReference()
     ref.new_run(0.5)
