@@ -75,8 +75,7 @@ def peer_env() -> dict:
     if env.get("OMP_WAIT_POLICY") == "PASSIVE":  # set by importing spectail (rollout/threads.py)
         env.pop("OMP_WAIT_POLICY")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in cpu_isa.lifted(env):
-        env.pop(k)
+    env.update(cpu_isa.uncapped(env))
     return env
 
 

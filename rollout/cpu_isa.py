@@ -35,10 +35,11 @@ def cap_isa() -> None:
         os.environ[ISA_VARS[0]] = CAP
 
 
-def lifted(env) -> dict:
-    """The variables to remove from `env` for a process that is not spectail's engine (vLLM), so
-    that it runs at its own best, AMX included: the cap, where it is the one set here."""
-    return {ISA_VARS[0]: None} if env.get(ISA_VARS[0]) == CAP else {}
+def uncapped(env) -> dict:
+    """The variables to set for a process that is not spectail's engine (vLLM's), so that it runs
+    at its own best, AMX included, where the cap in `env` is the one set here. "ALL" lifts
+    oneDNN's limit, and `cap_isa` leaves it alone when that process imports spectail."""
+    return {ISA_VARS[0]: "ALL"} if env.get(ISA_VARS[0]) == CAP else {}
 
 
 @functools.lru_cache(maxsize=1)

@@ -140,14 +140,9 @@ def chunk_seed(seed: int, position: int) -> int:
 
 @contextlib.contextmanager
 def environment(values: dict) -> Iterator[None]:
-    """os.environ with `values` (None: without that variable) while vLLM starts (its engine process
-    reads them), then as before."""
+    """os.environ with `values` while vLLM starts (its engine process reads them), then as before."""
     before = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -276,7 +271,7 @@ class VllmBackend:
         on_cpu = cfg.device.split(":")[0] == "cpu"
         env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
                "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset),
-               **cpu_isa.lifted(os.environ)} if on_cpu else {}
+               **cpu_isa.uncapped(os.environ)} if on_cpu else {}
         options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=_DTYPES[cfg.dtype],
                        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
                        max_num_batched_tokens=max(cfg.max_num_batched_tokens, cfg.max_model_len),

@@ -64,9 +64,11 @@ def test_without_the_cap_amx_rows_differ_and_the_engine_warns():
 
 
 def test_vllm_runs_without_the_cap_set_here_but_keeps_the_users(monkeypatch):
-    assert cpu_isa.lifted({"ONEDNN_MAX_CPU_ISA": cpu_isa.CAP}) == {"ONEDNN_MAX_CPU_ISA": None}
-    assert cpu_isa.lifted({"ONEDNN_MAX_CPU_ISA": "AVX2"}) == {}
+    assert cpu_isa.uncapped({"ONEDNN_MAX_CPU_ISA": cpu_isa.CAP}) == {"ONEDNN_MAX_CPU_ISA": "ALL"}
+    assert cpu_isa.uncapped({"ONEDNN_MAX_CPU_ISA": "AVX2"}) == {}
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cpu_isa.CAP)
-    with vllm_backend.environment({"VLLM_CPU_KVCACHE_SPACE": "1", **cpu_isa.lifted(os.environ)}):
-        assert "ONEDNN_MAX_CPU_ISA" not in os.environ and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    with vllm_backend.environment({"VLLM_CPU_KVCACHE_SPACE": "1", **cpu_isa.uncapped(os.environ)}):
+        assert os.environ["ONEDNN_MAX_CPU_ISA"] == "ALL" and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        # a vLLM process that imports spectail keeps it (its cap is the user's now)
+        assert _child("import rollout, os; print(os.environ['ONEDNN_MAX_CPU_ISA'])", ONEDNN_MAX_CPU_ISA="ALL") == "ALL"
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == cpu_isa.CAP
