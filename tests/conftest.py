@@ -1,6 +1,10 @@
 import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads (rollout/threads.py)
 
 # isort: split
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import transformers
@@ -21,6 +25,16 @@ def tiny_hf_model(arch: str = "llama", vocab: int = 101, seed: int = 0, dtype=to
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(ARCH_CONFIGS[arch](kw))
     return model.to(dtype).eval()
+
+
+def child_stdout(code: str, without=(), **env) -> str:
+    """The last line a fresh Python prints running `code` in the repository root, with the
+    environment variables `without` removed and `env` set (what spectail does at import)."""
+    clean = {k: v for k, v in os.environ.items() if k not in without}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="session")

@@ -2,15 +2,13 @@
 call's row count), the user's own cap wins, an engine says so when the cap does not hold, and
 vLLM's processes run without it."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from rollout import cpu_isa, vllm_backend
+from tests.conftest import child_stdout
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 # An engine in bfloat16 on a tiny model, built in a child: it reports the probe and any warning.
 ENGINE = """
 import warnings, torch{first}
@@ -25,11 +23,7 @@ print(cpu_isa.rows_invariant(), any("AMX" in str(w.message) for w in seen))
 
 
 def _child(code: str, **env) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in cpu_isa.ISA_VARS}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]
+    return child_stdout(code, cpu_isa.ISA_VARS, **env)
 
 
 def _amx() -> bool:

@@ -1,23 +1,17 @@
 """Threads are decided in one place: passive OpenMP waiting unless the user chose, one engine
 thread for tiny models, the cores this process may use otherwise, and the caller's count restored."""
 import os
-import subprocess
-import sys
 
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, threads
-from tests.conftest import tiny_hf_model
+from tests.conftest import child_stdout, tiny_hf_model
 
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 def _policy_in_child(code: str, **env) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
-                         timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return child_stdout(code, WAIT_VARS, **env)
 
 
 def test_importing_spectail_first_makes_openmp_wait_passively():
