@@ -195,6 +195,7 @@ class AdaptiveController:
     # the price, in accepted tokens' worth], and the share of asks owed to each.
     asking: dict = field(default_factory=dict)
     ask_credit: dict = field(default_factory=dict)
+    asked: float = 0.0  # seconds the step under way spent asking proposers (`observe_step` clears it)
     # Plain steps timed now and then, and whether speculating steps beat them (rollout/plain_reference.py).
     plain: PlainReference = field(default_factory=PlainReference)
 
@@ -286,16 +287,22 @@ class AdaptiveController:
 
     def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, *,
                      rows: Optional[int] = None, drafted: int = 0,
-                     policy: Optional[str] = POLICIES[0], work=None) -> None:
+                     policy: Optional[str] = POLICIES[0], work=None, observed: float = 0.0) -> None:
         """A step fed `fed` tokens (`drafted` of them drafts), emitted `emitted` for `rows`
         requests and took `seconds` (all of it: host work too), of which `batched` went to batched
-        proposers (a draft head), priced by their own cost. policy: the drafting policy it ran by
-        (None: a plain step). work: the context its attention read (rollout/engine.py `Work`;
-        None: not counted)."""
+        proposers (a draft head), priced by their own cost, and `observed` to telling the
+        proposers its outcome. policy: the drafting policy it ran by (None: a plain step). work:
+        the context its attention read (rollout/engine.py `Work`; None: not counted).
+        The proposers' own host work (this step's asks, and `observed`) is left out of the step
+        cost: it comes per request, not per fed token, and in bursts (a request's first ask
+        indexes its old response), and one such burst in a run's first drafting steps would
+        otherwise price draft tokens above what they save for the rest of the run. The asks are
+        rationed by what they earn (`ask_share`), and the plain reference weighs whole steps."""
         attended = work.attended if work is not None else 0
         if self.priced and rows is not None:
             self.plain.observe(policy, fed, drafted, rows, emitted, seconds, work)
-        self.cost.observe(fed, seconds - batched, attended)
+        self.cost.observe(fed, max(seconds - batched - observed - self.asked, 0.0), attended)
+        self.asked = 0.0
         for stats in self.asking.values():
             stats[:] = [x * ASK_DECAY for x in stats]
         self.emitted = [self.emitted[0] * DECAY + seconds, self.emitted[1] * DECAY + emitted]
@@ -422,8 +429,10 @@ class AdaptiveController:
             return proposer.propose(req, k)
         start = time.perf_counter()
         draft = proposer.propose(req, k)
+        spent = time.perf_counter() - start
         stats = self.asking.setdefault(proposer.name, [0.0, 0.0, 0.0])
-        stats[0], stats[1] = stats[0] + 1, stats[1] + time.perf_counter() - start
+        stats[0], stats[1] = stats[0] + 1, stats[1] + spent
+        self.asked += spent
         return draft
 
     def ask_share(self, name: str, token_value: float) -> float:
@@ -454,9 +463,11 @@ class AdaptiveController:
         offer = max(plan.offers, key=lambda o: o.top)
         start = time.perf_counter()
         draft = offer.proposer.propose(req, 1)
+        spent = time.perf_counter() - start
+        self.asked += spent
         # A token's slot and the ask's time, found or not: attempts that find nothing would
         # otherwise cost more host time than the credit says (every request every step).
-        self.credit -= time.perf_counter() - start + plan.token_cost
+        self.credit -= spent + plan.token_cost
         return draft.cut(1) if draft is not None and draft.tokens else None
 
     def record(self, req: Request, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:

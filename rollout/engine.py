@@ -59,8 +59,9 @@ class Row:
 class StepDone:
     """What one step did: the drafting policy it ran by (None: no draft budget, a plain step),
     the tokens it fed (drafts among them), the requests that emitted (rows with logits), the
-    tokens they emitted, the seconds batched proposers spent before the plan, and the context
-    its attention read (`Work`)."""
+    tokens they emitted, the seconds batched proposers spent before the plan, the seconds
+    proposers spent being told of its outcome (`observed`), and the context its attention read
+    (`Work`)."""
 
     policy: Optional[str]
     fed: int
@@ -69,6 +70,7 @@ class StepDone:
     emitted: int
     prepared: float
     work: Optional[Work] = None
+    observed: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -316,7 +318,7 @@ class Engine:
             if self.controller is not None:
                 self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
                                              rows=done.rows, drafted=done.drafted, policy=done.policy,
-                                             work=done.work)
+                                             work=done.work, observed=done.observed)
             steps, spec_off, fed = steps + 1, spec_off + (done.policy is None), fed + done.fed
             if tally is not None and done.drafted:  # (a step without drafts accepts none)
                 tally.step(running)
@@ -379,10 +381,10 @@ class Engine:
         work = Work.of(rows) if self.controller is not None else None
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
-        emitted = self._verify(rows, logits, offered, observers, hidden)
+        emitted, observed = self._verify(rows, logits, offered, observers, hidden)
         return StepDone(plan.policy if plan is not None else None, int(batch.token_ids.shape[0]),
                         sum(len(r.draft_tokens) for r in rows), sum(r.first_logit is not None for r in rows),
-                        emitted, prepared, work)
+                        emitted, prepared, work, observed)
 
     def _prepare(self, running: list[Request], plan) -> None:
         """Proposers that draft for many requests at once (a draft head) get this step's decoding
@@ -426,13 +428,14 @@ class Engine:
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
     def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
-                hidden: Optional[torch.Tensor] = None) -> int:
+                hidden: Optional[torch.Tensor] = None) -> tuple[int, float]:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
-        Returns the number of tokens emitted. Observers of hidden states get, once per step, the
+        Returns the number of tokens emitted and the seconds the proposers took to observe them.
+        Observers of hidden states get, once per step, the
         rows whose context was correct: every row now in the cache (prompt chunks, the pending
         token, accepted drafts; never a row past a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
-        emitted, spans = 0, []
+        emitted, observed, spans = 0, 0.0, []
         for row in rows:
             req = row.req
             before = req.num_cached
@@ -442,19 +445,21 @@ class Engine:
                 if not was_prefill or req.output_ids:  # (a continued request's prefill emits as a decode step does)
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
-                emitted += self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                        logprobs[row.first_logit:row.first_logit + n], offered)
+                row_emitted, row_observed = self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                                         logprobs[row.first_logit:row.first_logit + n], offered)
+                emitted, observed = emitted + row_emitted, observed + row_observed
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
         for p in observers:
             p.observe_hidden(spans, hidden)
-        return emitted
+        return emitted, observed
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> int:
+    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> tuple[int, float]:
         """ys, lps: the exact samples at the row's last fed token and at each draft token;
         offered: the proposers the step's budget would ask for every request's draft (one that
-        only catches up is not told of a step it could not draft in, or drafts in rarely)."""
+        only catches up is not told of a step it could not draft in, or drafts in rarely).
+        Returns the tokens emitted and the seconds the proposers took to observe them."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -476,12 +481,13 @@ class Engine:
                 and not req.finish_reason):
             req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
+        start = time.perf_counter()
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
             if mine is None and p.catches_up and p not in offered:
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
-        return len(emitted)
+        return len(emitted), time.perf_counter() - start
 
     def _judge_unused(self, req: Request, drafted: bool) -> None:
         """Samples kept past a rejection that no draft used are judged against what the request

@@ -9,8 +9,9 @@ reads, which grows through a response ("attended": the context tokens the step's
 attend over, summed); a line in fed tokens alone takes the late steps' long contexts for a
 fixed cost and prices drafts at a short context far too cheaply. On a GPU a small step costs its
 launches and host work whatever it carries, and both slopes come out near zero. So the engine
-times its own steps (plan, forward and verify: the host work that drafts cause counts too) and
-this fits the plane through them by exponentially weighted least squares, recent steps weighing
+times its own steps (plan, forward and verify: the host work that draft tokens cause counts too;
+the proposers' own look-ups, which come per request, do not: rollout/controller.py
+`observe_step`) and this fits the plane through them by exponentially weighted least squares, recent steps weighing
 most. A short profile at the engine's first speculative run (forwards of different sizes and
 contexts) gives prior slopes that the fit shrinks towards, with the weight of a couple of steps
 spread around the current sizes: it decides while the steps barely vary and fades as soon as

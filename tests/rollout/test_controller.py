@@ -1,4 +1,6 @@
 """The adaptive budget drafts where drafts pay and stops where they do not, never changing a token."""
+import time
+
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
@@ -155,6 +157,40 @@ def test_the_price_is_seconds_per_fed_token_over_seconds_per_emitted_token():
     free.cost.add_profile(8, 0.05)
     free.cost.add_profile(72, 0.05)  # a step costs the same whatever it carries: drafts are free
     assert free.threshold(1.0, rows=8) == MIN_PRICE
+
+
+def test_the_proposers_host_work_stays_out_of_the_price():
+    """A request's first ask indexes its old response, and observing a step indexes its tokens:
+    host work per request, in bursts, that a fit of the step cost would take for the price of the
+    step's draft tokens (and then draft nothing for the rest of the run)."""
+    class Slow(Named):
+        def propose(self, req, k):
+            time.sleep(0.03)
+            return Draft([7] * k, self)
+
+    def fitted(step):
+        c = AdaptiveController(max_draft_tokens=8)
+        c.cost.add_profile(8, 0.018)
+        c.cost.add_profile(72, 0.082)  # 10 ms a step + 1 ms a token
+        for _ in range(3):
+            c.observe_step(8, 8, 0.018, rows=8, policy=None)
+        step(c)
+        return c.token_cost(8)
+
+    def burst_observed(c):
+        c.observe_step(72, 80, 0.082 + 0.05, rows=8, drafted=64, observed=0.05)
+
+    def burst_asked(c):
+        start = time.perf_counter()
+        c.choose(Request(0, [1], SP(), 0), 8, c.plan_step([Slow("x", prior=0.9)], 8, 1.0))
+        c.observe_step(72, 80, 0.082 + time.perf_counter() - start, rows=8, drafted=64)
+
+    def burst_unnamed(c):
+        c.observe_step(72, 80, 0.082 + 0.05, rows=8, drafted=64)
+
+    assert fitted(burst_observed) == pytest.approx(0.001, rel=0.05)
+    assert fitted(burst_asked) == pytest.approx(0.001, rel=0.05)
+    assert fitted(burst_unnamed) > 0.0015  # (what the burst would have done to the price)
 
 
 def test_drafts_that_never_land_switch_off_and_exploration_turns_them_back_on():
