@@ -283,7 +283,7 @@ class AdaptiveController:
         # longest could not pay, each run would pay eager's trials for nothing.
         n = self.max_draft_tokens + 1  # (drafts attend over the context and each other)
         full = self.cost.predict(running * n, n * context + running * step_cost.attended(0, n - 1))
-        return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain)
+        return self.plain.choose(eager_ok=0 < plain and full <= EAGER_MAX_COST * plain, running=running)
 
     def observe_step(self, fed: int, emitted: int, seconds: float, batched: float = 0.0, *,
                      rows: Optional[int] = None, drafted: int = 0,

@@ -30,7 +30,9 @@ drafts that start landing (a new epoch's history, a trained drafter) are back at
 that brings a draft source the last one lacked (history, after an epoch's first run without)
 judges every policy afresh, on a long first trial (BURSTY_TRIAL steps): its first steps, before
 the old responses are aligned, would otherwise decide on a short trial whether the whole run
-waits out the waits earned without it.
+waits out the waits earned without it. A verdict holds for the load it was reached at: once the
+running requests fall to half of those a policy was switched off at (a run's tail, where a step
+costs about the same with or without its drafts), its wait ends and a trial judges it there.
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
 price. "eager" drafts every token a proposer offers, up to its draft length, as a fixed length
@@ -117,6 +119,10 @@ class Ledger:
     # Runs that preferred it: what it did as a stand-in (on the steps the preferred one left it,
     # which need not be like the rest) ranks it for no run.
     runs: int = 0
+    # The requests running when it was last switched off: its verdict holds for that load (a
+    # step's cost grows with its rows; a run's tail drafts nearly for free), so once as few as
+    # half of them run, its wait ends (`PlainReference.choose`).
+    off_rows: int = 0
     # Its next trial is a run's first since a new draft source came (PlainReference.new_run):
     # judged on a long stretch, as a run's first steps (the old responses not yet aligned, the
     # step cost fitted on the last run's contexts) say little of the rest, and it happens once.
@@ -154,7 +160,8 @@ class Ledger:
         ratio = self.record_ratio
         return ratio is not None and ratio < 1
 
-    def add(self, seconds: float, plain: float) -> None:
+    def add(self, seconds: float, plain: float, rows: int = 0) -> None:
+        """A speculating step of `rows` requests took `seconds` where plain steps would have taken `plain`."""
         w, spent, saved = self.sums
         self.sums = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
         self.record = [self.record[0] + seconds, self.record[1] + plain]
@@ -163,6 +170,7 @@ class Ledger:
         self.fresh = False
         if self.ratio >= 1 and (not self.bursty or not self.winning):  # (even: it gains nothing for its asks)
             self._switch_off()
+            self.off_rows = rows
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False
 
@@ -244,11 +252,15 @@ class PlainReference:
         """Eager's draft length now: `longest` halved by its losses (not under 2)."""
         return max(longest >> self.ledgers["eager"].shorter, min(longest, 2))
 
-    def choose(self, eager_ok: bool = False) -> Optional[str]:
+    def choose(self, eager_ok: bool = False, running: int = 0) -> Optional[str]:
         """The next step's drafting policy: the preferred one, or the other while the preferred
         one may not run, or is off and the other's record wins against plain; None: a plain
         step (a probe is due, or no policy may draft). eager_ok: a step drafting in full at the
-        longest length would cost at most EAGER_MAX_COST plain steps."""
+        longest length would cost at most EAGER_MAX_COST plain steps. running: the requests the
+        step runs (a policy switched off at twice as many or more is tried again)."""
+        for ledger in self.ledgers.values():
+            if ledger.off_left > 0 and 0 < 2 * running <= ledger.off_rows:
+                ledger.off_left = 0
         every = PROBE_EVERY if self.probes >= FIRST_PROBES else EARLY_PROBE_EVERY
         # A probe after a step that drafted cuts its chain (the lookahead drafts from the samples
         # its draft rows yield); after one that drafted nothing it costs about nothing and keeps
@@ -294,7 +306,7 @@ class PlainReference:
                  + (steps - 1) * self.cost.predict(rows, context + rows * max(steps - 2, 0) / 2))
         if emitted <= rows:  # no draft landed: at best it did what a plain step does, whatever the fit says
             plain = min(plain, seconds)
-        self.ledgers[policy].add(seconds, plain)
+        self.ledgers[policy].add(seconds, plain, rows)
 
     def seconds_per_emitted(self, rows: int, context: int = 0) -> Optional[float]:
         """What a plain step at `rows` decoding requests whose tokens attend over `context` in all

@@ -151,6 +151,20 @@ def test_a_run_that_brings_a_new_draft_source_judges_every_policy_afresh():
     assert again.sources == frozenset({"history"})
 
 
+def test_a_verdict_holds_for_its_load_and_a_run_tail_is_judged_again():
+    """Losses at a full batch switch a policy off for a wait that can outlast the run; once as few
+    as half the requests run (the tail, where a step costs about the same with or without its
+    drafts) it is tried again."""
+    ref = PlainReference()
+    ref.new_run(0.5)
+    plain_step(ref)
+    assert speculate(ref, ROWS + 1, 100) == TRIAL and budget(ref).off_left == MIN_OFF  # lost at ROWS requests
+    assert ref.choose(running=ROWS) is None and ref.choose(running=ROWS // 2 + 1) is None
+    assert budget(ref).off_left == MIN_OFF  # (above half the load the wait holds)
+    assert ref.choose(running=ROWS // 2) == "budget" and budget(ref).off_left == 0  # at half: a trial at once
+    assert ref.choose() == "budget"  # (a caller that gives no load changes nothing)
+
+
 def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
     ref = PlainReference()
     ref.new_run(0.5)
@@ -320,8 +334,9 @@ def test_a_policy_that_loses_to_plain_is_switched_off_on_its_own_and_the_other_d
     restored = PlainReference()
     restored.load_state_dict(ref.state_dict())
     assert restored.preferred == ref.preferred and restored.kept == ref.kept
-    assert {p: vars(x) | {"off_left": 0} for p, x in restored.ledgers.items()} == \
-        {p: vars(x) | {"off_left": 0} for p, x in ref.ledgers.items()}
+    idle = {"off_left": 0, "off_rows": 0}  # (a run starts with every wait over)
+    assert {p: vars(x) | idle for p, x in restored.ledgers.items()} == \
+        {p: vars(x) | idle for p, x in ref.ledgers.items()}
 
 
 def test_eager_halves_its_draft_length_as_it_loses_and_tries_it_longer_once_its_record_wins():
@@ -388,7 +403,7 @@ def test_eager_is_offered_only_where_drafting_in_full_costs_little_more_than_a_p
         # gated at the longest draft, however short eager's own drafts are now (3 tokens a row would pass)
         c.plain.ledgers["eager"].shorter = MAX_SHORTER
         monkeypatch.setattr(c.plain, "choose",
-                            lambda eager_ok: seen.append(eager_ok) or ("eager" if eager_ok else "budget"))
+                            lambda eager_ok, running=0: seen.append(eager_ok) or ("eager" if eager_ok else "budget"))
         plan = c.plan_step([Offers()], 8, 1.0)
         assert seen[-1] is cheap  # 8 rows of 9 tokens: 1.6x a plain step's cost, or 4.6x
         assert plan.policy == ("eager" if cheap else "budget")
