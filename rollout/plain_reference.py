@@ -32,7 +32,10 @@ judges every policy afresh, on a long first trial (BURSTY_TRIAL steps): its firs
 the old responses are aligned, would otherwise decide on a short trial whether the whole run
 waits out the waits earned without it. A verdict holds for the load it was reached at: once the
 running requests fall to half of those a policy was switched off at (a run's tail, where a step
-costs about the same with or without its drafts), its wait ends and a trial judges it there.
+costs about the same with or without its drafts), its wait ends and a trial judges it there; and
+whether its record wins (so that a losing stretch waits the least) is read at the load of that
+stretch (the tail's wins would otherwise keep a policy that loses at a full batch trying every
+MIN_OFF steps).
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
 price. "eager" drafts every token a proposer offers, up to its draft length, as a fixed length
@@ -106,6 +109,10 @@ class Ledger:
     # bursts (a long draft that lands) and a policy's drafts feed the next steps' lookahead,
     # whoever drafts then, so only long stretches of steps compare two policies fairly.
     record: list = field(default_factory=lambda: [0.0, 0.0])
+    # The same by load (running requests, in powers of two): whether a losing stretch is likelier
+    # noise than a change is read from the steps at its own load, not from a run's tail, where
+    # drafts win for little (`winning_at`).
+    loads: dict = field(default_factory=dict)
     # Its gains come in bursts (eager: a long draft that lands, after many that do not): in a run
     # after runs where its record did not lose, it is judged on a longer first stretch; a losing
     # stretch switches it off only while its record does not win.
@@ -160,25 +167,33 @@ class Ledger:
         ratio = self.record_ratio
         return ratio is not None and ratio < 1
 
+    def winning_at(self, rows: int) -> bool:
+        """Its record at about this many running requests wins (with none there: `winning`)."""
+        spent, plain = self.loads.get(_load(rows), (0.0, 0.0))
+        return spent < plain if plain > 0 else self.winning
+
     def add(self, seconds: float, plain: float, rows: int = 0) -> None:
         """A speculating step of `rows` requests took `seconds` where plain steps would have taken `plain`."""
         w, spent, saved = self.sums
         self.sums = [w * LEDGER_DECAY + 1, spent * LEDGER_DECAY + seconds, saved * LEDGER_DECAY + plain]
         self.record = [self.record[0] + seconds, self.record[1] + plain]
+        load = self.loads.setdefault(_load(rows), [0.0, 0.0])
+        load[0], load[1] = load[0] + seconds, load[1] + plain
         if not self.judged:
             return
         self.fresh = False
-        if self.ratio >= 1 and (not self.bursty or not self.winning):  # (even: it gains nothing for its asks)
-            self._switch_off()
+        winning = self.winning_at(rows)
+        if self.ratio >= 1 and (not self.bursty or not winning):  # (even: it gains nothing for its asks)
+            self._switch_off(winning)
             self.off_rows = rows
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False
 
-    def _switch_off(self) -> None:
-        # While its record wins, a losing stretch may be the machine's noise however large: it
-        # waits the least. Else a slight loss once may be noise: it tries again as soon; twice,
-        # or a clear loss, and the wait doubles.
-        if self.winning:
+    def _switch_off(self, winning: bool) -> None:
+        # While its record (at this load) wins, a losing stretch may be the machine's noise however
+        # large: it waits the least. Else a slight loss once may be noise: it tries again as soon;
+        # twice, or a clear loss, and the wait doubles.
+        if winning:
             self.off_left = MIN_OFF
         else:
             self.off_left = self.wait
@@ -191,6 +206,7 @@ class Ledger:
 
     def state_dict(self) -> dict:
         return {"ledger": list(self.sums), "wait": self.wait, "lost": self.lost, "record": list(self.record),
+                "loads": [[b, *x] for b, x in sorted(self.loads.items())],
                 "runs": self.runs, "lenient": self.lenient, "shorter": self.shorter, "fresh": self.fresh}
 
     @classmethod
@@ -198,6 +214,7 @@ class Ledger:
         # (what is absent from older checkpoints starts afresh)
         return cls([float(x) for x in state.get("ledger", (0.0, 0.0, 0.0))], 0, int(state.get("wait", MIN_OFF)),
                    bool(state.get("lost", False)), [float(x) for x in state.get("record", (0.0, 0.0))],
+                   loads={int(b): [float(x), float(y)] for b, x, y in state.get("loads", ())},
                    runs=int(state.get("runs", 0)), lenient=bool(state.get("lenient", True)),
                    shorter=int(state.get("shorter", 0)), fresh=bool(state.get("fresh", False)))
 
@@ -233,6 +250,7 @@ class PlainReference:
             if fresh:
                 ledger.wait, ledger.lost, ledger.fresh = MIN_OFF, False, True
             ledger.record = [x * decay for x in ledger.record]
+            ledger.loads = {b: [x * decay for x in v] for b, v in ledger.loads.items()}
             ledger.lenient = (ledger.score or 0.0) < 1
             if ledger.winning and ledger.shorter > 0:
                 ledger.shorter -= 1
@@ -333,6 +351,11 @@ def _new_ledger(policy: str) -> Ledger:
     """A policy's ledger before any run judged it (eager's drafts start at EAGER_START halvings)."""
     eager = policy == "eager"
     return Ledger(bursty=eager, shorter=EAGER_START if eager else 0)
+
+
+def _load(rows: int) -> int:
+    """The load class of a step of `rows` requests: 1, 2-3, 4-7, ... rows."""
+    return max(int(rows), 0).bit_length()
 
 
 def _weight(steps: int) -> float:

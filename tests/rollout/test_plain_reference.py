@@ -165,6 +165,26 @@ def test_a_verdict_holds_for_its_load_and_a_run_tail_is_judged_again():
     assert ref.choose() == "budget"  # (a caller that gives no load changes nothing)
 
 
+def test_wins_in_a_run_tail_do_not_excuse_losses_at_a_full_batch():
+    """A record that wins lets a losing stretch wait the least; wins at a few requests (a run's
+    tail, where drafts cost a step little) say nothing of a full batch, where the wait grows."""
+    ref = PlainReference()
+    ref.new_run(0.5)
+    plain_step(ref)
+    for _ in range(40):  # two requests left, each emitting 4 tokens a step at twice a plain step's time
+        ref.observe("budget", 2 * 4, 2 * 3, 2, 2 * 4, 2 * PLAIN_STEP)
+    assert budget(ref).winning and budget(ref).winning_at(2)
+    for _ in range(2):  # a full batch: twice the time for one more token, in two trials
+        speculate(ref, ROWS + 1, 100)
+        while budget(ref).off_left:
+            plain_step(ref)
+    assert budget(ref).winning and not budget(ref).winning_at(ROWS)
+    assert budget(ref).wait == 2 * MIN_OFF  # the second loss doubles the wait, as where no record wins
+    restored = PlainReference()
+    restored.load_state_dict(ref.state_dict())
+    assert budget(restored).loads == budget(ref).loads
+
+
 def test_slight_losses_double_the_wait_once_a_second_trial_confirms_them():
     ref = PlainReference()
     ref.new_run(0.5)
