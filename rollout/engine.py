@@ -431,9 +431,9 @@ class Engine:
                 hidden: Optional[torch.Tensor] = None) -> tuple[int, float]:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
         Returns the number of tokens emitted and the seconds the proposers took to observe them.
-        Observers of hidden states get, once per step, the
-        rows whose context was correct: every row now in the cache (prompt chunks, the pending
-        token, accepted drafts; never a row past a rejected draft)."""
+        Observers of hidden states get, once per step, the rows whose context was correct: every
+        row now in the cache (prompt chunks, the pending token, accepted drafts; never a row past
+        a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
         emitted, observed, spans = 0, 0.0, []
         for row in rows:
