@@ -33,9 +33,9 @@ the old responses are aligned, would otherwise decide on a short trial whether t
 waits out the waits earned without it. A verdict holds for the load it was reached at: once the
 running requests fall to half of those a policy was switched off at (a run's tail, where a step
 costs about the same with or without its drafts), its wait ends and a trial judges it there; and
-whether its record wins (so that a losing stretch waits the least) is read at the load of that
-stretch (the tail's wins would otherwise keep a policy that loses at a full batch trying every
-MIN_OFF steps).
+whether its record wins (so that a losing stretch waits the least, and a trial after a lost one
+is not a short one) is read at the load of that stretch (the tail's wins would otherwise keep a
+policy that loses at a full batch trying every MIN_OFF steps, on full-length trials).
 
 Two drafting policies take turns where both may run. "budget" is the controller's token-by-token
 price. "eager" drafts every token a proposer offers, up to its draft length, as a fixed length
@@ -135,15 +135,14 @@ class Ledger:
     # step cost fitted on the last run's contexts) say little of the rest, and it happens once.
     fresh: bool = False
 
-    @property
-    def trial(self) -> int:
+    def trial(self, rows: int) -> int:
+        """Its trial's length in speculating steps at this many running requests."""
         if self.fresh or (self.bursty and self.lenient):
             return BURSTY_TRIAL
-        return SHORT_TRIAL if self.lost and not self.winning else TRIAL
+        return SHORT_TRIAL if self.lost and not self.winning_at(rows) else TRIAL
 
-    @property
-    def judged(self) -> bool:
-        return self.sums[0] >= _weight(self.trial) - 1e-9  # (the sum and the closed form round apart)
+    def judged(self, rows: int) -> bool:
+        return self.sums[0] >= _weight(self.trial(rows)) - 1e-9  # (the sum and the closed form round apart)
 
     @property
     def ratio(self) -> float:
@@ -179,7 +178,7 @@ class Ledger:
         self.record = [self.record[0] + seconds, self.record[1] + plain]
         load = self.loads.setdefault(_load(rows), [0.0, 0.0])
         load[0], load[1] = load[0] + seconds, load[1] + plain
-        if not self.judged:
+        if not self.judged(rows):
             return
         self.fresh = False
         winning = self.winning_at(rows)

@@ -174,12 +174,14 @@ def test_wins_in_a_run_tail_do_not_excuse_losses_at_a_full_batch():
     for _ in range(40):  # two requests left, each emitting 4 tokens a step at twice a plain step's time
         ref.observe("budget", 2 * 4, 2 * 3, 2, 2 * 4, 2 * PLAIN_STEP)
     assert budget(ref).winning and budget(ref).winning_at(2)
+    trials = []
     for _ in range(2):  # a full batch: twice the time for one more token, in two trials
-        speculate(ref, ROWS + 1, 100)
+        trials.append(speculate(ref, ROWS + 1, 100))
         while budget(ref).off_left:
             plain_step(ref)
     assert budget(ref).winning and not budget(ref).winning_at(ROWS)
-    assert budget(ref).wait == 2 * MIN_OFF  # the second loss doubles the wait, as where no record wins
+    # as where no record wins: the second trial is a short one, and its loss doubles the wait
+    assert trials[1] == SHORT_TRIAL and budget(ref).wait == 2 * MIN_OFF
     restored = PlainReference()
     restored.load_state_dict(ref.state_dict())
     assert budget(restored).loads == budget(ref).loads
