@@ -427,13 +427,19 @@ class AdaptiveController:
         """proposer.propose(req, k), its time tallied where the price rations asks."""
         if not self.priced:
             return proposer.propose(req, k)
+        draft, spent = self._timed_propose(proposer, req, k)
+        stats = self.asking.setdefault(proposer.name, [0.0, 0.0, 0.0])
+        stats[0], stats[1] = stats[0] + 1, stats[1] + spent
+        return draft
+
+    def _timed_propose(self, proposer: Proposer, req: Request, k: int) -> tuple[Optional[Draft], float]:
+        """proposer.propose(req, k) and the seconds it took, which the step cost leaves out
+        (`observe_step`)."""
         start = time.perf_counter()
         draft = proposer.propose(req, k)
         spent = time.perf_counter() - start
-        stats = self.asking.setdefault(proposer.name, [0.0, 0.0, 0.0])
-        stats[0], stats[1] = stats[0] + 1, stats[1] + spent
         self.asked += spent
-        return draft
+        return draft, spent
 
     def ask_share(self, name: str, token_value: float) -> float:
         """The share of requests to ask this proposer for a draft: all while its asks earn their
@@ -461,10 +467,7 @@ class AdaptiveController:
     def _explore(self, req: Request, plan: StepPlan) -> Optional[Draft]:
         """One draft token from the most promising proposer, paid from the exploration credit."""
         offer = max(plan.offers, key=lambda o: o.top)
-        start = time.perf_counter()
-        draft = offer.proposer.propose(req, 1)
-        spent = time.perf_counter() - start
-        self.asked += spent
+        draft, spent = self._timed_propose(offer.proposer, req, 1)
         # A token's slot and the ask's time, found or not: attempts that find nothing would
         # otherwise cost more host time than the credit says (every request every step).
         self.credit -= spent + plan.token_cost

@@ -183,12 +183,11 @@ class Ledger:
         self.fresh = False
         winning = self.winning_at(rows)
         if self.ratio >= 1 and (not self.bursty or not winning):  # (even: it gains nothing for its asks)
-            self._switch_off(winning)
-            self.off_rows = rows
+            self._switch_off(winning, rows)
         else:  # a trial that wins: the next loss waits the shortest time again
             self.wait, self.lost = MIN_OFF, False
 
-    def _switch_off(self, winning: bool) -> None:
+    def _switch_off(self, winning: bool, rows: int) -> None:
         # While its record (at this load) wins, a losing stretch may be the machine's noise however
         # large: it waits the least. Else a slight loss once may be noise: it tries again as soon;
         # twice, or a clear loss, and the wait doubles.
@@ -200,7 +199,7 @@ class Ledger:
                 self.wait = min(self.wait * 2, MAX_OFF)
                 if self.bursty:
                     self.shorter = min(self.shorter + 1, MAX_SHORTER)
-        self.lost = True
+        self.lost, self.off_rows = True, rows
         self.sums = [0.0, 0.0, 0.0]  # the next trial is judged on its own steps
 
     def state_dict(self) -> dict:
