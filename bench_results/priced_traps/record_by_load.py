@@ -1,6 +1,6 @@
 """The demo's step-0 work, run after run on the same engines (each run after the first has the
 last runs' record): plain, the priced budget, and the priced budget reading its record over every
-load (the code before 472d0ce, by an instance-level patch), alternated in one process:
+load (the code before 472d0ce and f003a67, by an instance-level patch), alternated in one process:
 python record_by_load.py ROUNDS"""
 import os, statistics, sys, time
 from demo_work import PROPOSERS, config, generate, policy_and_work
