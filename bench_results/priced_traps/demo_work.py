@@ -4,6 +4,7 @@ reference's ledgers. Step 1's work is bench_results/cpu_ceiling/prof1.py's (/tmp
 after one GRPO update, and the work with step 0's responses as history)."""
 import os
 import pickle
+import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
@@ -38,3 +39,14 @@ def generate(engine, work):
 
 def ledgers(ref) -> str:
     return " ".join(f"{n}:off{x.off_left} r{x.ratio:.2f} rec{x.record_ratio or 0:.2f} w{x.wait}" for n, x in ref.ledgers.items())
+
+
+def interleave(engines: dict, work, rounds: int, label: str = "") -> dict:
+    """Each engine runs the work once a round, in turn; prints each run, returns its seconds by name."""
+    times = {n: [] for n in engines}
+    for r in range(rounds):
+        for n, e in engines.items():
+            t = time.perf_counter(); generate(e, work); dt = time.perf_counter() - t
+            times[n].append(dt)
+            print(*([label] if label else []), r, n, round(dt, 3), e.last_run, flush=True)
+    return times

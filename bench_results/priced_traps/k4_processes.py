@@ -2,15 +2,11 @@
 one GRPO update and the work with step 0's responses as history), plain, the priced budget and
 fixed length 4 at max_draft_tokens=4, two rounds in one process; run from the code to test
 (PYTHONPATH), processes alternated by k4_processes.sh."""
-import sys, time
-from demo_work import PROPOSERS as P, config, generate, policy_and_work
+import sys
+from demo_work import PROPOSERS as P, config, interleave, policy_and_work
 from rollout import Engine, SpecConfig
 policy, w1 = policy_and_work(1)
 cfg = config
 es = {"plain": Engine(policy, cfg(None)), "priced k4": Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=4))),
       "fixed 4": Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=4, min_draft_prob=0.0)))}
-go = lambda e: generate(e, w1)
-for r in range(2):
-    for n, e in es.items():
-        t = time.perf_counter(); go(e); dt = time.perf_counter() - t
-        print(sys.argv[1], r, n, round(dt, 3), e.last_run, flush=True)
+interleave(es, w1, 2, label=sys.argv[1])

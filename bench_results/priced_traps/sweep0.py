@@ -1,6 +1,6 @@
 """Step-0 work (no history): plain vs spec configs interleaved."""
-import sys, time, os, statistics
-from demo_work import PROPOSERS as P, config, generate, policy_and_work
+import sys, os, statistics
+from demo_work import PROPOSERS as P, config, interleave, policy_and_work
 from rollout import Engine, SpecConfig
 policy, w0 = policy_and_work(0)
 cfg = config
@@ -10,13 +10,7 @@ engines["priced k8"] = Engine(policy, cfg(SpecConfig(proposers=P, max_draft_toke
 for k in (2, 4, 8):  # (the "after" run: (8,), and fixed0.5 left out)
     engines[f"fixed0 k{k}"] = Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=k, min_draft_prob=0.0)))
 engines["fixed0.5 k8"] = Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=8, min_draft_prob=0.5)))
-go = lambda e: generate(e, w0)
-T = {n: [] for n in engines}
-for i in range(int(sys.argv[1])):
-    for name, e in engines.items():
-        t = time.perf_counter(); out = go(e); dt = time.perf_counter() - t
-        T[name].append(dt)
-        print(i, name, round(dt, 2), e.last_run, flush=True)
+T = interleave(engines, w0, int(sys.argv[1]))
 for n, v in T.items():
     print(f"{n:14s} min {min(v):.2f} med {statistics.median(v):.2f}  this/plain median-of-ratios {statistics.median(a/b for a, b in zip(v, T['plain'])):.3f}")
 print(os.getloadavg())

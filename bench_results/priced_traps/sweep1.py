@@ -1,6 +1,6 @@
 """Step-1 work: plain vs spec configs interleaved."""
-import sys, time, os, statistics
-from demo_work import PROPOSERS as P, config, generate, policy_and_work
+import sys, os, statistics
+from demo_work import PROPOSERS as P, config, interleave, policy_and_work
 from rollout import Engine, SpecConfig
 policy, w1 = policy_and_work(1)
 cfg = config
@@ -10,13 +10,7 @@ for k in (4, 8, 16, 24):
 for k in (4, 8, 16):
     engines[f"fixed0 k{k}"] = Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=k, min_draft_prob=0.0)))
 engines["fixed0.5 k24"] = Engine(policy, cfg(SpecConfig(proposers=P, max_draft_tokens=24, min_draft_prob=0.5)))
-go = lambda e: generate(e, w1)
-T = {n: [] for n in engines}
-for i in range(int(sys.argv[1])):
-    for name, e in engines.items():
-        t = time.perf_counter(); out = go(e); dt = time.perf_counter() - t
-        T[name].append(dt)
-        print(i, name, round(dt, 2), e.last_run, flush=True)
+T = interleave(engines, w1, int(sys.argv[1]))
 for n, v in T.items():
     print(f"{n:14s} min {min(v):.2f} med {statistics.median(v):.2f}  plain/this min {min(T['plain'])/min(v):.2f}")
 print(os.getloadavg())
