@@ -11,6 +11,9 @@ from two up and at any row position, in float32 and bfloat16 (`tests/rollout/tes
 A single row can take a matrix-vector kernel that sums in another order, so one-row calls run as
 two rows: a request decoding alone is computed as it is in a batch, or in a verify row.
 
+bfloat16 weights on a CPU with AMX run through our own tile kernel (rollout/amx_linear.py):
+oneDNN, capped below AMX for its bits (rollout/cpu_isa.py), runs them at float32's speed.
+
 Weights too small to pay for oneDNN's per-call cost run in float32 through our own kernel where
 the CPU has AVX-512 or AVX2 with FMA (rollout/linear_kernel.py: one chain of fused multiply-adds
 per output, so any row count gives the same bits; MKL's sgemm takes other kernels for one to
@@ -30,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import linear_kernel
+from . import amx_linear, linear_kernel
 
 # Weights with fewer numbers than this (a tiny model's) run faster unpacked (MKL or linear_kernel).
 PACK_MIN_WEIGHTS = 1 << 17
@@ -110,7 +113,11 @@ class PackedLinear(nn.Linear):
 
 def make_route(w: torch.Tensor) -> Optional[Callable]:
     """The call (x, bias) -> y that runs a linear layer with the (detached, contiguous) weight w
-    outside autograd: oneDNN with w packed, or linear_kernel with w packed; None: torch's own."""
+    outside autograd: in bfloat16 on a CPU with AMX amx_linear, else oneDNN with w packed, or
+    linear_kernel with w packed; None: torch's own."""
+    amx = amx_linear.load() if w.device.type == "cpu" and w.dtype == torch.bfloat16 else None
+    if amx is not None:
+        return functools.partial(amx_linear.linear, amx, amx_linear.pack(amx, w), w.shape[0])
     if w.numel() >= PACK_MIN_WEIGHTS and packs(w):
         return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
     library = linear_kernel.load() if w.device.type == "cpu" and w.dtype == torch.float32 else None

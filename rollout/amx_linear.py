@@ -1,0 +1,74 @@
+"""Exact bfloat16 linear layers at AMX's speed, through rollout/amx_kernel.c (built on first use,
+rollout/c_kernels.py), where the CPU has AMX tiles and Linux lets the process use them.
+
+oneDNN runs bfloat16 matmuls on AMX with a blocking, and on several threads a split of the sum,
+chosen by the call's row count, so a row's bits depend on the batch; spectail caps oneDNN below
+AMX (rollout/cpu_isa.py), where bfloat16 runs at float32's speed. The kernel sums each output
+down k in one fixed order of tile instructions, and splits only columns between threads: a row
+gets the same bits in any call (tests/rollout/test_amx_linear.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import c_kernels
+
+PANEL = 16  # output columns per tile (the C file's)
+KBLOCK = 32  # k per tile instruction (the C file's)
+
+
+def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.pack_weight.argtypes = [i64, i64, i64, ptr, ptr]
+    library.pack_weight.restype = None
+    library.linear_panels.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    library.linear_panels.restype = None
+    library.amx_ready.argtypes = []
+    library.amx_ready.restype = ctypes.c_int
+    return library
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> Optional[ctypes.CDLL]:
+    """The kernel library where it was built with AMX and the process may use its tiles, else None."""
+    library = c_kernels.load("amx_kernel", _bind)
+    return library if library is not None and library.amx_ready() else None
+
+
+def padded_k(k: int) -> int:
+    return -(-k // KBLOCK) * KBLOCK
+
+
+def pack(library: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] bfloat16 -> the tiles' layout [ceil(N / 16), K' / 2, 16, 2], K' = K rounded
+    up to 32, zero in the padding."""
+    w = weight.detach().contiguous()
+    n, k = w.shape
+    kp = padded_k(k)
+    packed = torch.empty(-(-n // PANEL), kp // 2, PANEL, 2, dtype=torch.bfloat16)
+    library.pack_weight(n, k, kp, w.data_ptr(), packed.data_ptr())
+    return packed
+
+
+def linear(library: ctypes.CDLL, packed: torch.Tensor, n: int, x: torch.Tensor,
+           bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] bfloat16 (CPU) times the packed weight of n outputs, plus bias ([n] or None), in bfloat16."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    kp = packed.shape[1] * 2
+    if x.shape[1] != kp:
+        x = F.pad(x, (0, kp - x.shape[1]))
+    x = x.contiguous()
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    args = (rows, kp, n, x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr())
+    if rows:
+        # Columns are independent, so a split between threads never changes a value.
+        c_kernels.over_rows(lambda p0, p1: library.linear_panels(p0, p1, *args), packed.shape[0])
+    return out.view(*shape[:-1], n)
