@@ -34,20 +34,6 @@
 #define ROW_BLOCKS 2
 #endif
 
-static inline float from_bf16(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t to_bf16(float f) {  /* round to nearest even */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* MLANES bfloat16 values widened to a vector of floats. */
 typedef uint16_t mvec16 __attribute__((vector_size(MLANES * sizeof(uint16_t))));
 typedef uint32_t mvec32 __attribute__((vector_size(MLANES * sizeof(uint32_t))));

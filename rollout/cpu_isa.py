@@ -9,10 +9,13 @@ every call in fixed-size chunks of rows gives the same bits on one thread, but n
 the weight has few outputs (oneDNN then splits the sum between threads). oneDNN's AVX-512 BF16
 kernels gave a row the same bits at every row count and thread count tried (docs/dtypes.md).
 
+The engine's linear layers reach AMX through a kernel of our own that keeps a row's bits
+(rollout/amx_linear.py); the cap keeps torch's other bfloat16 matmuls exact.
+
 So at the import of `rollout`, unless the user chose a cap of their own, oneDNN is capped at
 AVX512_CORE_BF16 (`ONEDNN_MAX_CPU_ISA`; oneDNN reads it once, when it creates its first kernel,
-so the cap holds if nothing in the process ran a oneDNN matmul before). The cost: bfloat16 calls
-of many rows run several times slower than on AMX; float32, the CPU's default dtype, never runs
+so the cap holds if nothing in the process ran a oneDNN matmul before). The cost: torch's own
+bfloat16 matmuls of many rows run several times slower than on AMX; float32, the CPU's default dtype, never runs
 on AMX and is unchanged; a GPU is not concerned. An engine in bfloat16 on the CPU checks, once per
 process, that the cap holds (`rows_invariant`), and warns when it does not.
 """

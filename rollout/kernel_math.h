@@ -9,6 +9,20 @@
 
 #define LANES 16 /* partial sums of every sum across lanes, whatever the machine's vector */
 
+static inline float from_bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
 /* The machine's own vector (MLANES floats: one register; GCC / Clang vector extensions, loads and
    stores through memcpy, one unaligned move) for arithmetic that is the same in every lane, where
    the vector's width changes no bits (16-float vectors take two AVX2 registers, and loops that

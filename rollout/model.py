@@ -100,7 +100,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = pointwise_kernel.rms_norm(x, self.weight, self.eps)  # (float32 on the CPU)
+        out = pointwise_kernel.rms_norm(x, self.weight, self.eps)  # (float32, bfloat16 on the CPU)
         if out is not None:
             return out
         # Normalise in float32 and cast back before the weight, as transformers does.
@@ -111,7 +111,7 @@ class RMSNorm(nn.Module):
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [N, heads, D]; cos/sin: [N, 1, D]. The half-split rotation of the HF checkpoints (on
-    the CPU in float32 by rollout/pointwise_kernel.c, with the same bits)."""
+    the CPU in float32 and bfloat16 by rollout/pointwise_kernel.c, with the same bits)."""
     out = pointwise_kernel.rotate(x, cos, sin)
     if out is not None:
         return out

@@ -7,7 +7,11 @@
    expression's bits.
 
    rms_norm_rows: w * (x * 1 / sqrt(mean(x^2) + eps)) per row, the mean's sum kept in LANES
-   partial sums added in a fixed tree, so a row's result depends on that row alone. */
+   partial sums added in a fixed tree, so a row's result depends on that row alone.
+
+   The _bf16 versions take and give bfloat16 and compute on widened values, rounding where torch
+   rounds: each operation of the rotation (the expression's bits), and RMSNorm's normalised row
+   before the weight multiplies it (transformers' order; the sum in float32 as above). */
 #include <math.h>
 #include <stdint.h>
 
@@ -30,23 +34,59 @@ void rotate_rows(int64_t n, int64_t heads, int64_t D, const float *x, const floa
     }
 }
 
+void rotate_rows_bf16(int64_t n, int64_t heads, int64_t D, const uint16_t *x, const uint16_t *cos,
+                      const uint16_t *sin, uint16_t *out) {
+    int64_t half = D / 2;
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *xr = x + (t * heads + h) * D;
+            uint16_t *o = out + (t * heads + h) * D;
+            for (int64_t i = 0; i < D; i++) {
+                float other = i < half ? -from_bf16(xr[i + half]) : from_bf16(xr[i - half]);
+                float a = from_bf16(to_bf16(from_bf16(xr[i]) * from_bf16(c[i])));
+                float b = from_bf16(to_bf16(other * from_bf16(s[i])));
+                o[i] = to_bf16(a + b);
+            }
+        }
+    }
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of a row of D widened values. */
+static float inverse_rms(const float *xr, int64_t D, float eps) {
+    float part[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= D; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            part[l] += xr[i + l] * xr[i + l];
+    for (; i < D; i++)
+        part[0] += xr[i] * xr[i];
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++)
+            part[l] += part[l + width];
+    return 1.0f / sqrtf(part[0] / (float)D + eps);
+}
+
 /* x, out: [n, D] float32; w: [D]. */
 void rms_norm_rows(int64_t n, int64_t D, const float *x, const float *w, float eps, float *out) {
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * D;
-        float part[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= D; i += LANES)
-            for (int l = 0; l < LANES; l++)
-                part[l] += xr[i + l] * xr[i + l];
-        for (; i < D; i++)
-            part[0] += xr[i] * xr[i];
-        for (int width = LANES / 2; width > 0; width /= 2)
-            for (int l = 0; l < width; l++)
-                part[l] += part[l + width];
-        float inv = 1.0f / sqrtf(part[0] / (float)D + eps);
-        float *o = out + r * D;
-        for (i = 0; i < D; i++)
+        float inv = inverse_rms(xr, D, eps), *o = out + r * D;
+        for (int64_t i = 0; i < D; i++)
             o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* x, out: [n, D] bfloat16; w: [D] bfloat16; wide: D floats of scratch. */
+void rms_norm_rows_bf16(int64_t n, int64_t D, const uint16_t *x, const uint16_t *w, float eps, uint16_t *out,
+                        float *wide) {
+    for (int64_t r = 0; r < n; r++) {
+        const uint16_t *xr = x + r * D;
+        for (int64_t i = 0; i < D; i++)
+            wide[i] = from_bf16(xr[i]);
+        float inv = inverse_rms(wide, D, eps);
+        uint16_t *o = out + r * D;
+        for (int64_t i = 0; i < D; i++)
+            o[i] = to_bf16(from_bf16(w[i]) * from_bf16(to_bf16(wide[i] * inv)));
     }
 }

@@ -1,8 +1,8 @@
 """A decoder layer's row-wise operations through rollout/pointwise_kernel.c on the CPU, in
-float32 and outside autograd: the rotary embedding with the same bits as `model.rotate`'s torch
-expression, and RMSNorm with a fixed order of its own (each row's result depends on that row
-alone, as the engine's batch invariance needs). torch takes several passes and as many
-temporary tensors for each (tests/rollout/test_pointwise_kernel.py)."""
+float32 or bfloat16 and outside autograd: the rotary embedding with the same bits as
+`model.rotate`'s torch expression, and RMSNorm with a fixed order of its own (each row's result
+depends on that row alone, as the engine's batch invariance needs). torch takes several passes
+and as many temporary tensors for each (tests/rollout/test_pointwise_kernel.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +19,10 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     library.rotate_rows.restype = None
     library.rms_norm_rows.argtypes = [i64, i64, ptr, ptr, ctypes.c_float, ptr]
     library.rms_norm_rows.restype = None
+    library.rotate_rows_bf16.argtypes = library.rotate_rows.argtypes
+    library.rotate_rows_bf16.restype = None
+    library.rms_norm_rows_bf16.argtypes = [i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr]
+    library.rms_norm_rows_bf16.restype = None
     return library
 
 
@@ -27,7 +31,9 @@ def load() -> Optional[ctypes.CDLL]:
 
 
 def _applies(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and not (
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.bfloat16) and all(
+        t.dtype == dtype and t.device.type == "cpu" for t in tensors) and not (
         torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
@@ -42,7 +48,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[to
         return None
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
-    library.rotate_rows(x.shape[0], x.shape[1], x.shape[2], x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+    run = library.rotate_rows if x.dtype == torch.float32 else library.rotate_rows_bf16
+    run(x.shape[0], x.shape[1], x.shape[2], x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                         out.data_ptr())
     return out
 
@@ -56,6 +63,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Optional[torc
         return None
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
-    library.rms_norm_rows(x.numel() // weight.shape[0], weight.shape[0], x.data_ptr(), weight.data_ptr(), eps,
-                          out.data_ptr())
+    rows, width = x.numel() // weight.shape[0], weight.shape[0]
+    if x.dtype == torch.float32:
+        library.rms_norm_rows(rows, width, x.data_ptr(), weight.data_ptr(), eps, out.data_ptr())
+    else:
+        wide = torch.empty(width, dtype=torch.float32)
+        library.rms_norm_rows_bf16(rows, width, x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), wide.data_ptr())
     return out
