@@ -16,8 +16,9 @@ So at the import of `rollout`, unless the user chose a cap of their own, oneDNN 
 AVX512_CORE_BF16 (`ONEDNN_MAX_CPU_ISA`; oneDNN reads it once, when it creates its first kernel,
 so the cap holds if nothing in the process ran a oneDNN matmul before). The cost: torch's own
 bfloat16 matmuls of many rows run several times slower than on AMX; float32, the CPU's default dtype, never runs
-on AMX and is unchanged; a GPU is not concerned. An engine in bfloat16 on the CPU checks, once per
-process, that the cap holds (`rows_invariant`), and warns when it does not.
+on AMX and is unchanged; a GPU is not concerned. An engine in bfloat16 on the CPU whose linear
+layers would run through oneDNN (the tile kernel unusable) checks, once per process, that the cap
+holds (`rows_invariant`), and warns when it does not.
 """
 from __future__ import annotations
 
@@ -67,10 +68,15 @@ def rows_invariant() -> bool:
 
 
 def check(dtype, device) -> None:
-    """Warn when an engine in bfloat16 on the CPU would compute rows with call-dependent bits."""
+    """Warn when an engine in bfloat16 on the CPU would compute rows with call-dependent bits:
+    where oneDNN runs on AMX and the engine's linear layers go through it (no AMX kernel of ours)."""
     import torch
 
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or rows_invariant():
+        return
+    from . import amx_linear
+
+    if amx_linear.load() is not None:
         return
     chosen = {v: os.environ[v] for v in ISA_VARS if os.environ.get(v, CAP) != CAP}
     why = f"the environment sets {chosen}" if chosen else "oneDNN made a kernel before spectail was imported"
