@@ -17,40 +17,27 @@
 
 #include "kernel_math.h"
 
-/* x, out: [n, heads, D] float32; cos, sin: [n, D] (one row per token, shared by its heads). */
-void rotate_rows(int64_t n, int64_t heads, int64_t D, const float *x, const float *cos, const float *sin,
-                 float *out) {
-    int64_t half = D / 2;
-    for (int64_t t = 0; t < n; t++) {
-        const float *c = cos + t * D, *s = sin + t * D;
-        for (int64_t h = 0; h < heads; h++) {
-            const float *xr = x + (t * heads + h) * D;
-            float *o = out + (t * heads + h) * D;
-            for (int64_t i = 0; i < half; i++)
-                o[i] = xr[i] * c[i] + (-xr[i + half]) * s[i];
-            for (int64_t i = half; i < D; i++)
-                o[i] = xr[i] * c[i] + xr[i - half] * s[i];
-        }
+/* x, out: [n, heads, D] of T; cos, sin: [n, D] (one row per token, shared by its heads). WIDE
+   widens a T to float, ROUND rounds a float as T does (nothing for float), NARROW stores one. */
+#define ROTATE_ROWS(NAME, T, WIDE, ROUND, NARROW)                                                  \
+    void NAME(int64_t n, int64_t heads, int64_t D, const T *x, const T *cos, const T *sin, T *out) { \
+        int64_t half = D / 2;                                                                      \
+        for (int64_t t = 0; t < n; t++) {                                                          \
+            const T *c = cos + t * D, *s = sin + t * D;                                            \
+            for (int64_t h = 0; h < heads; h++) {                                                  \
+                const T *xr = x + (t * heads + h) * D;                                             \
+                T *o = out + (t * heads + h) * D;                                                  \
+                for (int64_t i = 0; i < half; i++)                                                 \
+                    o[i] = NARROW(ROUND(WIDE(xr[i]) * WIDE(c[i])) + ROUND(-WIDE(xr[i + half]) * WIDE(s[i]))); \
+                for (int64_t i = half; i < D; i++)                                                 \
+                    o[i] = NARROW(ROUND(WIDE(xr[i]) * WIDE(c[i])) + ROUND(WIDE(xr[i - half]) * WIDE(s[i]))); \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
-
-void rotate_rows_bf16(int64_t n, int64_t heads, int64_t D, const uint16_t *x, const uint16_t *cos,
-                      const uint16_t *sin, uint16_t *out) {
-    int64_t half = D / 2;
-    for (int64_t t = 0; t < n; t++) {
-        const uint16_t *c = cos + t * D, *s = sin + t * D;
-        for (int64_t h = 0; h < heads; h++) {
-            const uint16_t *xr = x + (t * heads + h) * D;
-            uint16_t *o = out + (t * heads + h) * D;
-            for (int64_t i = 0; i < D; i++) {
-                float other = i < half ? -from_bf16(xr[i + half]) : from_bf16(xr[i - half]);
-                float a = from_bf16(to_bf16(from_bf16(xr[i]) * from_bf16(c[i])));
-                float b = from_bf16(to_bf16(other * from_bf16(s[i])));
-                o[i] = to_bf16(a + b);
-            }
-        }
-    }
-}
+#define AS_IS(v) (v)
+#define ROUND_BF16(v) from_bf16(to_bf16(v))
+ROTATE_ROWS(rotate_rows, float, AS_IS, AS_IS, AS_IS)
+ROTATE_ROWS(rotate_rows_bf16, uint16_t, from_bf16, ROUND_BF16, to_bf16)
 
 /* 1 / sqrt(mean(x^2) + eps) of a row of D widened values. */
 static float inverse_rms(const float *xr, int64_t D, float eps) {
