@@ -7,13 +7,15 @@ from rl_integration import cli
 from rl_integration.metrics import read_jsonl
 
 
-def test_ray_backend_gives_the_local_run(tiny_run, tmp_path, capsys):
+# bfloat16: the workers' processes compute through the same CPU kernels (AMX tiles where there are)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ray_backend_gives_the_local_run(tiny_run, tmp_path, capsys, dtype):
     pytest.importorskip("ray")
     runs = {}
     for backend in ("local", "ray"):
         out = tmp_path / backend
         rc = cli.main(["demo", *tiny_run, f"rollout.backend={backend}", "rollout.num_workers=2", "trainer.steps=2",
-                       "--no-compare", "output.plot=false", "--out", str(out)])
+                       f"rollout.engine.dtype={dtype}", "--no-compare", "output.plot=false", "--out", str(out)])
         assert rc == 0, capsys.readouterr().err
         runs[backend] = read_jsonl(out / "metrics.jsonl")
     for a, b in zip(runs["local"], runs["ray"]):  # same weights, seeds and updates: the same samples
