@@ -59,16 +59,19 @@ def linear(library: ctypes.CDLL, packed: torch.Tensor, n: int, x: torch.Tensor,
            bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [..., K] bfloat16 (CPU) times the packed weight of n outputs, plus bias ([n] or None), in bfloat16."""
     shape = x.shape
-    x = x.reshape(-1, shape[-1])
+    if x.dim() != 2:
+        x = x.reshape(-1, shape[-1])
     kp = packed.shape[1] * 2
     if x.shape[1] != kp:
         x = F.pad(x, (0, kp - x.shape[1]))
     x = x.contiguous()
-    rows = x.shape[0]
+    rows, panels = x.shape[0], packed.shape[0]
     out = torch.empty(rows, n, dtype=torch.bfloat16)
-    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    b = None if bias is None else bias.detach().to(torch.float32)
     args = (rows, kp, n, x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr())
-    if rows:
+    if torch.get_num_threads() == 1 or panels < 2 * c_kernels.MIN_ROWS_PER_THREAD:
+        library.linear_panels(0, panels, *args)  # (most calls: no thread hand-off to arrange)
+    elif rows:
         # Columns are independent, so a split between threads never changes a value.
-        c_kernels.over_rows(lambda p0, p1: library.linear_panels(p0, p1, *args), packed.shape[0])
-    return out.view(*shape[:-1], n)
+        c_kernels.over_rows(lambda p0, p1: library.linear_panels(p0, p1, *args), panels)
+    return out if len(shape) == 2 else out.view(*shape[:-1], n)
