@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import sampling
+from rollout import noise_kernel, sampling
 
 # Noise is made for this many draft positions of the live requests at a time, while that holds
 # at most NOISE_ELEMENTS elements (requests x positions x vocabulary).
@@ -56,6 +56,9 @@ class CoupledSampler:
 
         z = logits if self.plain else sampling.process_logits(logits, pick(self.temperature), pick(self.top_k),
                                                               pick(self.top_p))
+        kernel = noise_kernel.load() if z.device.type == "cpu" and z.dtype == torch.float32 else None
+        if kernel is not None and not any(self.greedy[i] for i in live):
+            return self._fused(kernel, z, pick(self.seeds), pick(self.first) + step, margins)
         scores = z
         if not all(self.greedy[i] for i in live):
             scores = z + self._gumbel(live, step, z.shape[-1], index)
@@ -70,6 +73,16 @@ class CoupledSampler:
             return tokens, tokens.tolist(), [float("inf")] * len(live)
         second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
         return tokens, tokens.tolist(), (best - second).tolist()
+
+    @staticmethod
+    def _fused(kernel, z: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+               margins: bool) -> tuple[torch.Tensor, list[int], list[float]]:
+        """draft's tokens and margins in one pass of the CPU noise kernel, which makes each row's
+        noise as it reads it (the same bits as z + gumbel_noise: rollout/noise_kernel.py)."""
+        gaps = torch.empty(z.shape[0], dtype=torch.float32) if margins else None
+        tokens = noise_kernel.perturbed_argmax(kernel, seeds, positions, sampling.vocab_keys32(z.shape[-1]),
+                                               z.contiguous(), gaps)
+        return tokens, tokens.tolist(), gaps.tolist() if margins else [float("nan")] * z.shape[0]
 
     def _gumbel(self, live: list[int], step: int, vocab: int, index: Optional[torch.Tensor]) -> torch.Tensor:
         """G(seed, first + step, .) of the live chains: [len(live), V] float32. Made for a block

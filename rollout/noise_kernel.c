@@ -131,18 +131,22 @@ void gumbel_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *seeds, const 
 
 /* tokens[r] = argmax over v of z[r, v] - log(E) (= z + G), the first index on ties and the
    first NaN if there is one, as torch.argmax; rows r0 <= r < r1. Each of LANES lanes keeps its
-   own best (strictly greater, so its first), then the lanes are merged. */
+   own best (strictly greater, so its first), then the lanes are merged.
+   margins (NULL: not wanted): margins[r] = that maximum less the largest of the row's other
+   entries (a tie: 0; one entry: inf; a NaN: NaN), what the draft head reads as its confidence.
+   Each lane also keeps the largest of its entries but its best; the other lanes' bests and the
+   tail complete it. */
 void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *seeds, const int64_t *positions,
-                           const uint32_t *hv, const float *z, int64_t *tokens) {
+                           const uint32_t *hv, const float *z, int64_t *tokens, float *margins) {
     for (int64_t r = r0; r < r1; r++) {
         const float *zr = z + r * V;
         uint32_t ar, br;
         row_keys(seeds[r], positions[r], &ar, &br);
-        float best[LANES];
+        float best[LANES], runner[LANES];
         int64_t where[LANES];
         int nan_seen = 0;
         for (int l = 0; l < LANES; l++) {
-            best[l] = -__builtin_inff();
+            best[l] = runner[l] = -__builtin_inff();
             where[l] = -1;
         }
         int64_t v = 0;
@@ -151,24 +155,34 @@ void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *see
                 float s = zr[v + l] - log_exponential(ar, br, hv[v + l]);
                 nan_seen |= s != s;
                 int up = s > best[l];
+                runner[l] = up ? best[l] : (s > runner[l] ? s : runner[l]);
                 best[l] = up ? s : best[l];
                 where[l] = up ? v + l : where[l];
             }
         }
         float top = -__builtin_inff();
         int64_t at = -1;
+        int lane = -1;
         for (int l = 0; l < LANES; l++) {
             if (where[l] >= 0 && (best[l] > top || (best[l] == top && where[l] < at))) {
                 top = best[l];
                 at = where[l];
+                lane = l;
             }
         }
+        float second = lane >= 0 ? runner[lane] : -__builtin_inff();
+        for (int l = 0; l < LANES; l++)
+            if (l != lane && best[l] > second)
+                second = best[l];
         for (; v < V; v++) {
             float s = zr[v] - log_exponential(ar, br, hv[v]);
             nan_seen |= s != s;
             if (s > top) {
+                second = top;
                 top = s;
                 at = v;
+            } else if (s > second) {
+                second = s;
             }
         }
         if (nan_seen || at < 0) {  /* rare: redo the row in order, as torch.argmax reads it */
@@ -181,7 +195,10 @@ void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *see
                     at = w;
                 }
             }
+            second = nan_seen ? __builtin_nanf("") : -__builtin_inff();
         }
         tokens[r] = at;
+        if (margins != NULL)
+            margins[r] = top - second;
     }
 }

@@ -19,7 +19,7 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     library.gumbel_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
     library.gumbel_rows.restype = None
-    library.perturbed_argmax_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+    library.perturbed_argmax_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     library.perturbed_argmax_rows.restype = None
     return library
 
@@ -45,11 +45,15 @@ def gumbel(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, h
 
 
 def perturbed_argmax(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, hv32: torch.Tensor,
-                     z: torch.Tensor) -> torch.Tensor:
-    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), as torch.argmax breaks ties."""
+                     z: torch.Tensor, margins: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), as torch.argmax breaks ties.
+    margins ([M] float32, or None): set to each row's maximum of z + G less the largest of its
+    other entries, as drafter/coupled.py computes it in torch."""
     seeds, positions = _rows(seeds, positions)
     rows, vocab = z.shape
     tokens = torch.empty(rows, dtype=torch.int64)
+    gaps = None if margins is None else margins.data_ptr()
     c_kernels.over_rows(lambda r0, r1: library.perturbed_argmax_rows(
-        r0, r1, vocab, seeds.data_ptr(), positions.data_ptr(), hv32.data_ptr(), z.data_ptr(), tokens.data_ptr()), rows)
+        r0, r1, vocab, seeds.data_ptr(), positions.data_ptr(), hv32.data_ptr(), z.data_ptr(), tokens.data_ptr(),
+        gaps), rows)
     return tokens

@@ -208,7 +208,7 @@ def _kernel():
 
 
 @functools.lru_cache(maxsize=8)
-def _vocab_keys32(vocab_size: int) -> torch.Tensor:
+def vocab_keys32(vocab_size: int) -> torch.Tensor:
     """[V] int32: the CPU vocabulary keys with the kernel's 32-bit layout (the same bits)."""
     return _vocab_keys(vocab_size, torch.device("cpu"))[0].to(torch.int32).contiguous()
 
@@ -228,7 +228,7 @@ def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_siz
     positions = torch.as_tensor(positions, device=device)
     kernel = _kernel() if device.type == "cpu" else None
     if kernel is not None:
-        return noise_kernel.gumbel(kernel, seeds, positions, _vocab_keys32(vocab_size), out)
+        return noise_kernel.gumbel(kernel, seeds, positions, vocab_keys32(vocab_size), out)
     a, b = _row_keys(seeds, positions)
     hv = _vocab_keys(vocab_size, device)
     chunks = list(_row_chunks(m, vocab_size, device))
@@ -379,7 +379,7 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
         z = process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
         if any_random:
             if kernel is not None:
-                tok = noise_kernel.perturbed_argmax(kernel, seeds[r0:r1], positions[r0:r1], _vocab_keys32(vocab_size),
+                tok = noise_kernel.perturbed_argmax(kernel, seeds[r0:r1], positions[r0:r1], vocab_keys32(vocab_size),
                                                     z.contiguous())
             else:
                 log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)

@@ -40,20 +40,29 @@ def test_kernel_noise_is_the_reference_bit_for_bit(rows, vocab, seed, position):
     kernel = kernel_or_skip()
     seeds = torch.tensor([(seed + 7919 * i) % 2**63 for i in range(rows)])
     positions = torch.arange(position, position + rows)
-    got = noise_kernel.gumbel(kernel, seeds, positions, sampling._vocab_keys32(vocab), torch.empty(rows, vocab))
+    got = noise_kernel.gumbel(kernel, seeds, positions, sampling.vocab_keys32(vocab), torch.empty(rows, vocab))
     assert torch.equal(got, reference_noise(seeds, positions, vocab))
 
 
 def test_kernel_noise_is_the_reference_at_a_real_vocabulary():
     kernel = kernel_or_skip()
     seeds, positions = torch.arange(6) * 1_000_003, torch.arange(6) * 977
-    got = noise_kernel.gumbel(kernel, seeds, positions, sampling._vocab_keys32(49_157), torch.empty(6, 49_157))
+    got = noise_kernel.gumbel(kernel, seeds, positions, sampling.vocab_keys32(49_157), torch.empty(6, 49_157))
     assert torch.equal(got, reference_noise(seeds, positions, 49_157))
 
 
 def perturbed_argmax(z: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The kernel's tokens, after checking its margins against torch's (drafter/coupled.py's way)."""
     kernel = kernel_or_skip()
-    return noise_kernel.perturbed_argmax(kernel, seeds, positions, sampling._vocab_keys32(z.shape[1]), z.contiguous())
+    keys = sampling.vocab_keys32(z.shape[1])
+    margins = torch.empty(z.shape[0])
+    tokens = noise_kernel.perturbed_argmax(kernel, seeds, positions, keys, z.contiguous(), margins)
+    assert torch.equal(noise_kernel.perturbed_argmax(kernel, seeds, positions, keys, z.contiguous()), tokens)
+    scores = z + reference_noise(seeds, positions, z.shape[1])
+    best = scores.gather(1, tokens[:, None]).squeeze(1)
+    second = scores.scatter(1, tokens[:, None], float("-inf")).amax(dim=-1)
+    torch.testing.assert_close(margins, best - second, rtol=0, atol=0, equal_nan=True)
+    return tokens
 
 
 @pytest.mark.parametrize("vocab", [1, 15, 16, 17, 1000, 4099])
@@ -76,7 +85,7 @@ def test_kernel_argmax_breaks_exact_ties_and_nans_as_torch_does():
     z = -noise  # every score exactly 0 (z + G == z - log E, and -x + x == 0): the first index wins
     z[1, 25] = float("nan")  # torch.argmax takes the first NaN
     z[2, :] = float("-inf")  # nothing kept: index 0, as torch.argmax
-    got = perturbed_argmax(z, seeds, positions)
+    got = perturbed_argmax(z, seeds, positions)  # margins: 0 (a tie), NaN, NaN (-inf less -inf)
     assert torch.equal(got, (z + noise).argmax(-1))
     assert got.tolist() == [0, 25, 0]
 
