@@ -4,12 +4,13 @@ The same token rollout.sampling.sample would pick from these logits (z + G and z
 same IEEE value, and argmax takes the first index of a tie in both), so a head whose distribution
 matches the policy's is accepted nearly always, and the offline simulation (drafter/simulate.py,
 which calls rollout.sampling.sample) predicts the engine's drafts exactly. What differs is only
-the work: the noise is made for a few draft positions of every live request at once (it depends
-on no logits: one batch instead of one per position, and chains that end early do not pay for
-positions they never reach), the common case of temperature 1 without top-k / top-p skips the
-processing, and the margin (best minus second-best perturbed score: how far the head's logits
-would have to move to change the token) comes from the same scores. No logprobs are made: a draft
-needs none.
+the work: the common case of temperature 1 without top-k / top-p skips the processing, the margin
+(best minus second-best perturbed score: how far the head's logits would have to move to change
+the token) comes from the same scores, and no logprobs are made (a draft needs none). On the CPU
+one pass of the noise kernel per row gives the token and the margin together; elsewhere the
+noise is made for a few draft positions of every live request at once (it depends on no logits:
+one batch instead of one per position, and chains that end early do not pay for positions they
+never reach), then added.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from drafter.draft import Chain
 from rollout import noise_kernel
 
 
-def chains(n, vocab, temperature=1.0, top_k=0, top_p=1.0, greedy_at=None):
+def chains(n, temperature=1.0, top_k=0, top_p=1.0, greedy_at=None):
     feats = torch.zeros(1, 4)
     return [Chain(slot=i, start=0, tokens=[1], feats=feats, seed=1000 + 7 * i, position=3 + i, k=5,
                   temperature=0.0 if i == greedy_at else temperature, top_k=top_k, top_p=top_p)
@@ -38,7 +38,7 @@ def test_the_kernel_drafts_what_torch_drafts(params, monkeypatch):
     gen = torch.Generator().manual_seed(3)
     logits = [torch.randn(n, vocab, generator=gen) * 4 for _ in range(3)]
     logits[0][5, :] = logits[0][5, 0]  # one row of equal logits: ties
-    cs = chains(n, vocab, **params)
+    cs = chains(n, **params)
     live = [list(range(n)), [0, 2, 3, 7, 11], [2, 11]]
     got = drafts(cs, logits, live, monkeypatch, kernel=True)
     want = drafts(cs, logits, live, monkeypatch, kernel=False)
