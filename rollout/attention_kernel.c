@@ -110,57 +110,105 @@ static float exponentiate(float *s, int64_t n) {
    Every position gets the same arithmetic whichever way it was reached. The output is the
    weights times the values summed position by position in order, MLANES of its D entries at a
    time in a vector that stays in a register (a sum kept in memory waits on its own store at
-   every position). scores: G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
+   every position), several such vectors of the G heads side by side (WEIGHTED_VALUES). scores:
+   G rows of `width` floats (n rounded up to SCORE_BLOCK) of scratch. */
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) from_bf16(x)
-#define SCORES(T, MLOAD, BLOCKS)                                                                   \
+/* Scores of HEADS query heads g .. g + HEADS - 1 (qg: the first one's query, sg: its row of
+   scores), BLOCKS vectors of positions at a time: each key vector is loaded once for all of them,
+   and HEADS x BLOCKS sums run side by side. */
+#define SCORES(T, MLOAD, HEADS, BLOCKS)                                                            \
     for (; j < n && j + (BLOCKS) * MLANES <= room; j += (BLOCKS) * MLANES) {                     \
-        mvec acc[BLOCKS];                                                                           \
-        for (int b = 0; b < (BLOCKS); b++)                                                          \
-            acc[b] = mvec_splat(0.0f);                                                              \
-        for (int64_t d = 0; d < D; d++) {                                                           \
-            float qd = qg[d];                                                                       \
-            const T *kd = k + d * stride + j;                                                       \
+        mvec acc[HEADS][BLOCKS];                                                                    \
+        for (int h = 0; h < (HEADS); h++)                                                           \
             for (int b = 0; b < (BLOCKS); b++)                                                      \
-                acc[b] += qd * MLOAD(kd + b * MLANES);                                              \
+                acc[h][b] = mvec_splat(0.0f);                                                       \
+        for (int64_t d = 0; d < D; d++) {                                                           \
+            const T *kd = k + d * stride + j;                                                       \
+            mvec kb[BLOCKS];                                                                        \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                kb[b] = MLOAD(kd + b * MLANES);                                                     \
+            for (int h = 0; h < (HEADS); h++) {                                                     \
+                float qd = qg[h * D + d];                                                           \
+                for (int b = 0; b < (BLOCKS); b++)                                                  \
+                    acc[h][b] += qd * kb[b];                                                        \
+            }                                                                                       \
         }                                                                                           \
-        for (int b = 0; b < (BLOCKS); b++)                                                          \
-            mvec_store(sg + j + b * MLANES, acc[b] * scale);                                        \
+        for (int h = 0; h < (HEADS); h++)                                                           \
+            for (int b = 0; b < (BLOCKS); b++)                                                      \
+                mvec_store(sg + h * width + j + b * MLANES, acc[h][b] * scale);                     \
+    }
+/* Heads scored together by attend_one: two where their 2 x SCORE_BLOCK / MLANES sums and the key
+   vectors fit in the registers (32 with AVX-512), else one (16 with AVX2). */
+#if MLANES == 16
+#define PAIRED 2
+#else
+#define PAIRED 1
+#endif
+/* Every score of heads g .. g + HEADS - 1, then their softmax numerators and denominators. */
+#define SCORE_HEADS(T, LOAD, MLOAD, HEADS)                                                         \
+    {                                                                                               \
+        const float *qg = q + g * D;                                                                \
+        float *sg = scores + g * width;                                                             \
+        int64_t j = 0;                                                                              \
+        SCORES(T, MLOAD, HEADS, SCORE_BLOCK / MLANES)                                               \
+        SCORES(T, MLOAD, HEADS, 1)                                                                  \
+        for (; j < n; j++)                                                                          \
+            for (int h = 0; h < (HEADS); h++) {                                                     \
+                float acc = 0.0f;                                                                   \
+                for (int64_t d = 0; d < D; d++)                                                     \
+                    acc += qg[h * D + d] * LOAD(k[d * stride + j]);                                 \
+                sg[h * width + j] = acc * scale;                                                    \
+            }                                                                                       \
+        for (int h = 0; h < (HEADS); h++)                                                           \
+            total[g + h] = exponentiate(sg + h * width, n);                                         \
+    }
+/* The output's vectors, MLANES entries of one query head each (G heads x D / MLANES of them,
+   numbered p = g * vectors + d / MLANES), CHAINS at a time: each is the weights times the values
+   summed position by position in order, in a vector that stays in a register, and CHAINS of
+   them advance together (a lone sum waits on its own addition at every position). */
+#define PV_CHAINS 8
+#define WEIGHTED_VALUES(T, MLOAD, CHAINS)                                                          \
+    for (; p + (CHAINS) <= G * vectors; p += (CHAINS)) {                                           \
+        const float *wc[CHAINS];                                                                    \
+        int64_t at[CHAINS];                                                                         \
+        mvec acc[CHAINS];                                                                           \
+        for (int c = 0; c < (CHAINS); c++) {                                                        \
+            int64_t g = (p + c) / vectors;                                                          \
+            wc[c] = scores + g * width;                                                             \
+            at[c] = (p + c) % vectors * MLANES;                                                     \
+            acc[c] = mvec_splat(0.0f);                                                              \
+        }                                                                                           \
+        for (int64_t j = 0; j < n; j++) {                                                           \
+            const T *vj = v + j * D;                                                                \
+            for (int c = 0; c < (CHAINS); c++)                                                      \
+                acc[c] += wc[c][j] * MLOAD(vj + at[c]);                                             \
+        }                                                                                           \
+        for (int c = 0; c < (CHAINS); c++)                                                          \
+            mvec_store(out + (p + c) / vectors * D + at[c], acc[c]);                                \
     }
 #define ATTEND_ONE(NAME, T, LOAD, MLOAD)                                                           \
     static void NAME(const float *q, int64_t G, int64_t D, const T *k, int64_t stride, int64_t room, \
                      const T *v, int64_t n, float scale, float *scores, float *out) {               \
         float total[MAX_GROUP];                                                                     \
         int64_t width = (n + SCORE_BLOCK - 1) / SCORE_BLOCK * SCORE_BLOCK;                          \
-        for (int64_t g = 0; g < G; g++) {                                                           \
-            const float *qg = q + g * D;                                                            \
-            float *sg = scores + g * width;                                                         \
-            int64_t j = 0;                                                                          \
-            SCORES(T, MLOAD, SCORE_BLOCK / MLANES)                                                  \
-            SCORES(T, MLOAD, 1)                                                                     \
-            for (; j < n; j++) {                                                                    \
-                float acc = 0.0f;                                                                   \
-                for (int64_t d = 0; d < D; d++)                                                     \
-                    acc += qg[d] * LOAD(k[d * stride + j]);                                         \
-                sg[j] = acc * scale;                                                                \
-            }                                                                                       \
-            total[g] = exponentiate(sg, n);                                                         \
-        }                                                                                           \
+        int64_t g = 0;                                                                              \
+        for (; g + PAIRED <= G; g += PAIRED)                                                        \
+            SCORE_HEADS(T, LOAD, MLOAD, PAIRED)                                                     \
+        for (; g < G; g++)                                                                          \
+            SCORE_HEADS(T, LOAD, MLOAD, 1)                                                          \
+        int64_t vectors = D / MLANES, p = 0;                                                        \
+        WEIGHTED_VALUES(T, MLOAD, PV_CHAINS)                                                        \
+        WEIGHTED_VALUES(T, MLOAD, 4)                                                                \
+        WEIGHTED_VALUES(T, MLOAD, 2)                                                                \
+        WEIGHTED_VALUES(T, MLOAD, 1)                                                                \
         for (int64_t g = 0; g < G; g++) {                                                           \
             const float *wg = scores + g * width;                                                   \
-            float *o = out + g * D;                                                                 \
-            int64_t d0 = 0;                                                                         \
-            for (; d0 + MLANES <= D; d0 += MLANES) {                                                \
-                mvec acc = mvec_splat(0.0f);                                                        \
-                for (int64_t j = 0; j < n; j++)                                                     \
-                    acc += wg[j] * MLOAD(v + j * D + d0);                                           \
-                mvec_store(o + d0, acc);                                                            \
-            }                                                                                       \
-            for (; d0 < D; d0++) {                                                                  \
+            for (int64_t d0 = vectors * MLANES; d0 < D; d0++) {                                     \
                 float acc = 0.0f;                                                                   \
                 for (int64_t j = 0; j < n; j++)                                                     \
                     acc += wg[j] * LOAD(v[j * D + d0]);                                             \
-                o[d0] = acc;                                                                        \
+                out[g * D + d0] = acc;                                                              \
             }                                                                                       \
         }                                                                                           \
         divide_rows(out, G, D, total);                                                              \
@@ -196,6 +244,36 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, mvec_load_bf16)
             for (int b = 0; b < (BLOCKS); b++)                                                      \
                 mvec_store(st + r * width + j + b * MLANES, acc[r][b] * scale);                     \
     }
+/* A tile's output, VECTORS vectors of MLANES entries per row at a time: ROW_TILE x VECTORS sums
+   side by side, each the weights times the values summed position by position in order. */
+#define ROW_VALUES(T, MLOAD, VECTORS)                                                              \
+    for (; d0 + (VECTORS) * MLANES <= D; d0 += (VECTORS) * MLANES) {                              \
+        mvec acc[ROW_TILE][VECTORS];                                                                \
+        for (int r = 0; r < ROW_TILE; r++)                                                          \
+            for (int u = 0; u < (VECTORS); u++)                                                     \
+                acc[r][u] = mvec_splat(0.0f);                                                       \
+        int64_t j = 0;                                                                              \
+        for (; j < first; j++) {                                                                    \
+            mvec vj[VECTORS];                                                                       \
+            for (int u = 0; u < (VECTORS); u++)                                                     \
+                vj[u] = MLOAD(v + j * D + d0 + u * MLANES);                                         \
+            for (int r = 0; r < ROW_TILE; r++)                                                      \
+                for (int u = 0; u < (VECTORS); u++)                                                 \
+                    acc[r][u] += w[r * width + j] * vj[u];                                          \
+        }                                                                                           \
+        for (; j < n0 + (r0 + rows - 1) / G; j++) {                                                 \
+            mvec vj[VECTORS];                                                                       \
+            for (int u = 0; u < (VECTORS); u++)                                                     \
+                vj[u] = MLOAD(v + j * D + d0 + u * MLANES);                                         \
+            for (int r = 0; r < rows; r++)                                                          \
+                if (j < n0 + (r0 + r) / G)                                                          \
+                    for (int u = 0; u < (VECTORS); u++)                                             \
+                        acc[r][u] += w[r * width + j] * vj[u];                                      \
+        }                                                                                           \
+        for (int r = 0; r < rows; r++)                                                              \
+            for (int u = 0; u < (VECTORS); u++)                                                     \
+                mvec_store(out + (r0 + r) * D + d0 + u * MLANES, acc[r][u]);                        \
+    }
 #define ATTEND_ROWS(NAME, T, LOAD, MLOAD)                                                          \
     static void NAME(const float *q, int64_t R, int64_t G, int64_t D, const T *k, int64_t stride,   \
                      int64_t room, const T *v, int64_t n0, float scale, float *scores, float *out) { \
@@ -222,25 +300,8 @@ ATTEND_ONE(attend_one_bf16, uint16_t, LOAD_BF16, mvec_load_bf16)
             int64_t rows = R - r0 < ROW_TILE ? R - r0 : ROW_TILE, first = n0 + r0 / G;              \
             const float *w = scores + r0 * width;                                                   \
             int64_t d0 = 0;                                                                         \
-            for (; d0 + MLANES <= D; d0 += MLANES) {                                                \
-                mvec acc[ROW_TILE];                                                                 \
-                for (int r = 0; r < ROW_TILE; r++)                                                  \
-                    acc[r] = mvec_splat(0.0f);                                                      \
-                int64_t j = 0;                                                                      \
-                for (; j < first; j++) {                                                            \
-                    mvec vj = MLOAD(v + j * D + d0);                                                \
-                    for (int r = 0; r < ROW_TILE; r++)                                              \
-                        acc[r] += w[r * width + j] * vj;                                            \
-                }                                                                                   \
-                for (; j < n0 + (r0 + rows - 1) / G; j++) {                                         \
-                    mvec vj = MLOAD(v + j * D + d0);                                                \
-                    for (int r = 0; r < rows; r++)                                                  \
-                        if (j < n0 + (r0 + r) / G)                                                  \
-                            acc[r] += w[r * width + j] * vj;                                        \
-                }                                                                                   \
-                for (int r = 0; r < rows; r++)                                                      \
-                    mvec_store(out + (r0 + r) * D + d0, acc[r]);                                    \
-            }                                                                                       \
+            ROW_VALUES(T, MLOAD, 2)                                                                 \
+            ROW_VALUES(T, MLOAD, 1)                                                                 \
             for (; d0 < D; d0++)                                                                    \
                 for (int r = 0; r < rows; r++) {                                                    \
                     float acc = 0.0f;                                                               \
