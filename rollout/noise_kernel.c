@@ -136,8 +136,9 @@ void gumbel_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *seeds, const 
    entries (a tie: 0; one entry: inf; a NaN: NaN), what the draft head reads as its confidence.
    Each lane also keeps the largest of its entries but its best; the other lanes' bests and the
    tail complete it. */
-void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *seeds, const int64_t *positions,
-                           const uint32_t *hv, const float *z, int64_t *tokens, float *margins) {
+static inline __attribute__((always_inline)) void argmax_rows(int64_t r0, int64_t r1, int64_t V,
+        const int64_t *seeds, const int64_t *positions, const uint32_t *hv, const float *z, int64_t *tokens,
+        float *margins, const int runners) {
     for (int64_t r = r0; r < r1; r++) {
         const float *zr = z + r * V;
         uint32_t ar, br;
@@ -155,7 +156,8 @@ void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *see
                 float s = zr[v + l] - log_exponential(ar, br, hv[v + l]);
                 nan_seen |= s != s;
                 int up = s > best[l];
-                runner[l] = up ? best[l] : (s > runner[l] ? s : runner[l]);
+                if (runners)
+                    runner[l] = up ? best[l] : (s > runner[l] ? s : runner[l]);
                 best[l] = up ? s : best[l];
                 where[l] = up ? v + l : where[l];
             }
@@ -198,7 +200,16 @@ void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *see
             second = nan_seen ? __builtin_nanf("") : -__builtin_inff();
         }
         tokens[r] = at;
-        if (margins != NULL)
+        if (runners)
             margins[r] = top - second;
     }
+}
+
+/* Two copies of the loop, so that the sampler's (no margins) keeps no runner-up per lane. */
+void perturbed_argmax_rows(int64_t r0, int64_t r1, int64_t V, const int64_t *seeds, const int64_t *positions,
+                           const uint32_t *hv, const float *z, int64_t *tokens, float *margins) {
+    if (margins != NULL)
+        argmax_rows(r0, r1, V, seeds, positions, hv, z, tokens, margins, 1);
+    else
+        argmax_rows(r0, r1, V, seeds, positions, hv, z, tokens, NULL, 0);
 }

@@ -49,8 +49,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[to
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
     run = library.rotate_rows if x.dtype == torch.float32 else library.rotate_rows_bf16
-    run(x.shape[0], x.shape[1], x.shape[2], x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                        out.data_ptr())
+    run(x.shape[0], x.shape[1], x.shape[2], x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
     return out
 
 
