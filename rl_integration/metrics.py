@@ -14,6 +14,8 @@ Definitions (per generate call; a step's record sums or recomputes them over its
     reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
     history_found         requests that found a history record to draft from (set by RolloutClient)
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
+    engine_steps, fed_tokens  target forwards of the engine(s) and the tokens fed to them (drafts
+                          and prompts included; an in-process engine's, 0 where unknown)
     tail_seconds          time from 90% of the call's samples finished to 100%
     worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
     drafter_accepted_share  accepted["drafter"] / generated_tokens: the tokens the draft head wrote
@@ -36,7 +38,7 @@ from typing import Iterable, Optional, Sequence
 from scheduler.atomic_file import atomic_write_text
 
 SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
-            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found")
+            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found", "fed_tokens")
 
 
 def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = None) -> dict:
@@ -64,6 +66,7 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
         "reused_tokens": accepted.get("history", 0),
         "lenient_tokens": sum(int(c.stats.get("lenient", 0)) for c in completions),  # > 0: BIASED samples
         "engine_steps": int(bm.get("engine_steps", 0)),
+        "fed_tokens": int(bm.get("fed_tokens", 0)),
         "spec_off_steps": int(bm.get("spec_off_steps", 0)),
         "spec_off_fraction": float(bm["spec_off_fraction"]) if "spec_off_fraction" in bm else (
             bm.get("spec_off_steps", 0) / bm["engine_steps"] if bm.get("engine_steps") else 0.0),
