@@ -24,6 +24,9 @@ Definitions (per generate call; a step's record sums or recomputes them over its
         drafter_share (that over rollout_seconds) and drafter_sim_acceptance (its exact
         simulated per-token acceptance on the step's rollout): rl_integration/online_drafter.py)
     reward_mean           mean reward of the call's samples (None until rewards are recorded)
+    rollout_sha256        (per step, the trainer's) a digest of the step's tokens and rewards: two
+                          runs of the same config, a resumed one too, give the same digests
+    memory_rss_mb         (per step, the trainer's) the process's resident memory after the step
     lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
 
 Files are never half-written: `atomic_write_text` writes a temporary file beside the target,
@@ -31,6 +34,7 @@ fsyncs it and renames it over the target, so a reader sees the old file or the n
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Iterable, Optional, Sequence
@@ -179,6 +183,24 @@ def table_row(record: dict, compare: bool = False, drafter: bool = False) -> str
             text = fmt.format(v)
         cells.append(text.rjust(w))
     return " ".join(cells)
+
+
+def rollout_digest(completion_ids: Sequence[Sequence[int]], rewards: Sequence[float]) -> str:
+    """A step's tokens and rewards in one sha256: runs (a resumed one, another backend) compare by it."""
+    h = hashlib.sha256()
+    for ids, r in zip(completion_ids, rewards):
+        h.update(json.dumps([list(ids), float(r)]).encode())
+    return h.hexdigest()
+
+
+def resident_mb() -> Optional[float]:
+    """This process's resident memory now, in MiB (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def mean(xs: Iterable[float]) -> float:

@@ -186,6 +186,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
             record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
             record["num_samples"] = len(batch)
+            record["rollout_sha256"] = M.rollout_digest(batch.completion_ids, rewards)
+            record["memory_rss_mb"] = M.resident_mb()
             if on_step_end is not None:
                 record.update(on_step_end(step, model) or {})
             log.append(record)
