@@ -27,6 +27,7 @@ slots in use) on each token's value.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import heapq
 import json
@@ -188,8 +189,9 @@ class StepPlan:
     offers: list
     cost: Optional[StepCost] = None
 
-    @property
+    @functools.cached_property
     def live(self) -> list:
+        """The offers that may draft this step (read once per request)."""
         return [o for o in self.offers if o.most > 0]
 
     def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, list]:
