@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
                     help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
     ap.add_argument("--min-draft-prob", dest="min_draft_prob", type=float, default=None,
-                    help="engine mode and --choice: a fixed controller threshold (default: priced from the "
+                    help="engine mode and --choice: a fixed draft-budget threshold (default: priced from the "
                     "measured step cost)")
     ap.add_argument("--out", default=None)
     args, rest = ap.parse_known_args(argv)

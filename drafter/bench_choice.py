@@ -4,17 +4,17 @@ lookahead) and D (the same and the drafter) of drafter/bench_engine.py, at step 
     python -m drafter.bench --choice [--prompts 64] [--samples 8] [--train-seconds-between 5]
                                      [--min-draft-prob P] [--out bench_results/drafter_choice.json]
 
-Every `choose` of the controller is watched: for each proposer, the draft it would give and that
+Every `choose` of the draft budget is watched: for each proposer, the draft it would give and that
 draft's cut (tokens granted, expected accepted run) exactly as `choose` computes them, whether
 `choose` asked it or skipped it; then which draft won. Per engine and step: per proposer how often
 it offered a granted draft, how often it won, whom it lost to and by how much expected run, its
-tokens proposed / accepted, and the controller's learnt rate and the plan's threshold. It answers
+tokens proposed / accepted, and the budget's learnt rate and the plan's floor. It answers
 whether the drafter crowds out copy drafts (D's history drafts losing to worse head drafts) or
 whether the copies' drafts are cut differently (the threshold, the learnt rates). Same flow as
 the engine bench: step 0, one GRPO update, the head trained between steps on D's buffer, step 1.
 The loser's accepted run is exact although it was never verified: the tokens are the same
 whoever drafts, so a draft's run is its common prefix with the output. --min-draft-prob fixes
-the controller's threshold (drafts then do not depend on timings: the run is reproducible).
+the budget's floor (drafts then do not depend on timings: the run is reproducible).
 """
 from __future__ import annotations
 
@@ -40,21 +40,21 @@ class ChoiceLog:
 
     def __init__(self, engine: Engine):
         self.reset()
-        ctl = engine.controller
+        ctl = engine.budget
         choose, plan_step = ctl.choose, ctl.plan_step
 
         def watched_plan(*a, **kw):
             plan = plan_step(*a, **kw)
             if plan is not None:
-                self.thresholds.append(plan.threshold)
+                self.thresholds.append(plan.floor)
                 for o in plan.offers:
                     self.tops[o.proposer.name].append(o.top)
             return plan
 
-        def watched_choose(req, room, plan, free=0):
+        def watched_choose(req, room, plan):
             self._offers(req, room, plan)
-            chosen = choose(req, room, plan, free)
-            self._won(chosen)
+            chosen = choose(req, room, plan)
+            self._won(chosen[0] if chosen is not None else None)
             return chosen
 
         ctl.plan_step, ctl.choose = watched_plan, watched_choose

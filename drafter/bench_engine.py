@@ -62,14 +62,14 @@ class Recorder:
     def __init__(self, engine: Engine):
         self.reset()
         names = {p.name: p for p in engine.proposers}
-        ctl = engine.controller
+        ctl = engine.budget
         if ctl is None:
             return
         choose = ctl.choose
 
-        def wrapped_choose(req, room, plan, free=0):
+        def wrapped_choose(req, room, plan):
             self.steps.setdefault((req.index, len(req.output_ids)), False)
-            return choose(req, room, plan, free)
+            return choose(req, room, plan)
 
         ctl.choose = wrapped_choose
         for name in ("history", "suffix"):

@@ -244,17 +244,17 @@ class RolloutClient:
         if self._pending:
             raise ValueError(f"RolloutClient.state_dict: step {self.step} has responses not yet written to the "
                              "history (call end_step first)")
-        controller = _controller(self.backend)
+        budget = _budget(self.backend)
         return {"step": self.step, "next_group": self._next_group,
-                "controller": None if controller is None else controller.state_dict()}
+                "controller": None if budget is None else budget.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self._next_group = int(state["step"]), int(state["next_group"])
         self._calls.clear()
         self._pending.clear()
-        controller = _controller(self.backend)
-        if controller is not None and state.get("controller") is not None:
-            controller.load_state_dict(state["controller"])
+        budget = _budget(self.backend)
+        if budget is not None and state.get("controller") is not None:
+            budget.load_state_dict(state["controller"])
 
     # ---- weights and lifetime -----------------------------------------------------------------
 
@@ -275,9 +275,9 @@ class RolloutClient:
         self.shutdown()
 
 
-def _controller(backend):
+def _budget(backend):
     """The in-process engine's draft budget (None for Ray, vLLM or no speculation)."""
-    return getattr(getattr(backend, "engine", None), "controller", None)
+    return getattr(getattr(backend, "engine", None), "budget", None)
 
 
 def _first_samples(keys: Sequence[str], n: int) -> list[int]:

@@ -41,8 +41,8 @@ PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row coun
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
 # oneDNN builds (and caches, ONEDNN_PRIMITIVE_CACHE_CAPACITY: 1024 by default) a kernel per row
 # count and weight shape. Calls of up to EXACT_ROWS rows run as they are: a draft token beside a
-# full decode batch then costs one row, as the draft budget's step cost assumes
-# (rollout/controller.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
+# full decode batch then costs one row, as the draft budget's step-cost table measures
+# (rollout/budget.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
 # two at or under their size: padding adds less than that share of the rows, and each doubling
 # of the row count adds PAD_PARTS kernels per shape.
 EXACT_ROWS = 128
