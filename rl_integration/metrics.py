@@ -11,6 +11,9 @@ Definitions (per generate call; a step's record sums or recomputes them over its
                           target forward per request, counting the prefill forward that emits a
                           request's first token, so plain decoding is exactly 1.0
     proposed, accepted    per proposer name: draft tokens offered / accepted
+    acceptance_by_position  per proposer name, per draft position i (0-based): of the drafts that
+                          offered a token at i, the share whose tokens 0..i were all accepted
+                          (`by_position` holds the counts)
     reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
     history_found         requests that found a history record to draft from (set by RolloutClient)
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
@@ -57,6 +60,7 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
             proposed[name] = proposed.get(name, 0) + int(v)
         for name, v in c.stats.get("accepted", {}).items():
             accepted[name] = accepted.get(name, 0) + int(v)
+    by_position = add_positions({}, (c.stats.get("by_position", {}) for c in completions))
     bm = dict(backend_metrics or {})
     rec = {
         "rollout_seconds": float(seconds),
@@ -68,6 +72,8 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
         "proposed": proposed,
         "accepted": accepted,
         "reused_tokens": accepted.get("history", 0),
+        "by_position": by_position,
+        "acceptance_by_position": position_rates(by_position),
         "lenient_tokens": sum(int(c.stats.get("lenient", 0)) for c in completions),  # > 0: BIASED samples
         "engine_steps": int(bm.get("engine_steps", 0)),
         "fed_tokens": int(bm.get("fed_tokens", 0)),
@@ -90,6 +96,8 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["rollout_seconds"] = 0.0
     out["tail_seconds"] = 0.0
     out["proposed"], out["accepted"] = {}, {}
+    out["by_position"] = add_positions({}, (s.get("by_position", {}) for s in steps))
+    out["acceptance_by_position"] = position_rates(out["by_position"])
     busy, rewards, n_rewards = 0.0, 0.0, 0
     for s in steps:
         for k in SUM_KEYS:
@@ -115,6 +123,25 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["reward_mean"] = rewards / n_rewards if n_rewards else None
     out["rollout_steps"] = len(steps)
     return out
+
+
+def add_positions(total: dict, parts: Iterable[dict]) -> dict:
+    """Sum per-position counters ({proposer: [offered per position, accepted per position]})."""
+    for part in parts:
+        for name, counts in part.items():
+            mine = total.setdefault(name, [[], []])
+            for acc, add in zip(mine, counts):
+                acc.extend([0] * (len(add) - len(acc)))
+                for i, v in enumerate(add):
+                    acc[i] += int(v)
+    return total
+
+
+def position_rates(by_position: dict) -> dict:
+    """Per proposer and draft position i: of the drafts that offered a token at i, the share whose
+    tokens up to i were all accepted (vLLM's per-position acceptance, per draft that went so deep)."""
+    return {name: [round(a / o, 4) if o else None for o, a in zip(offered, accepted + [0] * len(offered))]
+            for name, (offered, accepted) in by_position.items()}
 
 
 # ------------------------------------------------------------------------------ files

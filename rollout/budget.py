@@ -260,6 +260,7 @@ class Budget:
         name = draft.proposer.name
         req.proposed[name] = req.proposed.get(name, 0) + len(draft.tokens)
         req.accepted[name] = req.accepted.get(name, 0) + accepted
+        req.count_positions(name, accepted, len(draft.tokens) if judged is None else judged)
         self.learn(draft, accepted, judged)
 
     def learn(self, draft: Draft, accepted: int, judged: Optional[int] = None) -> None:
