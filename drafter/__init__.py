@@ -15,4 +15,3 @@ lm_head, drafting with the request's coupled noise, trained on the policy's own 
     export.py     safetensors + config in vLLM's EAGLE layout, and loading with checks
     bench.py      python -m drafter.bench (the engine: bench_engine.py), --offline, --ray
 """
-import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
