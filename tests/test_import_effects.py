@@ -52,3 +52,10 @@ def test_an_engine_run_leaves_the_garbage_collector_as_it_found_it():
     finally:
         (gc.enable if was else gc.disable)()
     assert seen == [False, False]  # off while the loop runs (engine.py says why)
+
+
+def test_the_command_line_configures_its_process_before_torch_loads():
+    code = ("import os, sys\nfrom rl_integration import cli\n"
+            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('ONEDNN_MAX_CPU_ISA'), 'torch' in sys.modules)")
+    assert child_stdout(code, cpu.VARIABLES) == "PASSIVE AVX512_CORE_BF16 False"
