@@ -25,6 +25,7 @@ import time
 from typing import Optional, Sequence
 
 from rl_integration.sigterm import exit_on_sigterm
+from rollout import cpu
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    cpu.configure()  # this process is spectail's: before anything here loads torch (rollout/cpu.py)
     exit_on_sigterm()
     parser = build_parser()
     # overrides may sit between options (`demo a=1 --compare b=2`): argparse hands the ones after

@@ -19,7 +19,7 @@ the same Gumbel noise every time, so where the policy barely moved it reproduces
 response's tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
 draws, so given the weights the noise is no longer fresh: the samples lean towards what was
 rewarded before, the training reward over-states the policy, and the noise study
-(rl_integration/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
+(benchmarks/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
 per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the

@@ -126,6 +126,18 @@ class DrafterSpec:
             raise ValueError(f"DrafterSpec needs lr > 0 and an integer ttt_steps >= 1, got {self.lr}, {self.ttt_steps}")
 
 
+# Draft sources by name, as "module:Class": rollout/proposers/__init__.py imports a class only when
+# a SpecConfig names it. Kept here so that checking a SpecConfig imports no proposer (they import
+# request.py, which imports this module).
+PROPOSERS = {
+    "ngram": "rollout.proposers.ngram:NgramProposer",
+    "history": "rollout.proposers.history:HistoryProposer",
+    "suffix": "rollout.proposers.suffix:SuffixProposer",
+    "lookahead": "rollout.proposers.lookahead:LookaheadProposer",
+    "drafter": "drafter.proposer:DrafterProposer",
+}
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding. Drafts never change the output, only how many forwards it takes.
@@ -163,11 +175,9 @@ class SpecConfig:
     drafter: DrafterSpec = DrafterSpec()
 
     def validate(self) -> None:
-        from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
-
-        unknown = [p for p in self.proposers if p not in REGISTRY]
+        unknown = [p for p in self.proposers if p not in PROPOSERS]
         if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(REGISTRY)}")
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(PROPOSERS)}")
         if len(set(self.proposers)) != len(self.proposers):
             raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
         if not self.proposers:

@@ -1,5 +1,5 @@
 """Threads on a shared machine: the same short rollout and a few optimizer steps, quiet and
-beside a CPU-burning process this benchmark starts itself (`python -m rollout.bench --busy`).
+beside a CPU-burning process this benchmark starts itself (`python -m benchmarks.bench --busy`).
 
 Every measurement runs in a fresh process, because OpenMP reads its wait policy once, when
 torch loads. Settings, each measured quiet and busy, rounds interleaved:
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from .bench import save_report
+from benchmarks.bench import save_report
 
 SETTINGS = {  # name -> (engine and trainer threads (None: spectail's choice), extra environment)
     "defaults": (None, {}),
@@ -35,9 +35,7 @@ _WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 def child(hidden: int, layers: int, num_threads, requests: int, tokens: int, train_steps: int) -> dict:
     """One measurement in this (fresh) process: rollout seconds and optimizer-step seconds."""
-    import rollout  # noqa: F401 -- first, as every entry point does
-
-    # isort: split
+    # the wait policy was set when this process imported `benchmarks` (benchmarks/__init__.py)
     import torch
     import transformers
 
@@ -81,7 +79,7 @@ def _measure(model: str, setting: str, args) -> dict:
     env.update(extra)
     spec = {**MODELS[model], "num_threads": num_threads, "requests": args.requests, "tokens": args.tokens,
             "train_steps": args.train_steps}
-    out = subprocess.run([sys.executable, "-m", "rollout.bench_threads", "--child", json.dumps(spec)],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_threads", "--child", json.dumps(spec)],
                          env=env, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{model}/{setting} failed:\n{out.stderr[-2000:]}")

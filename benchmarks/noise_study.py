@@ -22,7 +22,7 @@ draws. The evaluation reward is the policy after the step's update, sampled with
 no arm trains on: a seed stream of its own (EVAL_SEED), the same for every arm, seed and
 step, n samples of every prompt, plain engine.
 
-    python -m rl_integration.noise_study --out bench_results/noise_study [--seeds 0 1 2] [--steps 8]
+    python -m benchmarks.noise_study --out bench_results/noise_study [--seeds 0 1 2] [--steps 8]
 """
 from __future__ import annotations
 
@@ -35,9 +35,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from rl_integration.plots import save_figure
 from scheduler.atomic_file import atomic_write_text
-
-from .plots import save_figure
 
 EVAL_SEED = 777_777
 ARMS = {
@@ -53,10 +52,10 @@ class FreshNoiseEval:
     n samples each, drawn with the EVAL_SEED stream by the plain engine."""
 
     def __init__(self, cfg):
-        from .config import plain_engine
-        from .dataset import encode_prompts
-        from .rollout_client import RolloutClient
-        from .trainer import load_policy, load_problems, resolve_reward
+        from rl_integration.config import plain_engine
+        from rl_integration.dataset import encode_prompts
+        from rl_integration.rollout_client import RolloutClient
+        from rl_integration.trainer import load_policy, load_problems, resolve_reward
 
         self.cfg = cfg
         self.problems = load_problems(cfg)
@@ -69,7 +68,7 @@ class FreshNoiseEval:
                                     plain=True)
 
     def __call__(self, step: int, model) -> dict:
-        from .trainer import compute_rewards
+        from rl_integration.trainer import compute_rewards
 
         self.client.update_weights(model)
         batch = self.client.generate(self.prompts)
@@ -81,8 +80,8 @@ class FreshNoiseEval:
 
 
 def run_arm(arm: str, seed: int, steps: int, out: str, overrides: Sequence[str]) -> list[dict]:
-    from .config import load_config
-    from .trainer import train
+    from rl_integration.config import load_config
+    from rl_integration.trainer import train
 
     cfg = load_config(None, list(overrides) + ARMS[arm](seed) + [
         f"trainer.seed={seed}", f"trainer.steps={steps}", f"output.dir={out}/{arm}-seed{seed}",
@@ -130,7 +129,7 @@ def plot(curves: dict, path: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_integration.noise_study", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.noise_study", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench_results/noise_study", help="folder for the runs, JSON and plot")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8)

@@ -1,12 +1,12 @@
 """Drafter benchmarks on the demo's policy.
 
-    python -m drafter.bench            the drafter in the engine: drafter/bench_engine.py (A/B/C/D,
-                                       step 0 and step 1), bench_results/drafter_engine.json
-    python -m drafter.bench --choice   which proposer's drafts win with and without the drafter:
-                                       drafter/bench_choice.py, bench_results/drafter_choice.json
-    python -m drafter.bench --ray      training on idle Ray workers off / on: scheduler/bench_drafter.py
-                                       (imported only for this: scheduler sits above drafter)
-    python -m drafter.bench --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
+    python -m benchmarks.bench_drafter            the drafter in the engine (A/B/C/D, step 0 and step 1):
+                                                  benchmarks/bench_drafter_engine.py, bench_results/drafter_engine.json
+    python -m benchmarks.bench_drafter --choice   which proposer's drafts win with and without the drafter:
+                                                  benchmarks/bench_drafter_choice.py, bench_results/drafter_choice.json
+    python -m benchmarks.bench_drafter --ray      training on idle Ray workers off / on:
+                                                  benchmarks/bench_drafter_ray.py
+    python -m benchmarks.bench_drafter --offline [--prompts 64] [--samples 8] [--train-seconds 120] [--train-steps N]
                             [--kinds attention,mlp] [--shapes 256:4:2,128:2:1] [--window 64]
                             [--out bench_results/drafter_offline.json]
 
@@ -33,17 +33,16 @@ from typing import Optional
 
 import torch
 
+from benchmarks.bench import save_report
+from drafter.draft import Chain, draft_chains
+from drafter.features import SavedRollout
+from drafter.head import HeadConfig
+from drafter.simulate import simulated_acceptance
+from drafter.trainer import TrainConfig
+from drafter.warm_start import warm_start
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, sampling, threads
 from rollout.batch import ForwardBatch
-from rollout.bench import save_report
 from rollout.seeds import prompt_key, sample_seed
-
-from .draft import Chain, draft_chains
-from .features import SavedRollout
-from .head import HeadConfig
-from .simulate import simulated_acceptance
-from .trainer import TrainConfig
-from .warm_start import warm_start
 
 RUN_SEED = 20240
 
@@ -201,7 +200,7 @@ def main(argv=None) -> int:
     ap.add_argument("--offline", action="store_true", help="the offline benchmark (warm start, simulation)")
     ap.add_argument("--ray", action="store_true", help="the Ray spot trainer's benchmark")
     ap.add_argument("--choice", action="store_true", help="which proposer's drafts win in B and D, step 0 and 1 "
-                    "(drafter/bench_choice.py)")
+                    "(benchmarks/bench_drafter_choice.py)")
     ap.add_argument("--reps", type=int, default=None, help="interleaved runs per engine (engine mode; default 2) "
                     "or timed repetitions of the head's step (offline; default 30)")
     ap.add_argument("--prompts", type=int, default=64)
@@ -228,7 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args, rest = ap.parse_known_args(argv)
     if args.ray:
-        from scheduler.bench_drafter import main as ray_main
+        from benchmarks.bench_drafter_ray import main as ray_main
 
         return ray_main(rest + (["--reps", str(args.reps)] if args.reps else [])
                         + (["--out", args.out] if args.out else []))
@@ -240,7 +239,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     if args.choice:
-        from .bench_choice import choice_bench, choice_lines
+        from benchmarks.bench_drafter_choice import choice_bench, choice_lines
 
         args.train_seconds, args.out = args.between, args.out or "bench_results/drafter_choice.json"
         result = choice_bench(args)
@@ -251,7 +250,7 @@ def main(argv=None) -> int:
         args.out = args.out or "bench_results/drafter_offline.json"
         result = offline(args)
     else:
-        from .bench_engine import engine_bench, ratios
+        from benchmarks.bench_drafter_engine import engine_bench, ratios
 
         args.reps, args.reps_cost, args.train_seconds = args.reps or 2, 30, args.between
         args.out = args.out or "bench_results/drafter_engine.json"

@@ -1,7 +1,7 @@
 """The drafter's spot trainer on Ray: the demo's rollout on 2 workers, idle-time training off / on.
 
-    python -m drafter.bench --ray [--reps 3] [--out bench_results/drafter_ray.json]
-    (the same as python -m scheduler.bench_drafter)
+    python -m benchmarks.bench_drafter --ray [--reps 3] [--out bench_results/drafter_ray.json]
+    (the same as python -m benchmarks.bench_drafter_ray)
 
 One backend (2 workers of 1 CPU: the demo policy, its cached warm-started head, the demo's
 engine settings and proposers plus the drafter); each repetition rolls out the demo's step
@@ -22,19 +22,18 @@ import statistics
 import sys
 import time
 
+from benchmarks.bench import save_report
 from rollout import EngineConfig, SamplingParams, SpecConfig
-from rollout.bench import save_report
 from rollout.config import DrafterSpec
 from rollout.seeds import prompt_key, sample_seed
-
-from .ray_backend import RayRolloutBackend
+from scheduler.ray_backend import RayRolloutBackend
 
 KEYS = ("rollout_seconds", "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_slices",
         "drafter_stopped", "max_engine_wait_s", "drafter_version", "drafter_seconds", "engine_steps", "chunks")
 
 
 def run(args) -> dict:
-    from drafter.bench import demo_policy
+    from benchmarks.bench_drafter import demo_policy
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
 

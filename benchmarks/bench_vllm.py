@@ -1,16 +1,16 @@
 """spectail's engine against the peer a user would pick, vLLM, on the same CPU and workload.
 
-    python -m rollout.bench --peer vllm [--rounds 3] [--dtypes float32,bfloat16] [--threads 1,2]
+    python -m benchmarks.bench --peer vllm [--rounds 3] [--dtypes float32,bfloat16] [--threads 1,2]
                                         [--methods plain,ngram,suffix] [--quick]
     make bench-vllm
 
-    python -m rollout.bench --peer vllm --workload demo --batch 64 [...]   the demo's real task
+    python -m benchmarks.bench --peer vllm --workload demo --batch 64 [...]   the demo's real task
 
-The workload is rollout/bench.py's: a random 31.8M Llama (vocab 16000) written with
+The workload is benchmarks/bench.py's: a random 31.8M Llama (vocab 16000) written with
 `save_pretrained` to a folder both engines load, 64 prompts of 16-64 tokens, long-tail response
 lengths forced per request (vLLM: max_tokens and ignore_eos), batch 32, T = 1, seeds 0..n-1.
 vLLM runs in its own environment (.venv-vllm, `make venv-vllm`) as a subprocess
-(rollout/vllm_peer.py) that keeps ONE engine alive per configuration across rounds (a start
+(benchmarks/vllm_peer.py) that keeps ONE engine alive per configuration across rounds (a start
 takes 35-270 s). Per dtype and thread count, rounds interleave vLLM and spectail runs (vLLM
 plain, spectail plain, vLLM ngram, spectail ngram, vLLM suffix, ...); the transformers
 `generate` row runs once per dtype and thread count. `--workload demo`: the demo's cached
@@ -46,9 +46,9 @@ from typing import Optional
 
 import torch
 
-from . import Engine, EngineConfig, SamplingParams, SpecConfig, cpu_isa
-from .bench import bench_model, run_hf, save_report, workload
-from .model import CausalLM
+from benchmarks.bench import bench_model, run_hf, save_report, workload
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, cpu_isa
+from rollout.model import CausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -58,7 +58,7 @@ PAIRS = {"plain": "plain", "ngram": "ngram", "suffix": "ngram"}  # vLLM config -
 # The demo's proposers (rl_integration/config.py, demo_engine; no history at a first step): set
 # against vLLM's fastest configuration.
 DEMO_SPEC = SpecConfig(proposers=("suffix", "lookahead"), max_draft_tokens=24)
-_PRELUDE = "import torch, runpy; runpy.run_module('rollout.vllm_peer', run_name='__main__')"
+_PRELUDE = "import torch, runpy; runpy.run_module('benchmarks.vllm_peer', run_name='__main__')"
 
 
 # ---- the vLLM peer process -----------------------------------------------------------------
@@ -271,7 +271,7 @@ def run_hf_timed(model, prompts, lengths, batch: int) -> dict:
 
 
 def torch_dtype_of(name: str):
-    from .config import torch_dtype
+    from rollout.config import torch_dtype
     return torch_dtype(name)
 
 

@@ -6,7 +6,7 @@ JSON. Each case also checks whether each gives the first row the bits it has in 
 spectail caps oneDNN below AMX (rollout/cpu_isa.py), so by default oneDNN runs AVX-512 BF16 here;
 to race oneDNN's own AMX kernels (what vLLM runs), lift the cap for this process:
 
-    ONEDNN_MAX_CPU_ISA=ALL python -m rollout.bench_amx [--shapes 512x512,...] [--rows 1,8,32,128,512]
+    ONEDNN_MAX_CPU_ISA=ALL python -m benchmarks.bench_amx [--shapes 512x512,...] [--rows 1,8,32,128,512]
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import functools
 
 import torch
 
-from . import amx_linear, cpu_isa
-from .bench_linear import compared, parser, run_cases
+from benchmarks.bench_linear import compared, parser, run_cases
+from rollout import amx_linear, cpu_isa
 
-# (out x in) the random Llama of `python -m rollout.bench` (q, k/v, gate/up, down, lm_head), a wide layer
+# (out x in) the random Llama of `python -m benchmarks.bench` (q, k/v, gate/up, down, lm_head), a wide layer
 SHAPES = "512x512,256x512,1408x512,512x1408,16000x512,896x4864"
 
 

@@ -1,6 +1,6 @@
 """Tokens with speculation on and off, per dtype: how many requests differ, and why.
 
-    python -m rollout.bench_dtype_identity [--dtypes float32,bfloat16] [--workloads demo,bench]
+    python -m benchmarks.bench_dtype_identity [--dtypes float32,bfloat16] [--workloads demo,bench]
                                            [--out bench_results/dtype_identity.json]
 
 For each dtype and workload the plain engine (batch 16) samples every request; then the same
@@ -13,7 +13,7 @@ z/T + G are recomputed in float64 from the same weights: a difference that comes
 the forward can only swap two candidates whose scores are that close (docs/dtypes.md).
 
 Workloads: "demo" is the demo's warm-started policy (rl_integration/demo, trained: its logits have
-a real model's scale) on its task's prompts with stop tokens; "bench" is rollout/bench.py's random
+a real model's scale) on its task's prompts with stop tokens; "bench" is benchmarks/bench.py's random
 31.8M Llama on long-tail forced lengths (random weights: nearly uniform logits). Shared machine;
 identity does not depend on load, only the seconds do.
 """
@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from . import Engine, EngineConfig, SamplingParams, SpecConfig
-from .sampling import gumbel_noise
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.sampling import gumbel_noise
 
 # name -> (SpecConfig kwargs or None, batch size, history drafts from the plain output)
 VARIANTS = {
@@ -66,7 +66,7 @@ def demo_workload(n_prompts: int) -> Workload:
 
 
 def bench_workload(n_prompts: int) -> Workload:
-    from .bench import bench_model, workload
+    from benchmarks.bench import bench_model, workload
 
     hf = bench_model(16000)
     prompts, lengths = workload(n_prompts, 16000, median=48, max_len=160)
@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
         report["workloads"][name] = {d: measure(w, d) for d in args.dtypes.split(",")}
     report["load_after"] = os.getloadavg()
     print(f"load average before {report['load_before']}, after {report['load_after']}")
-    from .bench import save_report
+    from benchmarks.bench import save_report
     return save_report(report, args.out)
 
 

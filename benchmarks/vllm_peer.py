@@ -1,8 +1,8 @@
-"""The vLLM side of the engine benchmark (rollout/bench_vllm.py): one vLLM engine kept alive in
+"""The vLLM side of the engine benchmark (benchmarks/bench_vllm.py): one vLLM engine kept alive in
 its own process and environment (.venv-vllm), driven over a pipe.
 
 Started by the benchmark as
-    .venv-vllm/bin/python -c "import torch, runpy; runpy.run_module('rollout.vllm_peer', ...)" OPTIONS_JSON
+    .venv-vllm/bin/python -c "import torch, runpy; runpy.run_module('benchmarks.vllm_peer', ...)" OPTIONS_JSON
 (torch first, so importing spectail leaves OpenMP's wait policy to vLLM, as a vLLM user has it).
 OPTIONS_JSON: {"folder", "dtype", "threads", "speculation", "max_batch", "max_model_len", "compile"}.
 Then one JSON object per line on stdin, one answer per line on the original stdout (vLLM's own

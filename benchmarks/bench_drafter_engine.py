@@ -1,6 +1,6 @@
 """The drafter in the engine on the demo: four engines on the same prompts, seeds and weights.
 
-    python -m drafter.bench [--prompts 64] [--samples 8] [--reps 2] [--train-seconds 5] [--layer 128:2:1]
+    python -m benchmarks.bench_drafter [--prompts 64] [--samples 8] [--reps 2] [--train-seconds 5] [--layer 128:2:1]
                             [--out bench_results/drafter_engine.json]
 
 A plain engine, B today's default proposers (history, suffix, lookahead), C the drafter alone,
@@ -25,13 +25,12 @@ from typing import Optional
 
 import torch
 
+from drafter.features import SavedRollout
+from drafter.online import OnlineConfig, OnlineState, train_on_buffer
+from drafter.proposer import DrafterProposer
+from drafter.simulate import chain_runs, simulated_acceptance, summarize
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, threads
 from rollout.seeds import prompt_key, sample_seed
-
-from .features import SavedRollout
-from .online import OnlineConfig, OnlineState, train_on_buffer
-from .proposer import DrafterProposer
-from .simulate import chain_runs, simulated_acceptance, summarize
 
 DEFAULT = ("history", "suffix", "lookahead")
 CONFIGS = {"A_plain": None, "B_default": DEFAULT, "C_drafter": ("drafter",),
@@ -231,13 +230,12 @@ def grpo_update(hf, tok, policy, engines: dict, work: dict, outs, answers: list)
 
 
 def engine_bench(args) -> dict:
+    from benchmarks.bench_drafter import demo_policy, parse_shapes, time_steps
+    from drafter.export import load
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
     from rl_integration.demo.task import extract_answer
     from rollout.model import CausalLM
-
-    from .bench import demo_policy, parse_shapes, time_steps
-    from .export import load
 
     t0 = time.perf_counter()
     hf, tok, folder, make_problems, TaskConfig = demo_policy()

@@ -3,7 +3,7 @@ per weight shape and row count, interleaved (MKL, kernel, MKL, ...). Prints micr
 call (median over rounds) and MKL's time over the kernel's; writes JSON. Each row count also
 checks that the kernel gives the first row the bits it has alone, and reports whether MKL does.
 
-    python -m rollout.bench_linear [--shapes 128x128,...] [--rows 1,2,8,64,128,512] [--out ...]
+    python -m benchmarks.bench_linear [--shapes 128x128,...] [--rows 1,2,8,64,128,512] [--out ...]
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import linear_kernel
-from .bench import report_cases
+from benchmarks.bench import report_cases
+from rollout import linear_kernel
 
 DEMO_SHAPES = "128x128,64x128,256x128,128x256,102x128"  # (out x in) the demo policy's layers
 

@@ -9,7 +9,7 @@ slot, so each is attended alone). Outputs must have the same bits. Prints micros
 the cache reuse that neighbouring tokens of one slot get anyway, so its ratio is more than what
 the shared loads alone buy.
 
-    python -m rollout.bench_attention [--contexts 30,100,300] [--per-row 1,5,9,25] [--out ...]
+    python -m benchmarks.bench_attention [--contexts 30,100,300] [--per-row 1,5,9,25] [--out ...]
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from . import attention_kernel
-from .bench import report_cases
+from benchmarks.bench import report_cases
+from rollout import attention_kernel
 
 
 def tokens(slots: int, per_row: int, context: int, heads: int, head_dim: int, seed: int = 0):

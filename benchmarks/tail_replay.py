@@ -7,10 +7,10 @@ it (no stop tokens, no drafts): slots, Engine.run's max_steps and max_new_tokens
 the slots admitted as slots free, kept KV with least-recently-kept eviction. A step costs
 STEP_MS[0] + STEP_MS[1] x rows + STEP_MS[2] x fed tokens (ms, 1 thread, the bench's model on the
 development CPU); the step counts, forwards on the busiest worker and fed tokens it reports equal
-the real benchmark's (scheduler/bench.py) where timing does not change a decision.
+the real benchmark's (benchmarks/bench_scheduler.py) where timing does not change a decision.
 
-    python notes/tail-replay.py                     # the defaults, kept_slots 8
-    python notes/tail-replay.py 4:'{}' 8:'{"chunk_tokens": 80}'   # kept_slots:SchedulerConfig overrides
+    python benchmarks/tail_replay.py                     # the defaults, kept_slots 8
+    python benchmarks/tail_replay.py 4:'{}' 8:'{"chunk_tokens": 80}'   # kept_slots:SchedulerConfig overrides
 """
 import json
 import math
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import rollout  # noqa: E402,F401 -- before torch
+import benchmarks  # noqa: E402,F401 -- first: it configures the process before torch loads
 from rollout.request import Request, make_requests  # noqa: E402
 
 STEP_MS = (3.4, 0.45, 0.068)
@@ -53,7 +53,7 @@ def fake_ray() -> types.ModuleType:
 sys.modules["ray"] = fake_ray()
 sys.modules["ray.exceptions"] = sys.modules["ray"].exceptions
 import scheduler.rollout_scheduler as rs  # noqa: E402
-from scheduler.bench import workload  # noqa: E402
+from benchmarks.bench_scheduler import workload  # noqa: E402
 
 rs.time = types.SimpleNamespace(perf_counter=lambda: CLOCK[0])
 

@@ -9,7 +9,7 @@ length only from the group's probe, as it would in real RL.
 All three modes run on the same Ray workers in one process, one after another, on the same
 requests (same seeds), so their outputs must be token-identical -- the benchmark checks it.
 
-    python -m scheduler.bench [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots N]
+    python -m benchmarks.bench_scheduler [--workers 2] [--prompts 16] [--samples 4] [--batch 4] [--kept-slots N]
                               [--chunk 64] [--growth 1.0] [--extra 0.5] [--workloads 8] [--rounds 2]
                               [--out bench_results/scheduler.json]
 
@@ -41,9 +41,8 @@ import numpy as np
 import torch
 
 from rollout import EngineConfig, SamplingParams
-
-from .ray_backend import RayRolloutBackend
-from .rollout_scheduler import SchedulerConfig
+from scheduler.ray_backend import RayRolloutBackend
+from scheduler.rollout_scheduler import SchedulerConfig
 
 MODES = ("static", "divided", "divided+context")
 

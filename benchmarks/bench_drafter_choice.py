@@ -1,7 +1,7 @@
 """Which proposer's drafts win, with and without the drafter: engines B (history, suffix,
-lookahead) and D (the same and the drafter) of drafter/bench_engine.py, at step 0 and at step 1.
+lookahead) and D (the same and the drafter) of benchmarks/bench_drafter_engine.py, at step 0 and at step 1.
 
-    python -m drafter.bench --choice [--prompts 64] [--samples 8] [--train-seconds-between 5]
+    python -m benchmarks.bench_drafter --choice [--prompts 64] [--samples 8] [--train-seconds-between 5]
                                      [--min-draft-prob P] [--out bench_results/drafter_choice.json]
 
 Every `choose` of the draft budget is watched: for each proposer, the draft it would give and that
@@ -25,11 +25,10 @@ from collections import defaultdict
 
 import torch
 
+from benchmarks.bench_drafter_engine import DEFAULT, grpo_update, one_run, step_work
+from drafter.online import OnlineConfig, OnlineState, train_on_buffer
+from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SpecConfig, threads
-
-from .bench_engine import DEFAULT, grpo_update, one_run, step_work
-from .online import OnlineConfig, OnlineState, train_on_buffer
-from .proposer import DrafterProposer
 
 ENGINES = {"B_default": DEFAULT, "D_default_drafter": DEFAULT + ("drafter",)}
 
@@ -137,12 +136,11 @@ def run(engines: dict, logs: dict, work: dict) -> tuple[dict, list]:
 
 
 def choice_bench(args) -> dict:
+    from benchmarks.bench_drafter import demo_policy
+    from drafter.export import load
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
     from rollout.model import CausalLM
-
-    from .bench import demo_policy
-    from .export import load
 
     t0 = time.perf_counter()
     hf, tok, folder, make_problems, TaskConfig = demo_policy()

@@ -1,11 +1,11 @@
 """The plain engine of this tree against another commit's, rounds interleaved (REF, this, REF, ...).
 
-    python -m rollout.bench_against REF [--dtypes float32,bfloat16] [--workloads bench,demo]
+    python -m benchmarks.bench_against REF [--dtypes float32,bfloat16] [--workloads bench,demo]
                                         [--rounds 3] [--out bench_results/against.json]
 
 Each measurement is a fresh process in its tree (REF is extracted with `git archive`), one thread,
 timing CPU seconds (time.process_time) of one plain rollout after a warm-up: "bench" is
-rollout/bench.py's random 31.8M Llama (32 long-tail requests, batch 32), "demo" the demo's
+benchmarks/bench.py's random 31.8M Llama (32 long-tail requests, batch 32), "demo" the demo's
 warm-started policy (4 x 128, 32 prompts x 4 samples with stop tokens, batch 64). Prints tokens
 per CPU-second (min and median over rounds) and this tree's ratio to REF, with the load average.
 """
@@ -25,12 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, sys, time, dataclasses
 import rollout
+try:
+    from rollout import cpu
+    cpu.configure()
+except ImportError:  # an older tree: importing rollout configured the process
+    pass
 import torch
 from rollout import Engine, EngineConfig, SamplingParams
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(1)
 if spec["workload"] == "bench":
-    from rollout.bench import bench_model, workload
+    from benchmarks.bench import bench_model, workload
     hf = bench_model(16000)
     prompts, lengths = workload(32, 16000, median=64, max_len=256)
     params = [SamplingParams(temperature=1.0, max_tokens=n) for n in lengths]
@@ -116,7 +121,7 @@ def main(argv=None) -> dict:
     report["runs"] = [{"workload": w, "dtype": d, "tree": t, **res} for (w, d), by in runs.items()
                       for t, rs in by.items() for res in rs]
     print(f"load average before {report['load_average']['before']}, after {report['load_average']['after']}")
-    from .bench import save_report
+    from benchmarks.bench import save_report
     return save_report(report, args.out)
 
 

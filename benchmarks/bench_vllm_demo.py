@@ -1,6 +1,6 @@
 """The embedded GRPO demo with rollout.name=vllm: vLLM's suffix speculation on and off, side by side.
 
-    .venv-vllm/bin/python -m rl_integration.bench_vllm_demo [--steps 5] [--greedy-rounds 3] [--eager]
+    .venv-vllm/bin/python -m benchmarks.bench_vllm_demo [--steps 5] [--greedy-rounds 3] [--eager]
                                                              [--out FILE] [key=value ...]
 
 Part 1 is `spectail demo rollout.name=vllm rollout.engine.spec=null rollout.vllm.speculation=suffix`:
@@ -45,7 +45,7 @@ VLLM_DEMO = ["rollout.name=vllm", "rollout.engine.spec=null", "rollout.vllm.spec
 
 
 def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m rl_integration.bench_vllm_demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_vllm_demo", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--greedy-rounds", type=int, default=3, help="part 2's rounds per engine (0: skip it)")
     p.add_argument("--eager", action="store_true", help="vLLM without torch.compile (starts faster, runs slower)")
@@ -177,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"part 2, suffix over none: round 0 {ratios[0]['plain_over_suffix']:.2f}x; rounds 1-"
                   f"{len(ratios) - 1} min {later['min']:.2f}x, median {later['median']:.2f}x (shared machine)")
     given = sys.argv[1:] if argv is None else list(argv)
-    report = {"command": "python -m rl_integration.bench_vllm_demo " + " ".join(given),
+    report = {"command": "python -m benchmarks.bench_vllm_demo " + " ".join(given),
               "note": "2-core machine shared with other jobs unless said otherwise; part 1, each step: suffix "
                       "engine, then plain engine (if any); part 2, each round: suffix, then plain",
               "seconds": time.perf_counter() - start, "config": to_dict(cfg), "summary": summary,

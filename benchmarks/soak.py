@@ -1,7 +1,7 @@
 """Soak test: many long-tail requests through ONE engine, in waves, watching memory and state.
 
-    python -m rollout.soak                       # 10,000 requests (a few minutes on one core)
-    python -m rollout.soak --requests 400        # the short version `make test` runs
+    python -m benchmarks.soak                       # 10,000 requests (a few minutes on one core)
+    python -m benchmarks.soak --requests 400        # the short version `make test` runs
 
 Each wave is one `Engine.generate` call shaped like a GRPO rollout step: a slice of a fixed
 prompt pool, `--group` samples per prompt tied by a group id (fresh ids every wave, as the
@@ -38,8 +38,8 @@ from typing import Optional
 
 import torch
 
-from . import Engine, EngineConfig, SamplingParams, SpecConfig
-from .seeds import prompt_key, sample_seed
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.seeds import prompt_key, sample_seed
 
 PROPOSERS = ("history", "suffix", "lookahead", "ngram")
 STOP = 0  # the stop token id
@@ -269,7 +269,7 @@ def plot(report: dict, path: str | os.PathLike) -> None:
         ax.legend(loc="lower right", fontsize=8)
     axes[1].set_xlabel("requests completed")
     verdict = "passed" if report["passed"] else "FAILED"
-    axes[0].set_title(f"rollout.soak: {report['requests']} requests in {report['waves']} waves, {verdict}; "
+    axes[0].set_title(f"benchmarks.soak: {report['requests']} requests in {report['waves']} waves, {verdict}; "
                       f"rss {100 * report['rss_mib_growth']:+.2f}%", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
