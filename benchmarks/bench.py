@@ -8,7 +8,7 @@ server) must run every batch until its longest request is done, which is the lon
 
     python -m benchmarks.bench [--prompts 64] [--batch 32] [--out bench_results/rollout.json]
     python -m benchmarks.bench --busy [...]   threads on a shared machine (benchmarks/bench_threads.py)
-    python -m benchmarks.bench --spec [...]   the draft budget against plain and fixed lengths (rollout/bench_spec.py)
+    python -m benchmarks.bench --spec [...]   the draft budget against plain and fixed lengths
     python -m benchmarks.bench --peer vllm [...]   against vLLM on the same CPU (benchmarks/bench_vllm.py)
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
         from benchmarks import bench_threads
         return bench_threads.main([a for a in argv if a != "--busy"])
     if "--spec" in argv:
-        from rollout import bench_spec
+        from benchmarks import bench_spec
         return bench_spec.main([a for a in argv if a != "--spec"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=64)

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import budget as budgets
+from rollout import step_cost
 from rollout.config import DrafterSpec
 from rollout.kv_cache import move_slots
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
@@ -132,10 +132,10 @@ class DrafterProposer(Proposer):
         (the generation changes)."""
         w = self.model.lm_head.weight
         key = {"drafter": repr(self.head.cfg), "policy": repr(self.model.cfg), "dtype": str(w.dtype),
-               "device": str(w.device), "machine": budgets.machine(), "threads": torch.get_num_threads(),
+               "device": str(w.device), "machine": step_cost.machine(), "threads": torch.get_num_threads(),
                "slots": self.num_slots, "positions": self.max_positions}
         sizes = sorted({1, self.num_slots})
-        cost = budgets.cached(key, lambda: {"requests": sizes, "seconds": [self._time_chains(n) for n in sizes]})
+        cost = step_cost.cached(key, lambda: {"requests": sizes, "seconds": [self._time_chains(n) for n in sizes]})
         self.gen += 1
         return cost
 

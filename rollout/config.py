@@ -190,7 +190,7 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.min_draft_prob must be None (by device) or in [0, 1), "
                              f"got {self.min_draft_prob}")
         if self.step_cost is not None:
-            from .budget import StepCost  # here: the budget imports the proposers (see above)
+            from .step_cost import StepCost
 
             StepCost.from_dict(self.step_cost)
         if self.lenience is not None and not self.lenience >= 1.0:

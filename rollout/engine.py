@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Optional, Sequence
 import torch
 
 from . import budget as budgets
-from . import cpu_isa, lenient, sampling, slot_order, threads
+from . import cpu_isa, lenient, sampling, slot_order, step_cost, threads
 from .batch import ForwardBatch, bucket, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .kept_slots import KeptSlots, check_keys
@@ -207,7 +207,7 @@ class Engine:
         if self.budget is not None:
             self.budget.new_run()
             if self.budget.priced and self.budget.cost is None:
-                self.budget.cost = budgets.StepCost.from_dict(self._step_cost())
+                self.budget.cost = step_cost.StepCost.from_dict(self._step_cost())
         kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
@@ -479,7 +479,7 @@ class Engine:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
     def _step_cost(self) -> dict:
-        """The step-cost table (rollout/budget.py): the config's, else the one cached for this
+        """The step-cost table (rollout/step_cost.py): the config's, else the one cached for this
         device, model shape, dtype and thread count, else measured now and cached."""
         cfg, mcfg = self.config, self.model.cfg
         if cfg.spec.step_cost is not None:
@@ -487,14 +487,15 @@ class Engine:
         most = min(cfg.max_num_batched_tokens, cfg.max_batch_size * min(1 + cfg.spec.max_draft_tokens,
                                                                          cfg.max_model_len))
         rows, context = min(cfg.max_batch_size, 8), min(PROFILE_CONTEXT, cfg.max_model_len - 1)
-        key = {"device": str(self.device), "machine": budgets.machine(), "dtype": str(self.model.lm_head.weight.dtype),
+        key = {"device": str(self.device), "machine": step_cost.machine(),
+               "dtype": str(self.model.lm_head.weight.dtype),
                "threads": self.num_threads, "model": {k: getattr(mcfg, k, None) for k in MODEL_KEYS},
                "kernel": self.model.attends_in_kernel(self.cache), "most": most, "rows": rows, "context": context}
         if self.device.type == "cuda":
             key["name"] = torch.cuda.get_device_name(self.device)
         with threads.using(self.num_threads):
-            return budgets.cached(key, lambda: budgets.profile(self._time_forward, budgets.profile_grid(most), rows,
-                                                               context))
+            grid = step_cost.profile_grid(most)
+            return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context))
 
     def _time_forward(self, fed: int, cached: int) -> float:
         """The fastest of PROFILE_REPEATS forwards (and their sampling) feeding `fed` tokens over

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, step_cost
 from rollout import budget as B
 from rollout.proposers.base import Draft, Proposer
 from tests.rollout.test_golden_replay import PROMPTS, peaked_model
@@ -32,7 +32,7 @@ class Fixed(Proposer):
 
 
 def budget(cost=CHEAP, k=8, **kw):
-    return B.Budget(max_draft_tokens=k, cost=B.StepCost.from_dict(cost) if cost else None, **kw)
+    return B.Budget(max_draft_tokens=k, cost=step_cost.StepCost.from_dict(cost) if cost else None, **kw)
 
 
 def lengths(b, proposer, batch, context=0):
@@ -60,7 +60,7 @@ def test_deep_at_batch_one_where_fed_tokens_are_cheap_and_none_where_a_token_cos
 
 def test_the_greedy_rule_finds_the_best_lengths_on_a_convex_cost():
     """Against brute force over every pair of lengths: the most emitted tokens per second."""
-    cost = B.StepCost.from_dict({"tokens": [1, 3, 6, 12], "seconds": [1.0, 1.2, 2.0, 5.0]})
+    cost = step_cost.StepCost.from_dict({"tokens": [1, 3, 6, 12], "seconds": [1.0, 1.2, 2.0, 5.0]})
     plan = B.StepPlan(B.MIN_VALUE, [], cost)
     for a, b in itertools.product((0.3, 0.6, 0.9, 0.97), repeat=2):
         values = [[a ** i for i in range(1, 6)], [b ** i for i in range(1, 6)]]
@@ -122,7 +122,8 @@ def test_a_bad_step_cost_is_refused_with_its_field():
     for bad in ({"tokens": [4, 2], "seconds": [1, 2]}, {"tokens": [1], "seconds": [-1]}, {"seconds": [1]}, [1, 2]):
         with pytest.raises(ValueError, match="step_cost"):
             SpecConfig(step_cost=bad).validate()
-    cost = B.StepCost.from_dict({"tokens": [1, 4, 8], "seconds": [1.0, 0.5, 3.0]})  # noise: never cheaper for more
+    # noise: a forward is never cheaper for feeding more
+    cost = step_cost.StepCost.from_dict({"tokens": [1, 4, 8], "seconds": [1.0, 0.5, 3.0]})
     assert cost.seconds == (1.0, 1.0, 3.0) and cost.table(12) == pytest.approx(5.0)
 
 
@@ -156,7 +157,8 @@ def test_the_step_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert second.budget.cost == first.budget.cost and second.budget.cost.seconds[-1] > 0
     given = spec_engine(hf, step_cost=CHEAP)  # from the config: neither measured nor cached
     given.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
-    assert given.budget.cost == B.StepCost.from_dict(CHEAP) and len(list((tmp_path / "step_cost").iterdir())) == 1
+    assert given.budget.cost == step_cost.StepCost.from_dict(CHEAP)
+    assert len(list((tmp_path / "step_cost").iterdir())) == 1
 
 
 def test_the_same_rollout_drafts_the_same_beside_a_cpu_burner(tmp_path, monkeypatch):

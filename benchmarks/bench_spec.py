@@ -1,5 +1,5 @@
 """Does speculation pay? The priced budget against plain decoding and fixed draft lengths
-(`python -m rollout.bench --spec`).
+(`python -m benchmarks.bench --spec`).
 
 Workloads span the acceptance a rollout meets, on a model big enough that a CPU forward is
 mostly compute (so a draft token costs about what a request's token does):
@@ -27,10 +27,11 @@ import time
 
 import torch
 
-from . import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.config import torch_dtype
+from rollout.model import CausalLM
+
 from .bench import save_report
-from .config import torch_dtype
-from .model import CausalLM
 
 WORKLOADS = {"zero": (None, 1.0), "low": (10.0, 1.0), "medium": (14.0, 1.0), "high": (16.0, 1.0)}  # (peak, T)
 FIXED = (2, 4, 8, 16)
