@@ -38,9 +38,9 @@ def smollm2_bf16():
 
 @pytest.fixture(scope="session")
 def tokenizer(smollm2):
-    from rl_integration.demo.policy import load_checkpoint
+    from transformers import PreTrainedTokenizerFast  # as rl_integration.demo.policy.load_checkpoint
 
-    return load_checkpoint(smollm2)[1]
+    return PreTrainedTokenizerFast.from_pretrained(smollm2)
 
 
 @pytest.fixture(scope="session")

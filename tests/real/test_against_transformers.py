@@ -2,7 +2,6 @@
 and the logprobs of sampled tokens (float32); bfloat16 labelled as it behaves."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams
