@@ -23,12 +23,18 @@ def test_a_local_folder_loads_with_its_chat_template(smollm2):
     assert tok.decode(ids).endswith("<|im_start|>assistant\n") and "What is the capital of France?" in tok.decode(ids)
 
 
-def test_a_hub_id_without_network_names_the_id_and_the_way_out(monkeypatch):
+def test_a_hub_id_without_network_names_the_id_and_the_way_out(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1, as read at import
     with pytest.raises(ValueError) as e:
         load_folder_or_hub("HuggingFaceTB/SmolLM2-135M-Instruct")
     msg = str(e.value)
     assert "'HuggingFaceTB/SmolLM2-135M-Instruct' is not a local folder" in msg and "spectail fetch smollm2" in msg
+    out = tmp_path / "out"
+    rc = cli.main(["train", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "demo.yaml"),
+                   "policy.source=checkpoint", "policy.checkpoint=HuggingFaceTB/SmolLM2-135M-Instruct", "--out",
+                   str(out), "--quiet"])
+    assert rc == 2 and "spectail fetch smollm2" in capsys.readouterr().err
+    assert not (out / "metrics.jsonl").exists()
 
 
 def test_chat_prompts_for_a_tokenizer_without_template_fail_before_any_rollout(smollm2, tmp_path, capsys):
