@@ -29,9 +29,9 @@ def hf_logprobs(hf, prompt, response, temperature=1.0):
     return torch.log_softmax(rows, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
-def test_greedy_equals_transformers_generate_float32(policy, hf_model, chat_prompts):
-    outs = engine(policy).generate(chat_prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
-                                                                stop_token_ids=[EOS]))
+def test_greedy_equals_transformers_generate_float32(smollm2, hf_model, chat_prompts):
+    eng = Engine.from_pretrained(smollm2, EngineConfig(max_batch_size=8, max_model_len=256))  # as a user loads it
+    outs = eng.generate(chat_prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, stop_token_ids=[EOS]))
     for prompt, out in zip(chat_prompts, outs):
         assert out.token_ids == hf_greedy(hf_model, prompt)
     assert max(len(o.token_ids) for o in outs) >= 16  # real answers, not an immediate stop
