@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo demo-real test lint bench bench-real long-run clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,20 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/spectail demo
+
+# The real workload: GRPO on SmolLM2-135M-Instruct (fetched once: `spectail fetch smollm2`) x a
+# reasoning-gym task; spectail's rollouts beside plain decoding every step (same prompts, seeds, weights)
+demo-real: $(STAMP)
+	$(BIN)/spectail train --config examples/grpo_real.yaml --compare --out runs/demo_real
+
+# The benchmark of record on that workload (benchmarks/bench_real.py): plain, the default proposers
+# and + the online drafter, float32 and bfloat16; JSON and a plot in bench_results/real
+bench-real: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_real --out bench_results/real
+
+# 50 GRPO steps on the real workload, killed and resumed against an uninterrupted run (benchmarks/long_run.py)
+long-run: $(STAMP)
+	$(BIN)/python -m benchmarks.long_run --out bench_results/real/long_run
 
 test: $(STAMP)
 	$(BIN)/ruff check .

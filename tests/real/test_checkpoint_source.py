@@ -23,6 +23,11 @@ def test_a_local_folder_loads_with_its_chat_template(smollm2):
     assert tok.decode(ids).endswith("<|im_start|>assistant\n") and "What is the capital of France?" in tok.decode(ids)
 
 
+def test_a_packaged_models_name_loads_the_folder_spectail_fetch_wrote(smollm2):
+    model, tok, folder = load_folder_or_hub("smollm2", echo=lambda line: None)
+    assert folder == smollm2 and model.config.num_hidden_layers == 30 and tok.chat_template
+
+
 def test_a_hub_id_without_network_names_the_id_and_the_way_out(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1, as read at import
     with pytest.raises(ValueError) as e:
