@@ -9,6 +9,9 @@
         trainer.save_every=N writes output.dir/checkpoints/step-N folders, and --resume continues
         from the newest complete one (auto: in output.dir, if there is one; DIR: that checkpoint,
         or the newest in that folder) with the same tokens (docs/checkpoints.md)
+    spectail data --config FILE [key=value ...] --out FILE.parquet
+        writes the config's task.source reasoning_gym problems in verl's Parquet layout (its
+        custom_reward_function: path pkg://rl_integration.reasoning_gym_task, name compute_score)
 
 Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
 metrics.png and config.yaml.
@@ -47,7 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from a checkpoint (trainer.resume): auto = the newest complete one in "
                             "output.dir, if any; DIR = a checkpoint folder, or the newest in it")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p = sub.add_parser("data", help="write the reasoning_gym task as verl Parquet",
+                       description="write the config's task (task.source reasoning_gym) in verl's Parquet layout")
+    p.add_argument("--config", required=True, help="YAML run config (see examples/grpo_real.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--out", required=True, help="the Parquet file to write")
     return parser
+
+
+def write_data(config: str, overrides: Sequence[str], out: str) -> int:
+    """`spectail data`: the problems as verl Parquet; 2 (and nothing written) for a bad config."""
+    from .config import load_config
+    from .reasoning_gym_task import make_problems, write_verl_parquet
+
+    try:
+        cfg = load_config(config, overrides)
+        if cfg.task.source != "reasoning_gym":
+            raise ValueError(f"config key 'task.source' must be 'reasoning_gym' for spectail data, got "
+                             f"{cfg.task.source!r}")
+        problems = make_problems(cfg.task.reasoning_gym)
+    except ValueError as e:
+        print(f"spectail: error: {e}", file=sys.stderr)
+        return 2
+    write_verl_parquet(problems, out)
+    print(f"wrote {len(problems)} rows to {out}")
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -60,6 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = list(args.overrides) + extra
+    if args.command == "data":
+        return write_data(args.config, args.overrides, args.out)
     from transformers.utils import logging as hf_logging
 
     from .config import load_config
