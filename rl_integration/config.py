@@ -155,9 +155,10 @@ class ReasoningGymSource:
     data set's own keyword arguments (its config class's fields; a given mapping replaces the
     default one as a whole, the data set's defaults fill the keys it leaves out). Each prompt is
     [system: system_prompt, user: the question] (no system message when system_prompt is "").
-    The reward is the data set's own score_answer on the response's last <answer>...</answer>
-    (reasoning_gym.utils.extract_answer), plus format_reward when the response holds exactly
-    one well-formed, non-empty <answer> pair."""
+    The reward is the data set's own score_answer on the answer the response gives, plus
+    format_reward when the response holds exactly one well-formed, non-empty <answer> pair.
+    answer_extraction: "strict", the last <answer>...</answer> (reasoning_gym.utils.extract_answer),
+    or "flexible", that or else the response's last number (verl's gsm8k scorer has the same two)."""
 
     name: str = "chain_sum"
     size: int = 48
@@ -165,6 +166,7 @@ class ReasoningGymSource:
     config: dict = field(default_factory=_rg_default_config)
     system_prompt: str = RG_SYSTEM_PROMPT
     format_reward: float = 0.1
+    answer_extraction: Literal["strict", "flexible"] = "flexible"
 
 
 @dataclass
@@ -406,7 +408,8 @@ def validate(cfg: RunConfig) -> None:
     _validate_trainer(cfg.trainer)
     _need(bool(cfg.output.dir), "output.dir", "must be a folder", cfg.output.dir)
     seeds = {"trainer.seed": cfg.trainer.seed, "rollout.seed": cfg.rollout.seed,
-             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed}
+             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed,
+             "task.reasoning_gym.seed": cfg.task.reasoning_gym.seed}
     for key, seed in seeds.items():
         _need(seed is None or 0 <= seed < 2**63, key, "must be in [0, 2**63)", seed)
 

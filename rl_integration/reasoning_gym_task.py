@@ -9,10 +9,11 @@ reasoning-gym (`reasoning_gym.create_dataset(name, size=, seed=, **config)`) gen
 from (seed, index) alone, so a Problem stays plain data: its extra_info names the data set, its
 config (as JSON text), seed, size and index, and the scorer rebuilds the item from them (cached
 per data set) to call the data set's own `score_answer(answer, entry)`, which may read the
-item's metadata. The answer a response gives is reasoning_gym.utils.extract_answer's: the last
-<answer>...</answer>, stripped; a response without one gets the scorer's verdict on None (0 for
-every data set). extra_info's format_reward is added when the response holds exactly one
-well-formed, non-empty <answer> pair. compute_score has verl's signature, so verl users point
+item's metadata. The answer a response gives is reasoning_gym.utils.extract_answer's (the last
+<answer>...</answer>, stripped), or with answer_extraction "flexible" and no such pair, the
+response's last number; a response with neither gets the scorer's verdict on None (0 for every
+data set). extra_info's format_reward is added when the response holds exactly one well-formed,
+non-empty <answer> pair. compute_score has verl's signature, so verl users point
 custom_reward_function at pkg://rl_integration.reasoning_gym_task (name compute_score).
 """
 from __future__ import annotations
@@ -22,12 +23,14 @@ import difflib
 import functools
 import json
 import math
+import re
 from typing import Any, Optional, Sequence
 
 from .dataset import Problem, write_rows
 
 KEY = "task.reasoning_gym"
 _OPEN, _CLOSE = "<answer>", "</answer>"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # keywords the section sets itself: the data set's config class has them too
 _OWN_KEYS = {"seed": f"{KEY}.seed", "size": f"{KEY}.size"}
 
@@ -110,7 +113,7 @@ def make_problems(rg) -> list[Problem]:
         entry = dataset[i]
         answer = str(entry["answer"])
         extra = {"name": rg.name, "config": text, "seed": rg.seed, "size": rg.size, "index": i,
-                 "format_reward": float(rg.format_reward)}
+                 "format_reward": float(rg.format_reward), "answer_extraction": rg.answer_extraction}
         out.append(Problem(prompt=system + [{"role": "user", "content": str(entry["question"])}], answer=answer,
                            solution=f"{_OPEN}{answer}{_CLOSE}", data_source=f"reasoning_gym/{rg.name}",
                            extra_info=extra))
@@ -125,10 +128,16 @@ def well_formed(text: str) -> bool:
     return bool(inside[1]) and bool(inside[0].strip())
 
 
-def extract(text: str) -> Optional[str]:
+def extract(text: str, how: str = "strict") -> Optional[str]:
+    """The answer a response gives: its last <answer>...</answer> (reasoning_gym's own extraction);
+    "flexible": else its last number (None when neither)."""
     from reasoning_gym.utils import extract_answer
 
-    return extract_answer(text)
+    answer = extract_answer(text)
+    if answer is None and how == "flexible":
+        numbers = _NUMBER.findall(text)
+        answer = numbers[-1] if numbers else None
+    return answer
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict) -> float:
@@ -143,7 +152,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     if str(entry["answer"]) != str(ground_truth):
         raise ValueError(f"{data_source} item {extra_info['index']} rebuilt with answer {entry['answer']!r}, but the "
                          f"row's ground truth is {ground_truth!r}: written by another reasoning-gym version?")
-    score = float(dataset.score_answer(extract(solution_str), entry))
+    how = extra_info.get("answer_extraction") or "strict"
+    if how not in ("strict", "flexible"):
+        raise ValueError(f"extra_info's answer_extraction must be 'strict' or 'flexible', got {how!r}")
+    score = float(dataset.score_answer(extract(solution_str, how), entry))
     if well_formed(solution_str):
         score += float(extra_info.get("format_reward", 0.0))
     return score

@@ -52,20 +52,31 @@ def test_chat_prompts_render_through_the_chat_template():
 
 
 def test_the_reward_is_the_data_sets_own_score_plus_the_format_reward():
-    task = rg_task(format_reward=0.25)
+    task = rg_task(format_reward=0.25, answer_extraction="strict")
     reward = resolve_reward(task)
-    problems = rgt.make_problems(task.reasoning_gym)
-    p = problems[0]
+    p = rgt.make_problems(task.reasoning_gym)[0]
     ds = reasoning_gym.create_dataset(task.reasoning_gym.name, size=6, seed=0, **task.reasoning_gym.config)
     wrong = str(int(p.answer) + 1)
     assert score(reward, f"so <answer>{p.answer}</answer>", p) == 1.25
     assert score(reward, f"<answer>{wrong}</answer>", p) == ds.score_answer(wrong, ds[0]) + 0.25 < 1.25
-    assert score(reward, p.answer, p) == 0.0  # no tags: nothing extracted, no format reward
+    assert score(reward, f"it is {p.answer}", p) == 0.0  # strict: no tags, nothing extracted, no format reward
     assert score(reward, f"<answer>{wrong}</answer> <answer>{p.answer}</answer>", p) == 1.0  # the last; not well-formed
     assert score(reward, "<answer> </answer>", p) == 0.0
     plain = rgt.make_problems(source(format_reward=0.0))[0]  # the format reward travels in each row's extra_info
     assert score(reward, f"<answer>{plain.answer}</answer>", plain) == 1.0
     check_reward(reward, p)  # the probe of the worked solution passes
+
+
+def test_flexible_extraction_falls_back_to_the_last_number_without_the_format_reward():
+    task = rg_task(answer_extraction="flexible")
+    reward = resolve_reward(task)
+    p = rgt.make_problems(task.reasoning_gym)[0]
+    wrong = str(int(p.answer) + 1)
+    assert score(reward, f"{wrong} is wrong; it is {p.answer}.", p) == 1.0  # no format reward
+    assert score(reward, f"it is {p.answer}, not {wrong}", p) == 0.0
+    assert score(reward, f"<answer>{wrong}</answer> not {p.answer}", p) == 0.1  # tags come first
+    assert score(reward, "no number here", p) == 0.0
+    assert rgt.extract("x 3.5 and -2 y", "flexible") == "-2" and rgt.extract("x 3.5 and -2 y") is None
 
 
 def test_a_scorer_that_raises_is_a_reward_error_naming_it(monkeypatch):
@@ -99,6 +110,8 @@ def test_a_row_whose_item_differs_is_a_reward_error():
     ("task.reasoning_gym.size=0", r"'task.reasoning_gym.size' must be >= 1"),
     ("task.reasoning_gym.format_reward=-1", r"'task.reasoning_gym.format_reward'"),
     ("task.reasoning_gym.config=3", r"'task.reasoning_gym.config': expected a mapping"),
+    ("task.reasoning_gym.answer_extraction=loose", r"'task.reasoning_gym.answer_extraction'"),
+    ("task.reasoning_gym.seed=-1", r"'task.reasoning_gym.seed'"),
 ])
 def test_bad_input_names_the_key_before_anything_is_written(tmp_path, capsys, override, named):
     out = tmp_path / "train.parquet"
