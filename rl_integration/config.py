@@ -145,7 +145,8 @@ class ParquetSource:
 
 def _rg_default_config() -> dict:
     # easy enough that the untrained SmolLM2-135M-Instruct is sometimes right (docs/configuration.md)
-    return {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    return {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+            "allow_parentheses": False, "allow_negation": False}
 
 
 @dataclass
@@ -160,7 +161,7 @@ class ReasoningGymSource:
     answer_extraction: "strict", the last <answer>...</answer> (reasoning_gym.utils.extract_answer),
     or "flexible", that or else the response's last number (verl's gsm8k scorer has the same two)."""
 
-    name: str = "chain_sum"
+    name: str = "basic_arithmetic"
     size: int = 48
     seed: int = 0
     config: dict = field(default_factory=_rg_default_config)

@@ -89,7 +89,7 @@ def test_a_scorer_that_raises_is_a_reward_error_naming_it(monkeypatch):
         raise KeyError("metadata")
 
     monkeypatch.setattr(ds, "score_answer", boom)
-    with pytest.raises(RewardError, match=r"reasoning_gym/chain_sum.*KeyError"):
+    with pytest.raises(RewardError, match=r"reasoning_gym/basic_arithmetic.*KeyError"):
         score(reward, "<answer>1</answer>", p)
     with pytest.raises(ValueError, match="before the first rollout"):
         check_reward(reward, p)
