@@ -4,6 +4,7 @@ the same data in verl's Parquet layout. No model needed: the demo tokenizer with
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -14,6 +15,7 @@ from rl_integration import reasoning_gym_task as rgt
 from rl_integration.config import CustomRewardFunction, ReasoningGymSource, TaskSection, load_config
 from rl_integration.dataset import encode_prompts, load_parquet_dataset
 from rl_integration.demo.tokenizer import make_tokenizer
+from rl_integration.metrics import read_jsonl
 from rl_integration.rewards import RewardError, check_reward, resolve_reward, score
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -147,3 +149,16 @@ def test_spectail_data_refuses_another_task_source(tmp_path, capsys):
     out = tmp_path / "x.parquet"
     assert cli.main(["data", "--config", EXAMPLE, "task.source=embedded", "--out", str(out)]) == 2
     assert "'task.source' must be 'reasoning_gym'" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_example_trains_end_to_end_on_the_tiny_policy(tiny_run, tmp_path, capsys):
+    """examples/grpo_real.yaml through `spectail train`, the tiny policy in SmolLM2's place: chat
+    prompts through a chat template, the data set's scorer on every sample."""
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--config", EXAMPLE, *tiny_run, "policy.source=embedded",
+                   f"policy.chat_template={json.dumps(TEMPLATE)}", "task.reasoning_gym.size=8",
+                   "task.reasoning_gym.system_prompt=''", "rollout.engine.max_model_len=128", "rollout.n=2",
+                   "trainer.steps=1", "trainer.prompts_per_step=8", "output.plot=false", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    (record,) = read_jsonl(out / "metrics.jsonl")
+    assert record["num_samples"] == 16 and 0.0 <= record["reward_mean"] <= 1.1
