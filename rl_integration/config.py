@@ -25,6 +25,8 @@ from rollout.vllm_config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
 
+RG_SYSTEM_PROMPT = ("Answer the question. Put the final answer alone inside <answer> and </answer> tags.\n"
+                    "Example:\nQuestion: What is 3 + 4?\nReply: 3 + 4 = 7. <answer>7</answer>")
 STEP_WORDS = "a step is one rollout plus its updates; an epoch is one pass over the data set"
 
 # ------------------------------------------------------------------------------ the embedded demo
@@ -141,6 +143,33 @@ class ParquetSource:
     extra_info_key: str = "extra_info"
 
 
+def _rg_default_config() -> dict:
+    # easy enough that the untrained SmolLM2-135M-Instruct is sometimes right (docs/configuration.md)
+    return {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+            "allow_parentheses": False, "allow_negation": False}
+
+
+@dataclass
+class ReasoningGymSource:
+    """A data set of the reasoning-gym package (rl_integration/reasoning_gym_task.py): `name` (one
+    of reasoning_gym's registered data sets), `size` problems generated with `seed`, `config` the
+    data set's own keyword arguments (its config class's fields; a given mapping replaces the
+    default one as a whole, the data set's defaults fill the keys it leaves out). Each prompt is
+    [system: system_prompt, user: the question] (no system message when system_prompt is "").
+    The reward is the data set's own score_answer on the answer the response gives, plus
+    format_reward when the response holds exactly one well-formed, non-empty <answer> pair.
+    answer_extraction: "strict", the last <answer>...</answer> (reasoning_gym.utils.extract_answer),
+    or "flexible", that or else the response's last number (verl's gsm8k scorer has the same two)."""
+
+    name: str = "basic_arithmetic"
+    size: int = 48
+    seed: int = 0
+    config: dict = field(default_factory=_rg_default_config)
+    system_prompt: str = RG_SYSTEM_PROMPT
+    format_reward: float = 0.1
+    answer_extraction: Literal["strict", "flexible"] = "flexible"
+
+
 @dataclass
 class CustomRewardFunction:
     """verl's reward convention (its config's reward.custom_reward_function): `path`, a Python file
@@ -153,14 +182,16 @@ class CustomRewardFunction:
 
 @dataclass
 class TaskSection:
-    """source: "embedded" (generated addition problems, `embedded` = TaskConfig) or
-    "parquet" (`parquet.path`). reward: "embedded" (rl_integration.demo.task.reward_fn) or
-    "package.module:function", called as fn(response_text, answer) -> float; or, when
-    custom_reward_function.path is set, that scorer instead (verl's convention)."""
+    """source: "embedded" (generated addition problems, `embedded` = TaskConfig),
+    "parquet" (`parquet.path`) or "reasoning_gym" (`reasoning_gym`, a public procedural data set).
+    reward: "embedded" (the source's own: rl_integration.demo.task.reward_fn, or for reasoning_gym
+    the data set's own scorer) or "package.module:function", called as fn(response_text, answer)
+    -> float; or, when custom_reward_function.path is set, that scorer instead (verl's convention)."""
 
-    source: Literal["embedded", "parquet"] = "embedded"
+    source: Literal["embedded", "parquet", "reasoning_gym"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
     parquet: ParquetSource = field(default_factory=ParquetSource)
+    reasoning_gym: ReasoningGymSource = field(default_factory=ReasoningGymSource)
     reward: str = "embedded"
     custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)
 
@@ -379,7 +410,8 @@ def validate(cfg: RunConfig) -> None:
     _validate_trainer(cfg.trainer)
     _need(bool(cfg.output.dir), "output.dir", "must be a folder", cfg.output.dir)
     seeds = {"trainer.seed": cfg.trainer.seed, "rollout.seed": cfg.rollout.seed,
-             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed}
+             "task.embedded.seed": cfg.task.embedded.seed, "policy.embedded.seed": cfg.policy.embedded.seed,
+             "task.reasoning_gym.seed": cfg.task.reasoning_gym.seed}
     for key, seed in seeds.items():
         _need(seed is None or 0 <= seed < 2**63, key, "must be in [0, 2**63)", seed)
 
@@ -410,6 +442,10 @@ def _validate_sources(cfg: RunConfig) -> None:
     if t.source == "parquet":
         _need(bool(t.parquet.path), "task.parquet.path", "must name a Parquet file when task.source is 'parquet'",
               t.parquet.path)
+    elif t.source == "reasoning_gym":
+        from .reasoning_gym_task import validate_source
+
+        validate_source(t.reasoning_gym)
     else:
         _wrap(t.embedded.validate, "task.embedded")
     _need(t.reward == "embedded" or ":" in t.reward, "task.reward",

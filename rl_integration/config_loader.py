@@ -9,7 +9,9 @@ unknown key or a wrong type raises ValueError naming the dotted key (and the exp
 the known keys, with a "did you mean"). Override values are parsed as YAML (`3` is an int, `null`
 is None, `[a, b]` a list). A given section is merged onto the section's default value, so setting
 one key keeps the others' defaults; setting a key under a section that is null brings the section
-back with its default values.
+back with its default values. A field typed `dict` is a free-form mapping (any keys, checked by
+its consumer): a given mapping replaces the default one as a whole, and a dotted override below
+it (`task.reasoning_gym.config.max_terms=3`) sets one key of the mapping the file gives.
 
 A section may name keys it renamed (`RENAMED: ClassVar[dict] = {"old": "new"}`) and values it
 renamed (`RENAMED_VALUES: ClassVar[dict] = {"key": {"old": "new"}}`), and why (`RENAMED_WHY`): an
@@ -155,7 +157,8 @@ def _scalar(tp, origin, args, value, key: str):
         elem = args[0] if args else Any
         items = [_convert(elem, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
-    if tp is dict and isinstance(value, dict):  # (a table its dataclass validates: SpecConfig.step_cost)
+    if (tp is dict or origin is dict) and isinstance(value, dict):
+        # a free-form mapping (a data set's own keywords, SpecConfig.step_cost): its consumer checks the keys
         return dict(value)
     if tp is Any:
         return value
@@ -173,6 +176,8 @@ def type_name(tp) -> str:
         return f"a list of {type_name(args[0])}" if args else "a list"
     if dataclasses.is_dataclass(tp):
         return f"a mapping ({tp.__name__})"
+    if tp is dict or origin is dict:
+        return "a mapping"
     return getattr(tp, "__name__", str(tp))
 
 

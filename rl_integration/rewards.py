@@ -4,8 +4,9 @@
     check_reward(reward, problems[0])          # one probe call: a number, or ValueError
     rewards = compute_rewards(reward, tokenizer, batch, batch_problems)    # one float per sample
 
-- `task.reward`: "embedded" (the demo task's reward) or "package.module:function", called as
-  fn(response_text, answer) -> number.
+- `task.reward`: "embedded" (the demo task's reward; for task.source reasoning_gym the data set's
+  own scorer, rl_integration/reasoning_gym_task.py's compute_score, called in verl's convention)
+  or "package.module:function", called as fn(response_text, answer) -> number.
 - `task.custom_reward_function` {path, name}: verl's convention. `path` is a Python file
   ("rewards.py", "file://rewards.py") or a module ("pkg://package.module", or "package.module"),
   as verl's load_extern_object reads it (verl/utils/import_utils.py, `load_module`); `name`
@@ -53,6 +54,9 @@ def resolve_reward(task) -> Reward:
     if custom.path:
         fn = load_scorer(custom.path, custom.name)
         return Reward(f"{custom.path}:{custom.name}", fn, True)
+    if task.reward == "embedded" and task.source == "reasoning_gym":
+        from .reasoning_gym_task import compute_score
+        return Reward(f"reasoning_gym/{task.reasoning_gym.name}", compute_score, True)
     if task.reward == "embedded":
         from .demo.task import reward_fn
         return Reward("embedded", lambda text, answer: reward_fn(text, answer), False)

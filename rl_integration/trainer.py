@@ -50,6 +50,10 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
         from .demo.task import make_problems
 
         problems = make_problems(t.embedded)
+    elif t.source == "reasoning_gym":
+        from .reasoning_gym_task import make_problems as reasoning_gym_problems
+
+        problems = reasoning_gym_problems(t.reasoning_gym)
     else:
         if not os.path.isfile(t.parquet.path):
             raise ValueError(f"task.parquet.path {t.parquet.path!r} is not a file")
