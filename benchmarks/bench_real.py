@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,bfloat16", help="engine dtypes, comma-separated")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"which of {VARIANTS} to run")
     p.add_argument("--out", default="bench_results/real", help="folder for bench_real.json and bench_real.png")
+    p.add_argument("--threads", type=int, default=os.cpu_count(),
+                   help="torch threads of every engine (the same for all: an engine's own choice is timed at start)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return p.parse_args(argv)
 
@@ -51,7 +53,8 @@ def load_run(args, dtype: str):
     from rl_integration.dataset import encode_prompts
     from rl_integration.trainer import load_policy, load_problems, resolve_reward
 
-    overrides = list(args.overrides) + [f"rollout.engine.dtype={dtype}", "output.progress=false"]
+    overrides = list(args.overrides) + [f"rollout.engine.dtype={dtype}", f"rollout.engine.num_threads={args.threads}",
+                                        "output.progress=false"]
     cfg = load_config(args.config, overrides)
     model, tokenizer, _ = load_policy(cfg, progress=False)
     problems = load_problems(cfg)
@@ -74,7 +77,16 @@ def make_clients(cfg, model, tokenizer, variants, folder: str) -> tuple[dict, ob
             drafter = online_drafter.start(c, None, progress=False)
         clients[name] = RolloutClient(c, model, stop_token_ids=eos, plain=name == "plain",
                                       history_dir=os.path.join(folder, name, "history"))
+        warm_up(clients[name].backend.engine)
     return clients, drafter
+
+
+def warm_up(engine) -> None:
+    """One short run, untimed: an engine's one-time costs (the step-cost profile of a new machine,
+    lazy set-up) are its start's, not a rollout's."""
+    from rollout import SamplingParams
+
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), seeds=[0])
 
 
 def variant_record(batch, extra: dict) -> dict:

@@ -20,6 +20,8 @@ once per epoch, every len(data) / prompts_per_step steps.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import random
 import sys
@@ -82,6 +84,18 @@ def compare_tokens(spec_batch, plain_batch) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(spec_batch.completion_ids, plain_batch.completion_ids)) if a != b]
 
 
+def same_threads(cfg: RunConfig, client: RolloutClient) -> RunConfig:
+    """cfg with the thread count the client's in-process engine chose (an engine that picks its own
+    times one and two threads at its start, which the machine's noise can swing): --compare's
+    plain engine then runs on as many threads as the engine it is set against."""
+    chosen = getattr(getattr(client.backend, "engine", None), "num_threads", None)
+    if chosen is None or cfg.rollout.engine.num_threads is not None:
+        return cfg
+    same = copy.copy(cfg)
+    same.rollout = dataclasses.replace(cfg.rollout, engine=dataclasses.replace(cfg.rollout.engine, num_threads=chosen))
+    return same
+
+
 def make_trainer(cfg: RunConfig, model, pad_id: int, ref_model=None):
     from .grpo import GRPOTrainer
     from .ppo import PPOTrainer
@@ -140,7 +154,7 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
 
     client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
     online_drafter.restore(drafter, client, saved_head)  # the saved head and version, on every engine
-    plain = (RolloutClient(cfg, source, stop_token_ids=eos, progress=progress, plain=True)
+    plain = (RolloutClient(same_threads(cfg, client), source, stop_token_ids=eos, progress=progress, plain=True)
              if cfg.output.compare else None)
     trainer = make_trainer(cfg, model, pad_id, reference)
     order = list(range(len(problems)))
