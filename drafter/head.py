@@ -105,7 +105,8 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.window must be None (all rows) or an integer >= 1, got {self.window!r}")
         v = self.draft_vocab
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"HeadConfig.draft_vocab must be None (the whole vocabulary) or an integer >= 1, got {v!r}")
+            raise ValueError(f"HeadConfig.draft_vocab must be None (the whole vocabulary) or an integer >= 1, "
+                             f"got {v!r}")
 
 
 class HeadAttention(nn.Module):
@@ -223,7 +224,8 @@ class DraftHead(nn.Module):
         ids = torch.as_tensor(ids, dtype=torch.int64)
         check_ids(ids, self.vocab_size)
         if ids.numel() != self.draft_vocab.numel():
-            raise ValueError(f"draft vocabulary of {ids.numel()} ids, the head's config says {self.draft_vocab.numel()}")
+            raise ValueError(f"draft vocabulary of {ids.numel()} ids, the head's config says "
+                             f"{self.draft_vocab.numel()}")
         with torch.no_grad():
             self.draft_vocab.copy_(ids)
 

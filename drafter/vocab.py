@@ -48,7 +48,8 @@ def frequent_tokens(token_lists: Iterable[Sequence[int]], size: int, vocab_size:
 def check_ids(ids: torch.Tensor, vocab_size: int, where: str = "draft vocabulary") -> None:
     """ValueError unless ids is a 1-D, strictly increasing int64 tensor of ids in [0, vocab_size)."""
     if ids.dim() != 1 or ids.dtype != torch.int64 or ids.numel() == 0:
-        raise ValueError(f"{where}: needs a non-empty 1-D int64 tensor of token ids, got {ids.dtype} {tuple(ids.shape)}")
+        raise ValueError(f"{where}: needs a non-empty 1-D int64 tensor of token ids, "
+                         f"got {ids.dtype} {tuple(ids.shape)}")
     if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
         raise ValueError(f"{where}: ids must lie in [0, {vocab_size}), got {int(ids.min())}..{int(ids.max())}")
     if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
