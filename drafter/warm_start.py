@@ -67,14 +67,25 @@ def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Seq
     make_rollouts() and exported there. A folder that does not load for this policy (another
     shape, NaN weights, a broken file) is trained over, with a warning. Returns (head, report);
     report["cached"] says which happened."""
-    folder = Path(folder)
-    if folder.exists():
-        try:
-            return load(folder, policy, dtype=torch.float32), {"cached": True}
-        except ValueError as e:
-            warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=2)
+    cached = load_cached(folder, policy)
+    if cached is not None:
+        return cached, {"cached": True}
     head, _, report = warm_start(policy, make_rollouts(), head_config, train_config, time_budget_s, max_steps,
                                  max_passes=max_passes)
     export(head, folder)
     report["cached"] = False
     return head, report
+
+
+def load_cached(folder, policy: CausalLM) -> Optional[DraftHead]:
+    """The float32 head exported in `folder`, or None when there is none; one that does not load
+    for this policy (another shape, NaN weights, a broken file) is None, with a warning (it is
+    trained over)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    try:
+        return load(folder, policy, dtype=torch.float32)
+    except ValueError as e:
+        warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=3)
+        return None
