@@ -39,7 +39,8 @@ class Recipe:
     """How the warm start samples and trains. samples: responses per prompt (T = 1); max_tokens:
     a response's length at most; time_budget_s: sampling and training together (sampling stops
     after the wave that passes sample_share of it); batch: requests per engine wave; seed: the
-    samples' noise and the head's initial weights."""
+    samples' noise and the head's initial weights; max_steps: optimizer steps at most (None: the
+    time budget alone)."""
 
     samples: int = 4
     max_tokens: int = 192
@@ -47,6 +48,7 @@ class Recipe:
     sample_share: float = 0.5
     batch: int = 64
     seed: int = 0
+    max_steps: Optional[int] = None
 
     def validate(self) -> None:
         if self.samples < 1 or self.max_tokens < 2 or self.batch < 1:
@@ -140,8 +142,8 @@ def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], s
     if num_threads is not None:
         train_config = dataclasses.replace(train_config, num_threads=num_threads)
     budget = max(0.1 * recipe.time_budget_s, recipe.time_budget_s - sample_seconds)
-    head, _, report = warm_start(policy, rollouts, train_config=train_config, time_budget_s=budget, head=head,
-                                 seed=recipe.seed)
+    head, _, report = warm_start(policy, rollouts, train_config=train_config, time_budget_s=budget,
+                                 max_steps=recipe.max_steps, head=head, seed=recipe.seed)
     export(head, folder)
     report.update(cached=False, sample_seconds=sample_seconds,
                   response_tokens=sum(len(r.response_ids) for r in rollouts))

@@ -11,7 +11,7 @@ from drafter.simulate import simulated_acceptance
 
 from .conftest import VOCAB, sample_rollouts, sharp_policy
 
-RECIPE = Recipe(samples=3, max_tokens=30, time_budget_s=20.0, batch=16, seed=2)
+RECIPE = Recipe(samples=3, max_tokens=30, time_budget_s=60.0, batch=16, seed=2, max_steps=120)
 
 
 def prompts(n=8, seed=0):
@@ -25,7 +25,7 @@ def test_warm_start_for_a_policy_trains_caches_and_reloads(tmp_path, monkeypatch
     cfg = HeadConfig(draft_vocab=60)
     head, folder, report = load_or_warm_start_for(policy, prompts(), [0], cfg, RECIPE, num_threads=1)
     assert not report["cached"] and folder.parent == tmp_path / "cache" and folder.is_dir()
-    assert report["samples"] == 8 * 3 and report["steps"] > 5
+    assert report["samples"] == 8 * 3 and report["steps"] == 120
     held_out = sample_rollouts(policy, 12, seed=9)
     fresh = DraftHead.for_policy(policy, HeadConfig(draft_vocab=60), seed=2)
     fresh.set_draft_vocab(head.draft_vocab)
