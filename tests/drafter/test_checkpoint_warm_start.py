@@ -3,11 +3,14 @@ responses, trains a head that lands more than a fresh one, exports it under the 
 keyed by the weights, and loads it from there the next time; other weights train anew."""
 import random
 
+import pytest
 import torch
 
 from drafter.checkpoint_warm_start import Recipe, cache_key, load_or_warm_start_for, sample_own_rollouts
+from drafter.features import sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import simulated_acceptance
+from rollout import linear
 
 from .conftest import VOCAB, sample_rollouts, sharp_policy
 
@@ -56,3 +59,14 @@ def test_sampling_stops_between_waves_at_its_share_of_the_budget():
     assert len(got) == 4  # the first wave only
     assert [r.prompt_ids for r in got] == [prompts()[0]] * 2 + [prompts()[1]] * 2
     assert got[0].seed != got[1].seed and all(1 <= len(r.response_ids) <= 8 for r in got)
+
+
+def test_features_run_where_the_output_layer_is_packed(monkeypatch):
+    """A real model's output layer runs through a packed kernel that pads its rows from the first
+    one: the feature forward (warm start, buffer refresh) must not ask it for zero rows."""
+    monkeypatch.setattr(linear, "PACK_MIN_WEIGHTS", 0)  # pack even a tiny policy's layers
+    policy = sharp_policy(seed=11)
+    if linear.make_route(policy.lm_head.weight.detach()) is None:
+        pytest.skip("no packed linear kernel on this machine")
+    feats = sequence_features(policy, prompts(3))
+    assert [f.shape[0] for f in feats] == [len(p) for p in prompts(3)]
