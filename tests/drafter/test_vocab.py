@@ -164,3 +164,23 @@ def _acceptance(head, policy, rolls, feats):
     runs = chain_runs(head, policy, rolls, max_k=1, features=feats)
     flat = [r for per in runs for r, _ in per]
     return sum(flat) / len(flat)
+
+
+def test_the_engine_drafts_with_a_sub_vocabulary_head_and_tokens_stay_plain(policy, rollouts):
+    from drafter.proposer import DrafterProposer
+    from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+    from rollout.config import DrafterSpec
+
+    rolls, _ = rollouts
+    head, _, _ = warm_start(policy, rolls, head=sub_head(policy, rolls), max_steps=30, time_budget_s=60.0)
+    prompts = [r.prompt_ids for r in rolls[:10]]
+    params = [SamplingParams(temperature=1.0, max_tokens=30), SamplingParams(temperature=0.7, top_k=9, max_tokens=30)]
+    params = [params[i % 2] for i in range(10)]
+    seeds = list(range(500, 510))
+    ref = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96)).generate(prompts, params, seeds)
+    eng = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96,
+                                      spec=SpecConfig(proposers=("drafter",), drafter=DrafterSpec())))
+    DrafterProposer.of(eng).set_head(head, 1)
+    out = eng.generate(prompts, params, seeds)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert sum(o.stats["accepted"].get("drafter", 0) for o in out) >= 5  # it drafted, and landed some
