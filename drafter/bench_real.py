@@ -128,8 +128,9 @@ def main() -> None:
     sample = cws.sample_own_rollouts
 
     def keep(*args, **kw):
-        captured.extend(sample(*args, **kw))
-        return captured
+        rolls, feats = sample(*args, **kw)
+        captured.extend(rolls)
+        return rolls, feats
 
     cws.sample_own_rollouts = keep
     sub_cfg = HeadConfig(window=64, draft_vocab=a.draft_vocab)
@@ -154,7 +155,7 @@ def main() -> None:
     full = pickle.loads(full_path.read_bytes()) if full_path.exists() else None
     held_prompts, _ = chat_prompts(a.policy, a.held_out, seed=2)
     held = cached(work / "held_rollouts.pkl", lambda: sample(
-        policy, held_prompts, [eos], cws.Recipe(samples=2, max_tokens=a.max_tokens, seed=7), 1e9, 1))
+        policy, held_prompts, [eos], cws.Recipe(samples=2, max_tokens=a.max_tokens, seed=7), 1e9, 1)[0])
     if "accept" in stages:
         feats = sequence_features(policy, [r.token_ids for r in held])
         for name, head in (("sub", sub), ("full", full)):

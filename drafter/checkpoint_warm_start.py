@@ -88,11 +88,18 @@ def cache_key(policy: CausalLM, prompts: Sequence[Sequence[int]], stop_token_ids
 
 
 def sample_own_rollouts(policy: CausalLM, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int],
-                        recipe: Recipe, seconds: float, num_threads: Optional[int] = None) -> list[SavedRollout]:
+                        recipe: Recipe, seconds: float,
+                        num_threads: Optional[int] = None) -> tuple[list[SavedRollout], list[Optional[torch.Tensor]]]:
     """The policy's own responses at T = 1, recipe.samples per prompt, in waves of recipe.batch
-    requests (prompt by prompt); no wave starts once `seconds` have passed (the first always runs)."""
-    from rollout import Engine, EngineConfig, SamplingParams
+    requests (prompt by prompt), and each one's features as the engine's forwards made them (the
+    drafter proposer's collecting, with no head: plain decoding; None where none were kept), so
+    the warm start need not run the policy over them again. A wave starts only while the last
+    one's seconds still fit in `seconds` (the first always runs)."""
+    from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+    from rollout.config import DrafterSpec
     from rollout.seeds import prompt_key, sample_seed
+
+    from .proposer import DrafterProposer
 
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("the drafter's warm start needs at least one prompt, and no empty prompt")
@@ -100,17 +107,24 @@ def sample_own_rollouts(policy: CausalLM, prompts: Sequence[Sequence[int]], stop
                 for p in prompts for i in range(recipe.samples)]
     params = SamplingParams(temperature=1.0, max_tokens=recipe.max_tokens, stop_token_ids=list(stop_token_ids))
     w = policy.lm_head.weight
+    max_len = max(len(p) for p, _ in requests) + recipe.max_tokens
+    spec = SpecConfig(proposers=("drafter",), drafter=DrafterSpec(collect=True, buffer_tokens=len(requests) * max_len))
     engine = Engine(policy, EngineConfig(
-        max_batch_size=min(recipe.batch, len(requests)), max_model_len=max(len(p) for p, _ in requests)
-        + recipe.max_tokens, dtype=str(w.dtype).removeprefix("torch."), device=str(w.device), num_threads=num_threads))
-    start, out = time.perf_counter(), []
+        max_batch_size=min(recipe.batch, len(requests)), max_model_len=max_len,
+        dtype=str(w.dtype).removeprefix("torch."), device=str(w.device), num_threads=num_threads, spec=spec))
+    buffer = DrafterProposer.of(engine).buffer
+    start, last, out = time.perf_counter(), 0.0, []
     for i in range(0, len(requests), recipe.batch):
-        if out and time.perf_counter() - start >= seconds:
+        t0 = time.perf_counter()
+        if out and t0 - start + last > seconds:
             break
         wave = requests[i:i + recipe.batch]
         done = engine.generate([p for p, _ in wave], params, seeds=[s for _, s in wave])
         out += [SavedRollout(p, c.token_ids, c.seed) for (p, _), c in zip(wave, done)]
-    return out
+        last = time.perf_counter() - t0
+    feats = [None if (e := buffer.get(r.seed)) is None or e.sample.token_ids != r.token_ids else e.features
+             for r in out]
+    return out, feats
 
 
 def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int] = (),
@@ -132,8 +146,8 @@ def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], s
     if progress:
         print(f"spectail: warm-starting the draft head on the policy's own samples -> {folder}", flush=True)
     t0 = time.perf_counter()
-    rollouts = sample_own_rollouts(policy, prompts, stop_token_ids, recipe,
-                                   recipe.sample_share * recipe.time_budget_s, num_threads)
+    rollouts, features = sample_own_rollouts(policy, prompts, stop_token_ids, recipe,
+                                             recipe.sample_share * recipe.time_budget_s, num_threads)
     sample_seconds = time.perf_counter() - t0
     head = DraftHead.for_policy(policy, head_config, dtype=torch.float32, seed=recipe.seed)
     if head.draft_vocab is not None:
@@ -141,9 +155,9 @@ def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], s
                                              policy.cfg.vocab_size))
     if num_threads is not None:
         train_config = dataclasses.replace(train_config, num_threads=num_threads)
-    budget = max(0.1 * recipe.time_budget_s, recipe.time_budget_s - sample_seconds)
+    budget = max(0.1 * recipe.time_budget_s, recipe.time_budget_s - (time.perf_counter() - t0))
     head, _, report = warm_start(policy, rollouts, train_config=train_config, time_budget_s=budget,
-                                 max_steps=recipe.max_steps, head=head, seed=recipe.seed)
+                                 max_steps=recipe.max_steps, head=head, seed=recipe.seed, features=features)
     export(head, folder)
     report.update(cached=False, sample_seconds=sample_seconds,
                   response_tokens=sum(len(r.response_ids) for r in rollouts))

@@ -27,16 +27,25 @@ from .trainer import TrainConfig, TrainState, new_state, train
 def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: HeadConfig = HeadConfig(),
                train_config: TrainConfig = TrainConfig(decay="cosine"), time_budget_s: float = 60.0,
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
-               seed: int = 0, max_passes: Optional[float] = None) -> tuple[DraftHead, TrainState, dict]:
+               seed: int = 0, max_passes: Optional[float] = None,
+               features: Optional[Sequence[Optional[torch.Tensor]]] = None) -> tuple[DraftHead, TrainState, dict]:
     """Train `head` (or a fresh one of head_config, float32 on the policy's device) on these
     rollouts for time_budget_s, max_steps or max_passes over their tokens, whichever ends first.
+    features: each rollout's [N, d] features if already made (say collected by the engine that
+    sampled them); the policy runs over those given as None, or over all when not given.
     Returns (head, its training state, a report: samples, tokens, feature_seconds, and the
     trainer's steps / seconds / loss)."""
     if not rollouts:
         raise ValueError("warm_start needs at least one rollout")
     t0 = time.perf_counter()
-    with torch.no_grad():
-        feats = sequence_features(policy, [r.token_ids for r in rollouts])
+    feats = list(features) if features is not None else [None] * len(rollouts)
+    if len(feats) != len(rollouts):
+        raise ValueError(f"warm_start: {len(feats)} feature tensors for {len(rollouts)} rollouts")
+    missing = [i for i, f in enumerate(feats) if f is None]
+    if missing:
+        with torch.no_grad():
+            for i, f in zip(missing, sequence_features(policy, [rollouts[i].token_ids for i in missing])):
+                feats[i] = f
     feature_seconds = time.perf_counter() - t0
     buffer = FeatureBuffer(sum(f.shape[0] for f in feats))
     for r, f in zip(rollouts, feats):

@@ -52,13 +52,17 @@ def test_the_cache_key_follows_weights_config_and_prompts():
     assert key != cache_key(policy, prompts(), [0], HeadConfig(), RECIPE)
 
 
-def test_sampling_stops_between_waves_at_its_share_of_the_budget():
+def test_sampling_stops_between_waves_and_keeps_the_engines_features():
     policy = sharp_policy(seed=11)
-    got = sample_own_rollouts(policy, prompts(), [], Recipe(samples=2, max_tokens=8, batch=4), seconds=0.0,
-                              num_threads=1)
+    got, feats = sample_own_rollouts(policy, prompts(), [], Recipe(samples=2, max_tokens=8, batch=4), seconds=0.0,
+                                     num_threads=1)
     assert len(got) == 4  # the first wave only
     assert [r.prompt_ids for r in got] == [prompts()[0]] * 2 + [prompts()[1]] * 2
     assert got[0].seed != got[1].seed and all(1 <= len(r.response_ids) <= 8 for r in got)
+    want = sequence_features(policy, [r.token_ids for r in got])
+    assert all(f is not None for f in feats)
+    for f, w in zip(feats, want):  # the last token's feature is never used (nothing follows it)
+        torch.testing.assert_close(f[:-1], w[:-1], atol=1e-4, rtol=1e-4)
 
 
 def test_features_run_where_the_output_layer_is_packed(monkeypatch):
