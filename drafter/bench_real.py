@@ -124,12 +124,13 @@ def main() -> None:
 
     prompts, eos = chat_prompts(a.policy, a.prompts, seed=1)
     recipe = cws.Recipe(samples=a.samples, max_tokens=a.max_tokens, time_budget_s=a.budget, batch=64)
-    captured = []
+    captured, captured_feats = [], []
     sample = cws.sample_own_rollouts
 
     def keep(*args, **kw):
         rolls, feats = sample(*args, **kw)
         captured.extend(rolls)
+        captured_feats.extend(feats)
         return rolls, feats
 
     cws.sample_own_rollouts = keep
@@ -139,6 +140,7 @@ def main() -> None:
                                                      num_threads=1)
     if captured:
         (work / "train_rollouts.pkl").write_bytes(pickle.dumps(captured))
+        torch.save(captured_feats, work / "train_features.pt")
         results["warm_start"] = {**{k: v for k, v in report.items() if isinstance(v, (int, float, str, bool))},
                                  "wall_s": time.perf_counter() - t0, "folder": str(folder)}
         save()
@@ -147,8 +149,9 @@ def main() -> None:
     full_path = work / "full_head.pkl"
     if "full" in stages and not full_path.exists():
         seconds = results["warm_start"].get("seconds", 150.0)
+        feats = torch.load(work / "train_features.pt") if (work / "train_features.pt").exists() else None
         full, _, rep = warm_start(policy, train, HeadConfig(window=64), time_budget_s=seconds,
-                                  train_config=cws.TrainConfig(decay="cosine", num_threads=1))
+                                  train_config=cws.TrainConfig(decay="cosine", num_threads=1), features=feats)
         full_path.write_bytes(pickle.dumps(full))
         results["full_train"] = {k: v for k, v in rep.items() if isinstance(v, (int, float, str, bool))}
         save()
@@ -171,7 +174,10 @@ def main() -> None:
     if "cost" in stages:
         step = decode_step_seconds(policy, 16, a.context, a.repeats)
         cost = {"decode": step}
-        for name, head in (("sub", sub), ("full", full)):
+        from .head import DraftHead
+
+        small = DraftHead.for_policy(policy, HeadConfig(window=64, draft_vocab=a.draft_vocab // 2), seed=0)
+        for name, head in (("sub", sub), ("full", full), (f"sub{a.draft_vocab // 2}", small)):
             if head is not None:
                 pos = draft_position_seconds(head, policy, 16, a.context, a.repeats)
                 cost[name] = {"position_s": pos, "of_forward": pos / step["forward_s"], "of_step": pos / step["step_s"]}

@@ -229,11 +229,6 @@ class DraftHead(nn.Module):
         with torch.no_grad():
             self.draft_vocab.copy_(ids)
 
-    @property
-    def output_size(self) -> int:
-        """Columns of the head's logits: |S|, or the vocabulary."""
-        return self.vocab_size if self.draft_vocab is None else self.draft_vocab.numel()
-
     def check_policy(self, policy: CausalLM) -> None:
         if (policy.cfg.hidden_size, policy.cfg.vocab_size) != (self.hidden_size, self.vocab_size):
             raise ValueError(f"draft head was made for hidden size {self.hidden_size} and vocabulary "
