@@ -358,12 +358,16 @@ class DraftHead(nn.Module):
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 
     def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
-               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> list[tuple]:
+               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None,
+               with_logits: bool = True) -> list[tuple]:
         """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), rows at positions 0..L-1
         (right padding is harmless: a row sees only rows before it). Returns per step s
-        (out [B, L, d], logits [B, L, V] float32); step s >= 1 feeds row j the output of step
+        (out [B, L, d], logits [B, L, V] float32, or None without with_logits: the trainer makes
+        them for the rows its loss reads only); step s >= 1 feeds row j the output of step
         s - 1 at row j - 1 and, as its token, x_{j+1} (teacher tokens) or pick(s - 1, logits of
         step s - 1) shifted the same way (the head's own drafts)."""
+        if pick is not None and not with_logits:
+            raise ValueError("unroll: pick reads each step's logits, so it needs with_logits")
         b, length = tokens.shape
         cos, sin = self.rope(torch.arange(length, device=tokens.device), self.fc.weight.dtype)
         keys, values, results = [], [], []
@@ -374,7 +378,7 @@ class DraftHead(nn.Module):
             if self.kind == "attention":
                 x = x + self._attend_unrolled(layer.self_attn, x, cos, sin, keys, values)
             out = layer.feed_forward(x)
-            logits = self.logits(policy, out)
+            logits = self.logits(policy, out) if with_logits else None
             results.append((out, logits))
             if s + 1 < steps:
                 fin = _shift_right(out)

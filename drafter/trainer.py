@@ -114,12 +114,13 @@ def batch_loss(head: DraftHead, policy: CausalLM, rb: RowBatch, cfg: TrainConfig
     where[b0, j0] = torch.arange(b0.numel(), device=b0.device)
     t_eff = torch.where(rb.temperature > 0, rb.temperature, torch.ones_like(rb.temperature))
     total, kl, norm = 0.0, 0.0, 0.0
-    for s, (_, logits) in enumerate(head.unroll(policy, rb.tokens, rb.feats, cfg.ttt_steps)):
+    for s, (out, _) in enumerate(head.unroll(policy, rb.tokens, rb.feats, cfg.ttt_steps, with_logits=False)):
         b, j = rb.valid(s).nonzero(as_tuple=True)
         if b.numel() == 0:
             break
         rows = where[b, j]
-        logq = torch.log_softmax(logits[b, j] / t_eff[b, None], dim=-1)
+        # logits of the rows the loss reads only (a prompt's rows are keys, never drafts)
+        logq = torch.log_softmax(head.logits(policy, out[b, j]) / t_eff[b, None], dim=-1)
         ce = -(probs[rows] * logq).sum(-1)
         w = rb.weight[b]
         step_w = cfg.step_decay ** s
