@@ -29,14 +29,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python -m rollout.bench
+	$(BIN)/python -m benchmarks.bench
 
 clean:
 	rm -rf $(VENV) *.egg-info
 
 # 10,000 long-tail requests through one engine; fails on memory growth or state left behind
 soak: $(STAMP)
-	$(BIN)/python -m rollout.soak
+	$(BIN)/python -m benchmarks.soak
 .PHONY: soak
 
 # ---- optional environment: verl (it pins an older transformers than .venv has) -------------
@@ -69,7 +69,7 @@ test-verl:
 # The drafter offline benchmark (demo policy: warm start, simulated acceptance, head cost)
 .PHONY: bench-drafter
 bench-drafter: $(STAMP)
-	$(BIN)/python -m drafter.bench --offline
+	$(BIN)/python -m benchmarks.bench_drafter --offline
 
 # ---- vLLM, the peer and the optional rollout backend (issues 14 and 15) ----------------------
 # Its own environment, created on demand (vLLM pins packages .venv must not change):
@@ -96,12 +96,12 @@ test-vllm:
 	else echo "test-vllm: skipped: the vLLM environment could not be created (reason above)"; fi
 
 bench-vllm: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m rollout.bench --peer vllm
+	$(BIN)/python -m benchmarks.bench --peer vllm
 
 # The demo's per-step table on the vLLM engine, suffix speculation on and off (docs/guarantees.md)
 .PHONY: bench-vllm-demo gpu-vllm-demo
 bench-vllm-demo: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m rl_integration.bench_vllm_demo --out bench_results/vllm_demo_cpu.json
+	$(VLLM_VENV)/bin/python -m benchmarks.bench_vllm_demo --out bench_results/vllm_demo_cpu.json
 
 # The same on a GPU, in under 10 minutes once .venv-vllm exists (tools/gpu-vllm-demo.sh)
 gpu-vllm-demo:

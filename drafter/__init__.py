@@ -13,6 +13,4 @@ lm_head, drafting with the request's coupled noise, trained on the policy's own 
     online.py     training on what the engine ran (between steps, or in idle slices on Ray)
     warm_start.py a head trained offline for a policy
     export.py     safetensors + config in vLLM's EAGLE layout, and loading with checks
-    bench.py      python -m drafter.bench (the engine: bench_engine.py), --offline, --ray
 """
-import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)

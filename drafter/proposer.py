@@ -6,9 +6,10 @@ a rejection), which it keeps per slot in a feature store beside the engine's KV 
 step's drafts are chosen, `prepare` drafts for every decoding request at once (drafter/draft.py:
 one batched head forward per draft position, whatever the batch), with each request's own seed,
 response position and sampling params, so the drafts are coupled samples of the head's
-distribution; `propose` then hands out the request's prepared draft. The controller decides how
-many positions are worth running from what one costs (`position_cost`, measured here: a short
-profile when a head is set, then every step).
+distribution; `propose` then hands out the request's prepared draft. The engine's budget
+(rollout/budget.py) decides how many positions are worth running from what one costs
+(`position_cost`: a short profile when a head of a new shape is set, cached on disk like the
+engine's step cost; never timed while a rollout runs).
 
 Per request (`req.proposer_state["drafter"]`): how many positions have features, how many head
 rows were written from them (rows from there on were written from the head's own drafts and are
@@ -35,23 +36,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from rollout import step_cost
 from rollout.config import DrafterSpec
-from rollout.controller import confidence_bin, level
 from rollout.kv_cache import move_slots
 from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from rollout.request import Request
-from rollout.step_cost import StepCost
 
-from .budget import (
-    Backoff,
-    Pace,
-    PositionClock,
-    copy_limit,
-    expected_surplus,
-    over_copies,
-    worth_another_position,
-    worth_running,
-)
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
 from .export import from_state, load
@@ -84,11 +74,7 @@ class DrafterProposer(Proposer):
         self.store: Optional[torch.Tensor] = None  # [slots, max_len, d] features
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None
         self.policy_version = 0
-        self.cost = StepCost()  # seconds of a draft position after the first = fixed + per request x requests
-        self.first_cost = StepCost()  # the same of a chain's first position (catch-up rows, set-up)
-        self.pace = Pace()  # the engine's seconds per emitted token
-        self.backoff = Backoff()  # steps to skip after the head did not pay
-        self.priced = True  # False: a fixed min_draft_prob, whose drafts must not depend on timings
+        self.cost: dict = {"requests": [1], "seconds": [0.0]}  # seconds per draft position by requests (`_profile`)
         self.active = 0  # requests with state here: none means the engine is between rollouts
         self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
         self.off_reason: Optional[str] = None
@@ -102,7 +88,6 @@ class DrafterProposer(Proposer):
         slots = engine_config.max_batch_size if engine_config is not None else 64
         max_len = engine_config.max_model_len if engine_config is not None else 2048
         p = cls(model, d, slots, max_len, min(d.max_positions or spec.max_draft_tokens, spec.max_draft_tokens))
-        p.priced = spec.min_draft_prob is None
         if d.path is not None:
             p.load(d.path, version=0)
         return p
@@ -137,35 +122,44 @@ class DrafterProposer(Proposer):
         self.head, self.head_version, self.off_reason = head.eval(), int(version), None
         self.gen += 1
         if fresh:
-            self.cost, self.first_cost = StepCost(), StepCost()
-            self._profile()
+            self.cost = self._profile()
 
-    def _profile(self) -> None:
-        """Time a chain's first draft position and one after it, for one request and for a full
-        batch, so the controller has a cost before the first real step. Rows are written from position 0 of
-        the slots: every request rewrites its slot from row 0 after a new head (the generation
-        changed)."""
-        d = self.model.cfg.hidden_size
-        dtype, device = self.model.lm_head.weight.dtype, self.model.lm_head.weight.device
-        k = max(1, min(3, self.max_positions, self.max_len - 1))
-        for n in sorted({1, self.num_slots}):
-            chains = [Chain(slot=i, start=0, tokens=[0], feats=torch.zeros(1, d, dtype=dtype, device=device),
-                            seed=i, position=0, k=k) for i in range(n)]
-            seconds, first = [], []
-            for _ in range(2):
-                clock, begin = PositionClock(), time.perf_counter()
-                draft_chains(self.head, self.model, self.cache, chains,
-                             proceed=lambda going, clock=clock: clock.mark(len(going), True))
-                end = time.perf_counter()
-                first.append((clock.marks[0][0] if clock.marks else end) - begin)
-                seconds += [s for _, s in clock.positions(end)]
-            self.first_cost.add_profile(n, min(first))
-            if seconds:
-                self.cost.add_profile(n, min(seconds))
+    def _profile(self) -> dict:
+        """Seconds per draft position for one request and for a full batch: chains of k positions
+        timed (the fastest of two, after one untimed), over k; cached on disk for this policy
+        shape, head shape, device and thread count (rollout/budget.py `cached`). Rows are written
+        from position 0 of the slots: every request rewrites its slot from row 0 after a new head
+        (the generation changes)."""
+        w = self.model.lm_head.weight
+        key = {"drafter": repr(self.head.cfg), "policy": repr(self.model.cfg), "dtype": str(w.dtype),
+               "device": str(w.device), "machine": step_cost.machine(), "threads": torch.get_num_threads(),
+               "slots": self.num_slots, "positions": self.max_positions}
+        sizes = sorted({1, self.num_slots})
+        cost = step_cost.cached(key, lambda: {"requests": sizes, "seconds": [self._time_chains(n) for n in sizes]})
         self.gen += 1
+        return cost
+
+    def _time_chains(self, n: int) -> float:
+        d, w = self.model.cfg.hidden_size, self.model.lm_head.weight
+        k = max(1, min(3, self.max_positions, self.max_len - 1))
+        chains = [Chain(slot=i, start=0, tokens=[0], feats=torch.zeros(1, d, dtype=w.dtype, device=w.device),
+                        seed=i, position=0, k=k) for i in range(n)]
+        best = math.inf
+        for i in range(3):
+            begin = time.perf_counter()
+            draft_chains(self.head, self.model, self.cache, chains)
+            if i:
+                best = min(best, (time.perf_counter() - begin) / k)
+        return best
 
     def position_cost(self, n: int) -> float:
-        return self.cost.predict(n) if self.head is not None else 0.0
+        """Seconds of one draft position for n requests: linear between the profiled sizes."""
+        if self.head is None:
+            return 0.0
+        sizes, seconds = self.cost["requests"], self.cost["seconds"]
+        if len(sizes) == 1:
+            return seconds[0]
+        return max(seconds[0] + (seconds[-1] - seconds[0]) * (n - sizes[0]) / (sizes[-1] - sizes[0]), 0.0)
 
     def load(self, source, version: int) -> bool:
         """A head from an export folder (path) or a published state (drafter.export.head_state).
@@ -214,84 +208,28 @@ class DrafterProposer(Proposer):
             rows = hidden if src == list(range(hidden.shape[0])) else hidden[torch.tensor(src, device=hidden.device)]
             store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
-    def prepare(self, requests: Sequence[Request], offer, plan) -> None:
-        """Draft for every decoding request at once; `propose` hands the drafts out. The head
-        runs only for requests where its draft is expected to beat the copy proposers' by more
-        than its rows cost (drafter/budget.py). A chain stops where the controller would cut it
-        anyway: once the chance that its next token is reached and accepted (by the controller's
-        rates for its evidence and each token's confidence) falls under the plan's threshold; and
-        all stop once another position would cost more than its tokens are worth."""
+    def prepare(self, requests: Sequence[Request], k: int) -> None:
+        """Draft up to k positions for every decoding request at once (the budget found k worth
+        their cost); `propose` hands the drafts out, and the budget cuts each where its tokens
+        stop paying."""
         start = time.perf_counter()
-        self.pace.tick(start)
-        if self.head is None or not requests:
-            return
-        spe = self.seconds_per_token(plan) if self.priced else None
-        if spe is not None and self.backoff.skip():
+        if self.head is None or not requests or k < 1:
             return
         try:
-            chains, states, gains, worth = self._candidates(requests, offer, plan, spe)
-            ran = bool(chains) and worth_running(gains, self.first_cost.predict(len(chains)), self.position_cost, spe)
-            if ran:
-                self._draft(chains, [offer.table[level(st.run)] for st in states], states, plan, spe, worth)
-            if spe is not None:
-                self.backoff.result(ran)
-        finally:  # the look-ups count too, drafted or not
+            chains, states = [], []
+            for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
+                st = req.proposer_state.get(self.name)
+                chain = self._chain(req, st, k) if st is not None else None
+                if chain is not None:
+                    chains.append(chain)
+                    states.append(st)
+            if chains:
+                drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True)
+                for c, st, d in zip(chains, states, drafts):
+                    st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
+                self._count(drafts)
+        finally:  # (a figure for reports: no budget reads it)
             self.stats["seconds"] += time.perf_counter() - start
-
-    def seconds_per_token(self, plan) -> Optional[float]:
-        """What an accepted draft token is worth, in seconds: the controller's own value of it
-        (`StepPlan.token_value`) when it prices drafts, else the engine's measured seconds per
-        emitted token."""
-        return plan.token_value or self.pace.seconds_per_emitted()
-
-    def _candidates(self, requests: Sequence[Request], offer, plan, spe: Optional[float]) -> tuple[list, ...]:
-        """(chains, their states, (expected gain over the copies, positions), each chain's token
-        worth over its copies: `over_copies`) of the requests the head is worth running for, in
-        slot order (the head reads its cache in place). Gains are in plain tokens' value."""
-        per_request = self.cost.fit()[1]
-        chains, states, gains, worth = [], [], [], []
-        for req in sorted(requests, key=lambda r: r.slot):
-            st = req.proposer_state.get(self.name)
-            chain = self._chain(req, st, offer.most) if st is not None else None
-            if chain is None:
-                continue
-            rate = offer.table[level(st.run)][0]
-            limit = copy_limit(rate, chain.k, plan.threshold, per_request, spe)
-            copy = copy_surplus(req, plan, chain.k, enough=limit) if limit > 0 else limit
-            if copy < limit:
-                chains.append(chain)
-                states.append(st)
-                n, surplus = expected_surplus(rate, chain.k, plan.threshold)
-                worth.append(over_copies(copy))
-                gains.append(((surplus - copy) * worth[-1], n))
-        return chains, states, gains, worth
-
-    def _draft(self, chains: list[Chain], rows: list, states: list, plan, spe: Optional[float],
-               worth: list[float]) -> None:
-        """Run the head: each chain stops once its next token's chance of being reached and
-        accepted falls under the threshold; all stop when another position does not pay."""
-        reach = [1.0] * len(chains)
-
-        def keep(i: int, d: ChainDraft) -> bool:
-            reach[i] *= rows[i][confidence_bin(1.0 - math.exp(-d.margins[-1]))]
-            return reach[i] >= plan.threshold
-
-        clock = PositionClock()
-
-        def proceed(going: list[int]) -> bool:
-            return clock.mark(len(going), worth_another_position(
-                [reach[i] for i in going], [rows[i][0] for i in going], plan.threshold,
-                self.position_cost(len(going)), spe, [worth[i] for i in going]))
-
-        begin = time.perf_counter()
-        drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True, keep=keep, proceed=proceed)
-        end = time.perf_counter()
-        self.first_cost.observe(len(chains), (clock.marks[0][0] if clock.marks else end) - begin)
-        for n, seconds in clock.positions(end):
-            self.cost.observe(n, seconds)
-        for c, st, d in zip(chains, states, drafts):
-            st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-        self._count(drafts)
 
     def _count(self, drafts: list[ChainDraft]) -> None:
         """The step's figures (its seconds are counted by `prepare`, look-ups included)."""
@@ -331,7 +269,6 @@ class DrafterProposer(Proposer):
 
     def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
         st = req.proposer_state.get(self.name)
-        self.pace.count(len(emitted))
         if st is None:
             return
         st.draft = None
@@ -348,8 +285,6 @@ class DrafterProposer(Proposer):
             self.active -= 1
             if self.active <= 0:
                 self.active = 0
-                self.pace.idle()
-                self.backoff.reset()
         super().finish(req)
 
     def _collect(self, req: Request, st: _State) -> None:
@@ -386,21 +321,3 @@ class DrafterProposer(Proposer):
 
     def state_sizes(self) -> dict[str, int]:
         return {}
-
-
-def copy_surplus(req: Request, plan, cap: int, enough: float = math.inf) -> float:
-    """The best surplus (`cut_surplus`: expected accepted tokens beyond their verify slots' price)
-    among the step's unbatched proposers' drafts for req, as `choose` would cut them, or the first
-    that reaches `enough` (the look-ups stop there: the head is not run for req either way)."""
-    best = 0.0
-    for o in plan.offers:
-        n = min(o.most, cap)
-        if best >= enough:
-            break
-        if o.proposer.batched or n == 0 or expected_surplus(o.top, n, plan.threshold)[1] <= best:
-            continue
-        draft = o.proposer.propose(req, n)
-        if draft is None or not draft.tokens:
-            continue
-        best = max(best, plan.judge(o, draft, min(n, len(draft.tokens)))[2])
-    return best

@@ -109,7 +109,7 @@ def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict
     """Acceptance figures for chains of k = 1..max_k tokens from chain_runs' output.
 
     per_token: accepted / compared draft tokens (a run of r out of n compares r + 1 tokens when
-        r < n): the geometric rate the engine's controller learns.
+        r < n): the geometric rate the engine's draft budget learns.
     accepted_fraction: accepted / proposed, every chain drafting its full length.
     mean_run: mean accepted run per chain start.
     tokens_per_forward: response tokens / verify forwards when every verify drafts k tokens:

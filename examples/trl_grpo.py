@@ -17,7 +17,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from rl_integration.trl_rollout import SpectailRollout  # noqa: E402 -- also sets OpenMP's wait policy first
+from rollout import cpu  # noqa: E402
+
+cpu.configure()  # this script's process: passive OpenMP waiting before torch loads (rollout/cpu.py)
+
+from rl_integration.trl_rollout import SpectailRollout  # noqa: E402
 
 
 def embedded_demo(overrides: list[str]):

@@ -1,19 +1,28 @@
 """What users touch: the RolloutClient facade, GRPO and PPO trainers, the embedded task, run
-configs, metrics and plots, and the `spectail` command line (rl_integration.cli)."""
-import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
+configs, metrics and plots, and the `spectail` command line (rl_integration.cli).
 
-from .config import RunConfig, TaskConfig, load_config
-from .dataset import Problem, load_parquet_dataset, save_parquet_dataset
-from .demo.task import make_problems, reward_fn
-from .grpo import GRPOTrainer, clipped_policy_loss, group_advantages, k3_kl, masked_aggregate
-from .ppo import PPOTrainer, clipped_value_loss, gae, token_rewards
-from .rollout_client import RolloutBatch, RolloutClient
-from .trainer import RewardError, train
+Importing `rl_integration` loads nothing else (not torch), so the command line can configure the
+process first (rollout/cpu.py). The names below load on first use."""
+from __future__ import annotations
 
-__all__ = [
-    "RolloutClient", "RolloutBatch",
-    "RunConfig", "load_config", "train", "RewardError",
-    "GRPOTrainer", "group_advantages", "clipped_policy_loss", "k3_kl", "masked_aggregate",
-    "PPOTrainer", "gae", "token_rewards", "clipped_value_loss",
-    "TaskConfig", "Problem", "make_problems", "reward_fn", "load_parquet_dataset", "save_parquet_dataset",
-]
+import importlib
+
+_EXPORTS = {
+    "RolloutClient": ".rollout_client", "RolloutBatch": ".rollout_client",
+    "RunConfig": ".config", "TaskConfig": ".config", "load_config": ".config",
+    "train": ".trainer", "RewardError": ".trainer",
+    "GRPOTrainer": ".grpo", "group_advantages": ".grpo", "clipped_policy_loss": ".grpo", "k3_kl": ".grpo",
+    "masked_aggregate": ".grpo",
+    "PPOTrainer": ".ppo", "gae": ".ppo", "token_rewards": ".ppo", "clipped_value_loss": ".ppo",
+    "Problem": ".dataset", "load_parquet_dataset": ".dataset", "save_parquet_dataset": ".dataset",
+    "make_problems": ".demo.task", "reward_fn": ".demo.task",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

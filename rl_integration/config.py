@@ -168,7 +168,8 @@ class TaskSection:
 @dataclass
 class PolicySection:
     """source: "embedded" (the tiny policy, SFT warm start cached under cache_dir) or
-    "checkpoint" (a local Hugging Face folder with model and tokenizer). chat_template: a Jinja
+    "checkpoint" (a local Hugging Face folder with model and tokenizer, or a hub id loaded through
+    transformers' own cache; `spectail fetch smollm2` writes a real one). chat_template: a Jinja
     chat template for chat-message prompts in place of the tokenizer's (verl's
     custom_chat_template); None: the tokenizer's own."""
 
@@ -424,8 +425,8 @@ def _validate_sources(cfg: RunConfig) -> None:
           "task.custom_reward_function.path is set (that scorer replaces it): set one of the two", t.reward)
     _need(bool(custom.name), "task.custom_reward_function.name", "must name the function", custom.name)
     if p.source == "checkpoint":
-        _need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder when policy.source is "
-              "'checkpoint'", p.checkpoint)
+        _need(bool(p.checkpoint), "policy.checkpoint", "must name a local model folder or a Hugging Face hub id "
+              "when policy.source is 'checkpoint'", p.checkpoint)
     else:
         _wrap(p.embedded.validate, "policy.embedded")
 

@@ -138,7 +138,7 @@ _NO = object()
 
 
 def _scalar(tp, origin, args, value, key: str):
-    """value as a bool, int, float, str or list/tuple of them, or _NO when it is not one."""
+    """value as a bool, int, float, str, list/tuple of them or a mapping, or _NO when it is not one."""
     if tp is bool:
         return value if isinstance(value, bool) else _NO
     if tp is int:
@@ -155,6 +155,8 @@ def _scalar(tp, origin, args, value, key: str):
         elem = args[0] if args else Any
         items = [_convert(elem, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
+    if tp is dict and isinstance(value, dict):  # (a table its dataclass validates: SpecConfig.step_cost)
+        return dict(value)
     if tp is Any:
         return value
     return _NO

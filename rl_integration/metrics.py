@@ -11,9 +11,14 @@ Definitions (per generate call; a step's record sums or recomputes them over its
                           target forward per request, counting the prefill forward that emits a
                           request's first token, so plain decoding is exactly 1.0
     proposed, accepted    per proposer name: draft tokens offered / accepted
+    acceptance_by_position  per proposer name, per draft position i (0-based): of the drafts that
+                          offered a token at i, the share whose tokens 0..i were all accepted
+                          (`by_position` holds the counts)
     reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
     history_found         requests that found a history record to draft from (set by RolloutClient)
     spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
+    engine_steps, fed_tokens  target forwards of the engine(s) and the tokens fed to them (drafts
+                          and prompts included; an in-process engine's, 0 where unknown)
     tail_seconds          time from 90% of the call's samples finished to 100%
     worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
     drafter_accepted_share  accepted["drafter"] / generated_tokens: the tokens the draft head wrote
@@ -22,6 +27,9 @@ Definitions (per generate call; a step's record sums or recomputes them over its
         drafter_share (that over rollout_seconds) and drafter_sim_acceptance (its exact
         simulated per-token acceptance on the step's rollout): rl_integration/online_drafter.py)
     reward_mean           mean reward of the call's samples (None until rewards are recorded)
+    rollout_sha256        (per step, the trainer's) a digest of the step's tokens and rewards: two
+                          runs of the same config, a resumed one too, give the same digests
+    memory_rss_mb         (per step, the trainer's) the process's resident memory after the step
     lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
 
 Files are never half-written: `atomic_write_text` writes a temporary file beside the target,
@@ -29,6 +37,7 @@ fsyncs it and renames it over the target, so a reader sees the old file or the n
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Iterable, Optional, Sequence
@@ -36,7 +45,7 @@ from typing import Iterable, Optional, Sequence
 from scheduler.atomic_file import atomic_write_text
 
 SUM_KEYS = ("rollout_seconds", "generated_tokens", "forward_passes", "num_requests", "reused_tokens",
-            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found")
+            "engine_steps", "spec_off_steps", "tail_seconds", "lenient_tokens", "history_found", "fed_tokens")
 
 
 def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = None) -> dict:
@@ -51,6 +60,7 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
             proposed[name] = proposed.get(name, 0) + int(v)
         for name, v in c.stats.get("accepted", {}).items():
             accepted[name] = accepted.get(name, 0) + int(v)
+    by_position = add_positions({}, (c.stats.get("by_position", {}) for c in completions))
     bm = dict(backend_metrics or {})
     rec = {
         "rollout_seconds": float(seconds),
@@ -62,8 +72,11 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
         "proposed": proposed,
         "accepted": accepted,
         "reused_tokens": accepted.get("history", 0),
+        "by_position": by_position,
+        "acceptance_by_position": position_rates(by_position),
         "lenient_tokens": sum(int(c.stats.get("lenient", 0)) for c in completions),  # > 0: BIASED samples
         "engine_steps": int(bm.get("engine_steps", 0)),
+        "fed_tokens": int(bm.get("fed_tokens", 0)),
         "spec_off_steps": int(bm.get("spec_off_steps", 0)),
         "spec_off_fraction": float(bm["spec_off_fraction"]) if "spec_off_fraction" in bm else (
             bm.get("spec_off_steps", 0) / bm["engine_steps"] if bm.get("engine_steps") else 0.0),
@@ -83,6 +96,8 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["rollout_seconds"] = 0.0
     out["tail_seconds"] = 0.0
     out["proposed"], out["accepted"] = {}, {}
+    out["by_position"] = add_positions({}, (s.get("by_position", {}) for s in steps))
+    out["acceptance_by_position"] = position_rates(out["by_position"])
     busy, rewards, n_rewards = 0.0, 0.0, 0
     for s in steps:
         for k in SUM_KEYS:
@@ -108,6 +123,25 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["reward_mean"] = rewards / n_rewards if n_rewards else None
     out["rollout_steps"] = len(steps)
     return out
+
+
+def add_positions(total: dict, parts: Iterable[dict]) -> dict:
+    """Sum per-position counters ({proposer: [offered per position, accepted per position]})."""
+    for part in parts:
+        for name, counts in part.items():
+            mine = total.setdefault(name, [[], []])
+            for acc, add in zip(mine, counts):
+                acc.extend([0] * (len(add) - len(acc)))
+                for i, v in enumerate(add):
+                    acc[i] += int(v)
+    return total
+
+
+def position_rates(by_position: dict) -> dict:
+    """Per proposer and draft position i: of the drafts that offered a token at i, the share whose
+    tokens up to i were all accepted (vLLM's per-position acceptance, per draft that went so deep)."""
+    return {name: [round(a / o, 4) if o else None for o, a in zip(offered, accepted + [0] * len(offered))]
+            for name, (offered, accepted) in by_position.items()}
 
 
 # ------------------------------------------------------------------------------ files
@@ -176,6 +210,24 @@ def table_row(record: dict, compare: bool = False, drafter: bool = False) -> str
             text = fmt.format(v)
         cells.append(text.rjust(w))
     return " ".join(cells)
+
+
+def rollout_digest(completion_ids: Sequence[Sequence[int]], rewards: Sequence[float]) -> str:
+    """A step's tokens and rewards in one sha256: runs (a resumed one, another backend) compare by it."""
+    h = hashlib.sha256()
+    for ids, r in zip(completion_ids, rewards):
+        h.update(json.dumps([list(ids), float(r)]).encode())
+    return h.hexdigest()
+
+
+def resident_mb() -> Optional[float]:
+    """This process's resident memory now, in MiB (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def mean(xs: Iterable[float]) -> float:

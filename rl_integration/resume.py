@@ -15,9 +15,8 @@ config and the data, nothing to save); the seeds (the run seed and the client's 
 Drafts never change a token, only speed, and the engine's logprobs only by float rounding; but
 to make a resumed run *bitwise* the uninterrupted one (weights, speed metrics and all) the
 checkpoint also brings back the history store's files and what the engine's draft budget
-learnt, so the same drafts are offered (exactly so under a fixed
-rollout.engine.spec.min_draft_prob; the default budget is priced from measured step times,
-which differ between any two runs).
+learnt, so the same drafts are offered (the budget is deterministic given what it learnt and
+its step-cost table, which is cached per machine or given in the config).
 
 A checkpoint `step-N` is written after step N-1's metrics record is appended (so a resumed run
 starts at step N, and its metrics.jsonl is the checkpoint's records, continued). A run killed

@@ -19,7 +19,7 @@ the same Gumbel noise every time, so where the policy barely moved it reproduces
 response's tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
 draws, so given the weights the noise is no longer fresh: the samples lean towards what was
 rewarded before, the training reward over-states the policy, and the noise study
-(rl_integration/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
+(benchmarks/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
 per_sample is an opt-in trade of learning for speed; train() warns when it is on.
 
 History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
@@ -244,17 +244,17 @@ class RolloutClient:
         if self._pending:
             raise ValueError(f"RolloutClient.state_dict: step {self.step} has responses not yet written to the "
                              "history (call end_step first)")
-        controller = _controller(self.backend)
+        budget = _budget(self.backend)
         return {"step": self.step, "next_group": self._next_group,
-                "controller": None if controller is None else controller.state_dict()}
+                "controller": None if budget is None else budget.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self._next_group = int(state["step"]), int(state["next_group"])
         self._calls.clear()
         self._pending.clear()
-        controller = _controller(self.backend)
-        if controller is not None and state.get("controller") is not None:
-            controller.load_state_dict(state["controller"])
+        budget = _budget(self.backend)
+        if budget is not None and state.get("controller") is not None:
+            budget.load_state_dict(state["controller"])
 
     # ---- weights and lifetime -----------------------------------------------------------------
 
@@ -275,9 +275,9 @@ class RolloutClient:
         self.shutdown()
 
 
-def _controller(backend):
+def _budget(backend):
     """The in-process engine's draft budget (None for Ray, vLLM or no speculation)."""
-    return getattr(getattr(backend, "engine", None), "controller", None)
+    return getattr(getattr(backend, "engine", None), "budget", None)
 
 
 def _first_samples(keys: Sequence[str], n: int) -> list[int]:

@@ -65,15 +65,12 @@ def load_problems(cfg: RunConfig) -> list[Problem]:
 
 def load_policy(cfg: RunConfig, progress: bool):
     """(model, tokenizer, folder) of the configured policy, float32, in eval mode."""
-    from .demo.policy import load_checkpoint, load_or_train_policy
+    from .demo.policy import load_folder_or_hub, load_or_train_policy
 
     p = cfg.policy
     if p.source == "embedded":
         return load_or_train_policy(cfg.task.embedded, p.embedded, cache_dir=p.cache_dir, progress=progress)
-    if not os.path.isdir(p.checkpoint):
-        raise ValueError(f"policy.checkpoint {p.checkpoint!r} is not a folder")
-    model, tokenizer = load_checkpoint(p.checkpoint)
-    return model, tokenizer, p.checkpoint
+    return load_folder_or_hub(p.checkpoint)
 
 
 def compare_tokens(spec_batch, plain_batch) -> list[int]:
@@ -186,6 +183,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
             record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
             record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
             record["num_samples"] = len(batch)
+            record["rollout_sha256"] = M.rollout_digest(batch.completion_ids, rewards)
+            record["memory_rss_mb"] = M.resident_mb()
             if on_step_end is not None:
                 record.update(on_step_end(step, model) or {})
             log.append(record)

@@ -1,12 +1,20 @@
 """spectail's rollout engine: one process, no Ray. Exact coupled sampling, speculative
-verification from any draft source, continuous batching over a static KV cache."""
-from .cpu_isa import cap_isa
-from .threads import set_wait_policy
+verification from any draft source, continuous batching over a static KV cache.
 
-set_wait_policy()  # before torch loads OpenMP (rollout/threads.py)
-cap_isa()  # before oneDNN makes its first kernel (rollout/cpu_isa.py)
+Importing `rollout` loads nothing else (not torch): `rollout.cpu.configure()` can then run before
+torch loads OpenMP (rollout/cpu.py). The names below load on first use."""
+from __future__ import annotations
 
-from .config import Completion, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
-from .engine import Engine  # noqa: E402
+import importlib
 
-__all__ = ["Engine", "EngineConfig", "SamplingParams", "SpecConfig", "Completion"]
+_EXPORTS = {"Engine": ".engine", "EngineConfig": ".config", "SamplingParams": ".config",
+            "SpecConfig": ".config", "Completion": ".config"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -126,6 +126,18 @@ class DrafterSpec:
             raise ValueError(f"DrafterSpec needs lr > 0 and an integer ttt_steps >= 1, got {self.lr}, {self.ttt_steps}")
 
 
+# Draft sources by name, as "module:Class": rollout/proposers/__init__.py imports a class only when
+# a SpecConfig names it. Kept here so that checking a SpecConfig imports no proposer (they import
+# request.py, which imports this module).
+PROPOSERS = {
+    "ngram": "rollout.proposers.ngram:NgramProposer",
+    "history": "rollout.proposers.history:HistoryProposer",
+    "suffix": "rollout.proposers.suffix:SuffixProposer",
+    "lookahead": "rollout.proposers.lookahead:LookaheadProposer",
+    "drafter": "drafter.proposer:DrafterProposer",
+}
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding. Drafts never change the output, only how many forwards it takes.
@@ -135,12 +147,17 @@ class SpecConfig:
     max_batch_for_spec: when more requests than this are running, the step is compute-bound
         and drafts are skipped (None = always speculate).
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
-    min_draft_prob: None (the default) prices each draft token from the engine's measured step
-        cost: it is drafted when its chance of being reached and accepted is at least the step's
-        seconds per fed token over its seconds per emitted token (rollout/controller.py), so
-        speculation never costs more than it gains and turns itself off when drafts stop
-        landing. A number fixes the threshold at min_draft_prob x the fraction of slots in use
-        (deterministic; 0 always drafts max_draft_tokens).
+    min_draft_prob: None (the default) prices each draft token by the step-cost table: tokens are
+        drafted, the likeliest to land first, while each raises the step's emitted tokens per
+        second (rollout/budget.py): deep where a fed token is nearly free (small batches, the
+        tail), none where drafts miss. A number instead drafts every token whose chance of being
+        reached and accepted is at least min_draft_prob x the fraction of slots in use (0 always
+        drafts max_draft_tokens). Either way the drafts depend only on what the run accepted.
+    step_cost: None (the default) measures the cost of a forward by fed tokens once per device,
+        model shape, dtype and thread count, at the first priced run, and caches it under
+        $SPECTAIL_CACHE (else ~/.cache/spectail)/step_cost; or a table {"tokens": [...],
+        "seconds": [...], "per_attended": s}: seconds of a forward feeding that many tokens, and
+        seconds per context token their attention reads.
     lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
         draft token that differs from the exact sample is still accepted when its new
         probability is at least 1/l of its old one. BIASED: outputs are no longer exact
@@ -153,15 +170,14 @@ class SpecConfig:
     max_batch_for_spec: Optional[int] = None
     ngram_sizes: tuple[int, ...] = (3, 2, 1)
     min_draft_prob: Optional[float] = None
+    step_cost: Optional[dict] = None
     lenience: Optional[float] = None
     drafter: DrafterSpec = DrafterSpec()
 
     def validate(self) -> None:
-        from .proposers import REGISTRY  # here: the proposers import request.py, which imports this module
-
-        unknown = [p for p in self.proposers if p not in REGISTRY]
+        unknown = [p for p in self.proposers if p not in PROPOSERS]
         if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(REGISTRY)}")
+            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(PROPOSERS)}")
         if len(set(self.proposers)) != len(self.proposers):
             raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
         if not self.proposers:
@@ -173,6 +189,10 @@ class SpecConfig:
         if self.min_draft_prob is not None and not 0.0 <= self.min_draft_prob < 1.0:
             raise ValueError(f"SpecConfig.min_draft_prob must be None (by device) or in [0, 1), "
                              f"got {self.min_draft_prob}")
+        if self.step_cost is not None:
+            from .step_cost import StepCost
+
+            StepCost.from_dict(self.step_cost)
         if self.lenience is not None and not self.lenience >= 1.0:
             raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
         if not self.ngram_sizes or min(self.ngram_sizes) < 1:

@@ -12,13 +12,15 @@ kernels gave a row the same bits at every row count and thread count tried (docs
 The engine's linear layers reach AMX through a kernel of our own that keeps a row's bits
 (rollout/amx_linear.py); the cap keeps torch's other bfloat16 matmuls exact.
 
-So at the import of `rollout`, unless the user chose a cap of their own, oneDNN is capped at
-AVX512_CORE_BF16 (`ONEDNN_MAX_CPU_ISA`; oneDNN reads it once, when it creates its first kernel,
-so the cap holds if nothing in the process ran a oneDNN matmul before). The cost: torch's own
-bfloat16 matmuls of many rows run several times slower than on AMX; float32, the CPU's default dtype, never runs
-on AMX and is unchanged; a GPU is not concerned. An engine in bfloat16 on the CPU whose linear
-layers would run through oneDNN (the tile kernel unusable) checks, once per process, that the cap
-holds (`rows_invariant`), and warns when it does not.
+`cap_isa` caps oneDNN at AVX512_CORE_BF16 (`ONEDNN_MAX_CPU_ISA`), unless the user chose a cap of
+their own. Importing spectail does not call it: `rollout.cpu.configure()` does, where spectail owns
+the process (its command line, its Ray workers) or when a user asks. oneDNN reads the variable
+once, when it creates its first kernel, so the cap holds only if nothing in the process ran a
+oneDNN matmul before. The cost: torch's own bfloat16 matmuls of many rows run several times
+slower than on AMX; float32, the CPU's default dtype, never runs on AMX and is unchanged; a GPU
+is not concerned. An engine in bfloat16 on the CPU whose linear layers would run through oneDNN
+(the tile kernel unusable) checks, once per process, that oneDNN gives rows the same bits
+(`rows_invariant`), and warns when it does not.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ import functools
 import os
 import warnings
 
-# torch is imported inside the functions: `rollout` imports this module before torch loads OpenMP
-# (rollout/threads.py).
+# torch is imported inside the functions: `rollout.cpu.configure()` runs this module's `cap_isa`
+# before torch is loaded.
 
 ISA_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN reads either (the second is its old name)
 CAP = "AVX512_CORE_BF16"
@@ -42,7 +44,7 @@ def cap_isa() -> None:
 def uncapped(env) -> dict:
     """The variables to set for a process that is not spectail's engine (vLLM's), so that it runs
     at its own best, AMX included, where the cap in `env` is the one set here. "ALL" lifts
-    oneDNN's limit, and `cap_isa` leaves it alone when that process imports spectail."""
+    oneDNN's limit, and `cap_isa` leaves it alone should that process configure spectail."""
     return {ISA_VARS[0]: "ALL"} if env.get(ISA_VARS[0]) == CAP else {}
 
 
@@ -78,9 +80,16 @@ def check(dtype, device) -> None:
 
     if amx_linear.load() is not None:
         return
+    warnings.warn(f"bfloat16 on this CPU: oneDNN runs AMX kernels ({_why_uncapped()}), whose bits for a row "
+                  f"depend on how many rows a call holds, so speculation and the batch size may change tokens. "
+                  f"Call rollout.cpu.configure() before any torch matmul (or set {ISA_VARS[0]}={CAP} in the "
+                  f"environment), or use float32 (rollout/cpu_isa.py).", RuntimeWarning, stacklevel=3)
+
+
+def _why_uncapped() -> str:
     chosen = {v: os.environ[v] for v in ISA_VARS if os.environ.get(v, CAP) != CAP}
-    why = f"the environment sets {chosen}" if chosen else "oneDNN made a kernel before spectail was imported"
-    warnings.warn(f"bfloat16 on this CPU: oneDNN runs AMX kernels ({why}), whose bits for a row depend "
-                  f"on how many rows a call holds, so speculation and the batch size may change tokens. "
-                  f"Set {ISA_VARS[0]}={CAP} in the environment (or import spectail before running any "
-                  f"torch matmul), or use float32 (rollout/cpu_isa.py).", RuntimeWarning, stacklevel=3)
+    if chosen:
+        return f"the environment sets {chosen}"
+    if os.environ.get(ISA_VARS[0]) == CAP:
+        return "oneDNN made a kernel before the cap was set"
+    return "no cap set: rollout.cpu.configure() was not called"

@@ -1,8 +1,8 @@
 """The continuous-batching engine: each step is plan -> forward -> verify.
 
 plan: every running request gets a row of the step's one forward: a prompt chunk while it is
-    prefilling, otherwise its last sampled token plus the draft the controller grants it
-    (rollout/controller.py owns the whole draft budget; proposers return drafts as values).
+    prefilling, otherwise its last sampled token plus the draft the budget grants it
+    (rollout/budget.py owns the whole draft budget; proposers return drafts as values).
 forward: one pass of the model over all rows (a ForwardBatch) against the slot KV cache.
 verify: the token at response position t is always sample(z_t, seed, t), the coupled
     Gumbel-max draw (rollout/sampling.py), so a draft token is accepted exactly when it equals
@@ -23,19 +23,22 @@ from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
-from . import cpu_isa, lenient, linear, sampling, slot_order, step_cost, threads
+from . import budget as budgets
+from . import cpu_isa, lenient, sampling, slot_order, step_cost, threads
 from .batch import ForwardBatch, bucket, min_bucket_for
 from .config import Completion, EngineConfig, SamplingParams, torch_dtype
-from .controller import AdaptiveController
-from .critical_path import RunTally
 from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
 from .proposers.base import Draft, HiddenSpan
 from .request import Lookahead, Request, make_requests
 
-# The profile's long-context forward reads this many cached tokens per row (or what fits).
+# The step-cost profile (`_step_cost`): its long-context forward reads this many cached tokens per
+# row (or what fits); each forward is timed this many times, the fastest kept.
 PROFILE_CONTEXT = 512
+PROFILE_REPEATS = 2
+MODEL_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "intermediate_size")
 
 
 @dataclass
@@ -53,47 +56,6 @@ class Row:
     @property
     def draft_tokens(self) -> list[int]:
         return [] if self.draft is None else self.draft.tokens
-
-
-@dataclass(frozen=True)
-class StepDone:
-    """What one step did: the drafting policy it ran by (None: no draft budget, a plain step),
-    the tokens it fed (drafts among them), the requests that emitted (rows with logits), the
-    tokens they emitted, the seconds batched proposers spent before the plan, the seconds
-    proposers spent being told of its outcome (`observed`), and the context its attention read
-    (`Work`)."""
-
-    policy: Optional[str]
-    fed: int
-    drafted: int
-    rows: int
-    emitted: int
-    prepared: float
-    work: Optional[Work] = None
-    observed: float = 0.0
-
-
-@dataclass(frozen=True)
-class Work:
-    """The context a step's attention read (rollout/step_cost.py): summed over its fed tokens
-    (`attended`), over those but its drafts (`plain`), and what a plain step after it reads, one
-    token for each request that emitted (`context`)."""
-
-    attended: int = 0
-    plain: int = 0
-    context: int = 0
-
-    @classmethod
-    def of(cls, rows: list[Row]) -> Work:
-        """Before the step's tokens are cached."""
-        attended = plain = context = 0
-        for row in rows:
-            start, n = row.req.num_cached, row.fed + len(row.draft_tokens)
-            attended += step_cost.attended(start, n)
-            plain += step_cost.attended(start, row.fed)
-            if row.first_logit is not None:
-                context += start + row.fed + 1
-        return cls(attended, plain, context)
 
 
 @dataclass(frozen=True)
@@ -124,10 +86,7 @@ class Engine:
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
-        self.controller = AdaptiveController.from_spec(config.spec) if config.spec else None
-        # A forward of one token runs its packed linear layers as MIN_ROWS rows (rollout/linear.py):
-        # a lone decoding request's first draft tokens ride on rows that are computed anyway.
-        self.lone_row_free = linear.MIN_ROWS - 1 if linear.packs(model.lm_head.weight) else 0
+        self.budget = budgets.Budget.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
         # On an accelerator torch's CPU threads are not the engine's business. `cores` watches the
         # cores other programs hold, where the engine chose its own thread count.
@@ -245,10 +204,10 @@ class Engine:
         are returned as they came: a chunk that keeps every slot busy to its end (more requests
         than slots refill the slots freed inside it)."""
         waiting = self._admit(requests, max_new_tokens, keep, max_steps)
-        if self.controller is not None:
-            self.controller.new_run(frozenset({"history"}) if any(r.history for r in requests) else frozenset())
-            if self.controller.priced and not self.controller.cost.profiled:
-                self._profile()
+        if self.budget is not None:
+            self.budget.new_run()
+            if self.budget.priced and self.budget.cost is None:
+                self.budget.cost = step_cost.StepCost.from_dict(self._step_cost())
         kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # The loop allocates many small lists and tuples per step and makes no reference cycles;
@@ -262,8 +221,6 @@ class Engine:
             self._abandon(requests)
             raise
         finally:
-            if self.controller is not None:
-                self.controller.end_run()
             if kept is not None:
                 kept.close()
             if gc_was_on:
@@ -300,28 +257,17 @@ class Engine:
         free = list(range(self.config.max_batch_size))
         running: list[Request] = []
         steps = spec_off = fed = 0
-        # A run cut at max_steps has no plain counterpart to weigh its drafts against.
-        tally = RunTally(len(free)) if self.controller and self.controller.priced and not max_steps else None
         while waiting or running:
             while waiting and free:
                 req = waiting.popleft()
                 req.slot = heapq.heappop(free)  # lowest slot first keeps the attention grid small
                 if kept is not None:
                     kept.admit(req, self.cache)
-                if tally is not None:
-                    tally.admit(req, steps)
                 running.append(req)
             if self.reorders_slots:
                 free = self._arrange(running, free)
-            start = time.perf_counter()
-            done = self._step(running)
-            if self.controller is not None:
-                self.controller.observe_step(done.fed, done.emitted, time.perf_counter() - start, done.prepared,
-                                             rows=done.rows, drafted=done.drafted, policy=done.policy,
-                                             work=done.work, observed=done.observed)
-            steps, spec_off, fed = steps + 1, spec_off + (done.policy is None), fed + done.fed
-            if tally is not None and done.drafted:  # (a step without drafts accepts none)
-                tally.step(running)
+            step_fed, drafting = self._step(running)
+            steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + step_fed
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
                     req.budget_end = len(req.output_ids)
@@ -329,10 +275,6 @@ class Engine:
             for req in [r for r in running if r.finish_reason or r.paused]:
                 running.remove(req)
                 self._leave(req, free, kept, on_finish)
-                if tally is not None:
-                    tally.leave(req, steps)
-        if tally is not None:
-            self.controller.observe_run(*tally.result())
         return RunStats(steps, spec_off, fed)
 
     def _arrange(self, running: list[Request], free: list[int]) -> list[int]:
@@ -366,76 +308,77 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> StepDone:
-        """One forward for every running request."""
-        plan, prepared = None, 0.0
-        if self.controller is not None:
-            plan = self.controller.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
-                                             context=sum(r.num_tokens for r in running))
+    def _step(self, running: list[Request]) -> tuple[int, bool]:
+        """One forward for every running request: (tokens fed, whether the budget let it draft)."""
+        plan = None
+        if self.budget is not None:
+            plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
+                                         context=sum(r.num_tokens for r in running))
             if plan is not None:
-                start = time.perf_counter()
-                self._prepare(running, plan)
-                prepared = time.perf_counter() - start
+                self._prepare([r for r in running if r.num_tokens - r.num_cached == 1], plan)
         observers = [p for p in self.proposers if p.wants_hidden]
         rows, batch = self._plan(running, plan, bool(observers))
-        work = Work.of(rows) if self.controller is not None else None
         logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        offered = frozenset(o.proposer for o in plan.offers if o.observed) if plan is not None else frozenset()
-        emitted, observed = self._verify(rows, logits, offered, observers, hidden)
-        return StepDone(plan.policy if plan is not None else None, int(batch.token_ids.shape[0]),
-                        sum(len(r.draft_tokens) for r in rows), sum(r.first_logit is not None for r in rows),
-                        emitted, prepared, work, observed)
+        offered = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()
+        self._verify(rows, logits, offered, observers, hidden)
+        return int(batch.token_ids.shape[0]), plan is not None
 
-    def _prepare(self, running: list[Request], plan) -> None:
-        """Proposers that draft for many requests at once (a draft head) get this step's decoding
-        requests before any is asked for a draft."""
-        decoding = None
-        for offer in plan.offers:
-            if offer.most > 0 and offer.proposer.batched:
-                if decoding is None:
-                    decoding = [r for r in running if r.num_tokens - r.num_cached == 1]
-                offer.proposer.prepare(decoding, offer, plan)
+    def _prepare(self, decoding: list[Request], plan) -> None:
+        """Proposers that draft for many requests at once (a draft head) draft the step's decoding
+        requests, as many positions as the budget finds worth their cost, before any is asked."""
+        for offer in plan.live:
+            if offer.proposer.batched:
+                offer.proposer.prepare(decoding, offer.most)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
     def _plan(self, running: list[Request], plan, hidden: bool = False) -> tuple[list[Row], ForwardBatch]:
-        """Rows within the step's token budget: decoding requests first (one token and a draft
-        each), then prompt chunks fill the rest. hidden: the forward also returns the final hidden
-        state of every fed token (for proposers that observe them)."""
-        cfg, budget = self.config, self.config.max_num_batched_tokens
-        rows, feed, logit_index, n_tokens = [], [], [], 0
+        """Rows within the step's token budget: decoding requests first, then prompt chunks, then
+        drafts for the rows that reach the end of what is known (`_drafts`) from what is left.
+        hidden: the forward also returns the final hidden state of every fed token (for
+        proposers that observe them)."""
+        budget, entries = self.config.max_num_batched_tokens, []
         for req in sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1):
             if budget <= 0:
                 break
             pending = req.pending()
             fed = pending[:budget]
-            whole = len(fed) == len(pending)  # reaches the end of what is known: logits follow
-            draft = None
-            if whole and plan is not None:
-                room = min(cfg.spec.max_draft_tokens, budget - len(fed), req.remaining - 1,
-                           cfg.max_model_len - req.num_tokens, req.chunk_left - 1)
-                free = self.lone_row_free if len(running) == 1 and len(fed) == 1 else 0
-                draft = self.controller.choose(req, room, plan, free) if room > 0 else None
-            row = Row(req, len(fed), draft, len(logit_index) if whole else None, n_tokens)
+            entries.append((req, fed, len(fed) == len(pending)))  # whole: reaches the end of what is known
+            budget -= len(fed)
+        drafts = self._drafts([e for e in entries if e[2]], plan, budget) if plan is not None else {}
+        rows, feed, logit_index, n_tokens = [], [], [], 0
+        for req, fed, whole in entries:
+            row = Row(req, len(fed), drafts.get(id(req)), len(logit_index) if whole else None, n_tokens)
             tokens = fed + row.draft_tokens
             feed.append((req.slot, req.num_cached, tokens))
             if whole:  # logits at the last fed token and at every draft token
                 logit_index.extend(range(n_tokens + len(fed) - 1, n_tokens + len(tokens)))
             rows.append(row)
             n_tokens += len(tokens)
-            budget -= len(tokens)
         return rows, ForwardBatch.build(feed, logit_index, self.device, self.min_bucket,
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
+    def _drafts(self, whole: list, plan, spare: int) -> dict:
+        """{id(request): draft} for the rows that emit: each one's proposer by `Budget.choose`, the
+        lengths by `Budget.allocate` over the whole step, within `spare` tokens."""
+        cfg, chosen = self.config, []
+        for req, _, _ in whole:
+            room = min(cfg.spec.max_draft_tokens, spare, req.remaining - 1, cfg.max_model_len - req.num_tokens,
+                       req.chunk_left - 1)
+            chosen.append(self.budget.choose(req, room, plan) if room > 0 else None)
+        fed = sum(len(f) for _, f, _ in whole)
+        lengths = self.budget.allocate(plan, [c[1] if c is not None else () for c in chosen],
+                                       [r.num_tokens for r, _, _ in whole], spare, fed)
+        return {id(e[0]): c[0].cut(n) for e, c, n in zip(whole, chosen, lengths) if n > 0}
+
     def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
-                hidden: Optional[torch.Tensor] = None) -> tuple[int, float]:
+                hidden: Optional[torch.Tensor] = None) -> None:
         """Sample every logit row, then accept, emit and tell the proposers, row by row.
-        Returns the number of tokens emitted and the seconds the proposers took to observe them.
         Observers of hidden states get, once per step, the rows whose context was correct: every
         row now in the cache (prompt chunks, the pending token, accepted drafts; never a row past
         a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
-        emitted, observed, spans = 0, 0.0, []
+        spans = []
         for row in rows:
             req = row.req
             before = req.num_cached
@@ -445,21 +388,18 @@ class Engine:
                 if not was_prefill or req.output_ids:  # (a continued request's prefill emits as a decode step does)
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
-                row_emitted, row_observed = self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                                                         logprobs[row.first_logit:row.first_logit + n], offered)
-                emitted, observed = emitted + row_emitted, observed + row_observed
+                self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                             logprobs[row.first_logit:row.first_logit + n], offered)
             count = min(req.num_cached, req.num_tokens) - before
             if observers and count > 0:
                 spans.append(HiddenSpan(req, before, row.offset, count))
         for p in observers:
             p.observe_hidden(spans, hidden)
-        return emitted, observed
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> tuple[int, float]:
+    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> None:
         """ys, lps: the exact samples at the row's last fed token and at each draft token;
         offered: the proposers the step's budget would ask for every request's draft (one that
-        only catches up is not told of a step it could not draft in, or drafts in rarely).
-        Returns the tokens emitted and the seconds the proposers took to observe them."""
+        only catches up is not told of a step it could not draft in)."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -473,7 +413,7 @@ class Engine:
         judged = min(len(row.draft_tokens), len(emitted))
         accepted = min(accepted, judged)
         if row.draft is not None:
-            self.controller.record(req, row.draft, accepted, judged)
+            self.budget.record(req, row.draft, accepted, judged)
         if self.lookahead is not None and (req.judging is not None or req.lookahead is not None):
             self._judge_unused(req, row.draft is not None and row.draft.proposer is self.lookahead)
         req.lookahead = None
@@ -481,13 +421,11 @@ class Engine:
                 and not req.finish_reason):
             req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
                                       [math.exp(lp) for lp in lps[accepted + 1:]])
-        start = time.perf_counter()
         for p in self.proposers:
             mine = row.draft if row.draft is not None and p is row.draft.proposer else None
             if mine is None and p.catches_up and p not in offered:
                 continue
             p.observe(req, mine, accepted if mine is not None else 0, emitted)
-        return len(emitted), time.perf_counter() - start
 
     def _judge_unused(self, req: Request, drafted: bool) -> None:
         """Samples kept past a rejection that no draft used are judged against what the request
@@ -505,7 +443,7 @@ class Engine:
             if landed == known < len(la.tokens) and not req.finish_reason:
                 req.judging = la  # (a newer one replaces an older one still landing: rare)
             elif known > 0:
-                self.controller.learn(Draft(la.tokens, self.lookahead, 0, la.probs), landed, known)
+                self.budget.learn(Draft(la.tokens, self.lookahead, 0, la.probs), landed, known)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The exact sample and its logprob at every logit row; in lenient mode also the draft
@@ -540,28 +478,43 @@ class Engine:
         for r in scored:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
-    def _profile(self) -> None:
-        """Three timed forwards of different sizes and contexts (one token per row, a draft's
-        worth, one token per row after PROFILE_CONTEXT cached ones), so the step cost has its
-        slopes before the first real step. They write into free KV-cache slots at positions no
-        request has yet: each request overwrites its slot from position 0."""
-        rows = min(self.config.max_batch_size, 8)
-        draft = 1 + min(self.config.spec.max_draft_tokens, 8)
-        for start, per_row in ((0, 1), (0, draft), (min(PROFILE_CONTEXT, self.config.max_model_len - 1), 1)):
-            if start + per_row > self.config.max_model_len:
-                continue
-            feed = [(slot, start, [0] * per_row) for slot in range(rows)]
-            batch = ForwardBatch.build(feed, list(range(rows * per_row)), self.device, self.min_bucket)
-            seconds = []
-            for _ in range(2):
-                begin = time.perf_counter()
-                logits, _ = self.model(batch, self.cache)
-                n = logits.shape[0]
-                sampling.sample(logits, torch.zeros(n, dtype=torch.int64, device=logits.device),
-                                torch.arange(n, device=logits.device), *sampling.sampling_tensors(
-                                    [SamplingParams()] * n, logits.device))[0].tolist()
-                seconds.append(time.perf_counter() - begin)
-            self.controller.add_profile(rows * per_row, min(seconds), rows * step_cost.attended(start, per_row))
+    def _step_cost(self) -> dict:
+        """The step-cost table (rollout/step_cost.py): the config's, else the one cached for this
+        device, model shape, dtype and thread count, else measured now and cached."""
+        cfg, mcfg = self.config, self.model.cfg
+        if cfg.spec.step_cost is not None:
+            return cfg.spec.step_cost
+        most = min(cfg.max_num_batched_tokens, cfg.max_batch_size * min(1 + cfg.spec.max_draft_tokens,
+                                                                         cfg.max_model_len))
+        rows, context = min(cfg.max_batch_size, 8), min(PROFILE_CONTEXT, cfg.max_model_len - 1)
+        key = {"device": str(self.device), "machine": step_cost.machine(),
+               "dtype": str(self.model.lm_head.weight.dtype),
+               "threads": self.num_threads, "model": {k: getattr(mcfg, k, None) for k in MODEL_KEYS},
+               "kernel": self.model.attends_in_kernel(self.cache), "most": most, "rows": rows, "context": context}
+        if self.device.type == "cuda":
+            key["name"] = torch.cuda.get_device_name(self.device)
+        with threads.using(self.num_threads):
+            grid = step_cost.profile_grid(most)
+            return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context))
+
+    def _time_forward(self, fed: int, cached: int) -> float:
+        """The fastest of PROFILE_REPEATS forwards (and their sampling) feeding `fed` tokens over
+        the slots after `cached` positions each, after one untimed. They write into slots at
+        positions no request has yet: each request overwrites its slot from position 0."""
+        rows = min(self.config.max_batch_size, fed)
+        per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
+        assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)
+        feed = [(slot, cached, [0] * n) for slot, n in enumerate(per_row)]
+        batch = ForwardBatch.build(feed, list(range(fed)), self.device, self.min_bucket)
+        params = sampling.sampling_tensors([SamplingParams()] * fed, self.device)
+        best = math.inf
+        for i in range(PROFILE_REPEATS + 1):
+            begin = time.perf_counter()
+            logits, _ = self.model(batch, self.cache)
+            sampling.sample(logits, torch.zeros(fed, dtype=torch.int64), torch.arange(fed), *params)[0].tolist()
+            if i:
+                best = min(best, time.perf_counter() - begin)
+        return best
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request

@@ -41,8 +41,8 @@ PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row coun
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
 # oneDNN builds (and caches, ONEDNN_PRIMITIVE_CACHE_CAPACITY: 1024 by default) a kernel per row
 # count and weight shape. Calls of up to EXACT_ROWS rows run as they are: a draft token beside a
-# full decode batch then costs one row, as the draft budget's step cost assumes
-# (rollout/controller.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
+# full decode batch then costs one row, as the draft budget's step-cost table measures
+# (rollout/budget.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
 # two at or under their size: padding adds less than that share of the rows, and each doubling
 # of the row count adds PAD_PARTS kernels per shape.
 EXACT_ROWS = 128
@@ -119,7 +119,7 @@ def make_route(w: torch.Tensor) -> Optional[Callable]:
     if amx is not None:
         return functools.partial(amx_linear.linear, amx, amx_linear.pack(amx, w), w.shape[0])
     if w.numel() >= PACK_MIN_WEIGHTS and packs(w):
-        return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS))
+        return functools.partial(_onednn_forward, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS), w.shape[0])
     library = linear_kernel.load() if w.device.type == "cpu" and w.dtype == torch.float32 else None
     if library is None:
         return None
@@ -137,10 +137,12 @@ def bound(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Callable
     return lambda x: route(x, bias)
 
 
-def _onednn_forward(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _onednn_forward(packed: torch.Tensor, n_out: int, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     n = x.shape[0]
+    if n == 0:  # no row to pad from (a forward that asks no logits); the result is empty as nn.Linear's
+        return x.new_empty(*shape[:-1], n_out)
     rows = padded_rows(n)
     if rows != n:
         x = torch.cat([x, x[:1].expand(rows - n, -1)])

@@ -16,7 +16,7 @@ from typing import Optional
 from .config import Completion, SamplingParams
 from .seeds import MAX_SEED
 
-STAT_FIELDS = ("forward_passes", "proposed", "accepted", "lenient")
+STAT_FIELDS = ("forward_passes", "proposed", "accepted", "lenient", "by_position")
 
 
 @dataclass
@@ -51,6 +51,9 @@ class Request:
     proposed: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
     lenient: int = 0  # tokens accepted by the (biased) lenient mode
+    # proposer name -> [offered, accepted]: per draft position i, the drafts that offered a token
+    # there (among those compared) and those whose first i + 1 tokens were all accepted
+    by_position: dict = field(default_factory=dict)
     lookahead: Optional[Lookahead] = None  # set by the engine after a draft was rejected
     judging: Optional[Lookahead] = None  # an undrafted lookahead whose tokens have landed so far (engine)
     proposer_state: dict = field(default_factory=dict)  # proposer name -> its state for this request
@@ -86,15 +89,27 @@ class Request:
     # ---- what leaves the engine ------------------------------------------------------------
 
     def stats(self) -> dict:
-        """The per-sample counters: forward_passes, proposed, accepted (per proposer), lenient."""
+        """The per-sample counters: forward_passes, proposed, accepted (per proposer), lenient,
+        by_position (per proposer, [offered, accepted] per draft position)."""
         return {"forward_passes": self.forward_passes, "proposed": dict(self.proposed),
-                "accepted": dict(self.accepted), "lenient": self.lenient}
+                "accepted": dict(self.accepted), "lenient": self.lenient,
+                "by_position": {k: [list(o), list(a)] for k, (o, a) in self.by_position.items()}}
+
+    def count_positions(self, name: str, accepted: int, judged: int) -> None:
+        """A verified draft of `name`: its first `judged` positions were offered, `accepted` landed."""
+        offered, landed = self.by_position.setdefault(name, ([], []))
+        for counts, n in ((offered, judged), (landed, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for i in range(n):
+                counts[i] += 1
 
     def set_stats(self, stats: dict) -> None:
         """Take counters from `stats()` of a copy of this request (they are cumulative)."""
         for name in STAT_FIELDS:
             if name in stats:
                 value = stats[name]
+                if name == "by_position":
+                    value = {k: ([*o], [*a]) for k, (o, a) in value.items()}
                 setattr(self, name, dict(value) if isinstance(value, dict) else value)
 
     def completion(self) -> Completion:

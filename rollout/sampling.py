@@ -39,9 +39,10 @@ the CPU kernel (rollout/noise_kernel.c, the same arithmetic in C) matches this f
 
 Speed: on CPU `sample` and `gumbel_noise` run that kernel, one pass per row with the argmax
 fused in and no [M, V] scratch (rollout/noise_kernel.py builds it on first use; without a C
-compiler they run the torch code below). Elsewhere the [M, V] work runs in row chunks (on CPU of
-about half a million elements, so the scratch stays in cache). Every step is elementwise or a
-per-row reduction (argmax, log_softmax), none of which mixes rows.
+compiler they run the torch code below). Elsewhere the [M, V] work runs in row chunks of bounded
+size on every device (on CPU about half a million elements, so the scratch stays in cache), so
+`sample` needs little memory beyond the logits whatever the vocabulary and batch. Every step is
+elementwise or a per-row reduction (argmax, log_softmax), none of which mixes rows.
 """
 from __future__ import annotations
 
@@ -65,10 +66,14 @@ _K_VOCAB = 0x13198A2E
 
 _TWO_POW_M32 = 2.0 ** -32
 _TWO_POW_M33 = 2.0 ** -33
-# Elements per chunk on CPU: scratch (int64 x2, float64) stays in L2/L3 and the per-chunk
-# Python overhead stays small. Chunking never changes a value (everything is per element
-# or per row); it only changes speed.
+# Elements per chunk. The torch path's scratch is about 36 bytes an element (two int64 hash
+# buffers, float64 u, float32 noise, the processed logits and their log_softmax), nine times the
+# float32 logits: whole batches of a large vocabulary would need gigabytes. On CPU a chunk's
+# scratch stays in L2/L3; an accelerator takes bigger chunks (fewer launches), still a bounded
+# few tens of MB. Chunking never changes a value (everything is per element or per row); it
+# only changes speed and memory.
 _CPU_CHUNK_ELEMENTS = 1 << 19
+_DEVICE_CHUNK_ELEMENTS = 1 << 21
 # top-k / top-p first rank only this many of each row's largest logits, then this many,
 # then the whole row (see _top_k_top_p).
 _TOP_CANDIDATES = (64, 4096)
@@ -125,10 +130,9 @@ def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
 
 
 def _row_chunks(num_rows: int, vocab_size: int, device: torch.device) -> Iterator[tuple[int, int]]:
-    if device.type != "cpu":  # accelerators: one launch per op beats cache-sized chunks
-        yield 0, num_rows
-        return
-    step = max(1, _CPU_CHUNK_ELEMENTS // max(1, vocab_size))
+    """Row ranges of at most a chunk's elements (one row at the least)."""
+    elements = _CPU_CHUNK_ELEMENTS if device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+    step = max(1, elements // max(1, vocab_size))
     for r0 in range(0, num_rows, step):
         yield r0, min(num_rows, r0 + step)
 

@@ -7,13 +7,13 @@ at every op: a small model (where every op is a parallel region) then runs tens 
 slower with 2 threads than with 1. Three choices fix that:
 
 - the wait policy. `OMP_WAIT_POLICY=PASSIVE` makes waiting threads sleep. OpenMP reads it
-  once, when torch loads it, so it is set here, at the import of `rollout` (which every
-  spectail package and entry point imports before torch), unless the user set a policy of
-  their own (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME). Ray workers get it in their
-  environment (scheduler/ray_backend.py).
+  once, when torch loads it, so `set_wait_policy` must run before torch is imported: spectail's
+  command line does so (`rollout.cpu.configure()`; importing spectail sets nothing), unless the
+  user set a policy of their own (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME). Ray workers
+  get it in their environment (scheduler/ray_backend.py).
 - the thread count. A passive wait costs a wake-up per parallel region, which a small
   model's tiny ops cannot amortise: below `SMALL_MODEL_PARAMS` parameters per token an
-  engine uses one thread (measured: `python -m rollout.bench --busy`, bench_results/threads.json),
+  engine uses one thread (measured: `python -m benchmarks.bench --busy`, bench_results/threads.json),
   above it the cores this process may use (affinity, cgroup quota and OMP_NUM_THREADS, which
   Ray sets to an actor's num_cpus), unless one thread ran a decode-shaped forward faster when
   the engine was built (`Engine._fastest_threads`: virtual CPUs may share a physical core). The
@@ -63,7 +63,8 @@ def wait_policy() -> str:
     for v in _USER_WAIT_VARS:
         if v in os.environ:
             return f"{v}={os.environ[v]}"
-    return "OpenMP default (spinning: torch was imported before spectail; set OMP_WAIT_POLICY=PASSIVE)"
+    return ("OpenMP default (spinning: set OMP_WAIT_POLICY=PASSIVE, or call rollout.cpu.configure() "
+            "before importing torch)")
 
 
 def usable_cores() -> int:

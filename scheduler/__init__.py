@@ -1,5 +1,4 @@
 """Everything distributed: workers, the rollout scheduler, and the rollout history store."""
-import rollout  # noqa: F401 -- first: it sets OpenMP's wait policy before torch loads (rollout/threads.py)
 
 from .history_store import HistoryRecord, HistoryStore
 from .ray_backend import RayRolloutBackend

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from rollout import Completion, EngineConfig, SamplingParams, threads
+from rollout import Completion, EngineConfig, SamplingParams, cpu
 from rollout.request import make_requests
 
 from .drafter_slices import DrafterSlices
@@ -140,11 +140,12 @@ class WorkerPool:
         # (scheduler/vllm_worker.py), built as worker_cls(payload, engine_config, index, **worker_kwargs)
         self.worker_cls, self.worker_kwargs = worker_cls or RolloutWorker, dict(worker_kwargs or {})
         self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **(actor_options or {})}
-        # OpenMP reads its wait policy and thread count when torch loads: they must be in the
-        # worker's environment from the start (rollout/threads.py); the user's variables win.
+        # OpenMP reads its wait policy and thread count when torch loads, oneDNN its cap at its first
+        # kernel: they must be in the worker's environment from the start (rollout/cpu.py); the
+        # user's variables win.
         runtime_env = dict(self.options.get("runtime_env") or {})
         cores = {"OMP_NUM_THREADS": str(max(1, int(num_cpus)))} if engine_config.device == "cpu" else {}
-        runtime_env["env_vars"] = {**threads.worker_env(), **cores, **(runtime_env.get("env_vars") or {})}
+        runtime_env["env_vars"] = {**cpu.worker_env(), **cores, **(runtime_env.get("env_vars") or {})}
         self.options["runtime_env"] = runtime_env
         self.start_timeout_s, self.restart = start_timeout_s, restart
         self.max_restarts = self.restarts_left = max_restarts  # replacements per rollout

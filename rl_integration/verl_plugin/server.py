@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from rollout import Engine
+from rollout import Engine, cpu
 from rollout.request import check_ids
 
 from .batcher import Batcher
@@ -50,6 +50,8 @@ class SpectailServer:
                  gpus_per_node: int = 1, nnodes: int = 1, cuda_visible_devices: Optional[str] = None):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
+
+        cpu.configure()  # this actor's process is spectail's: the oneDNN cap before the engine's first kernel
 
         if cuda_visible_devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices

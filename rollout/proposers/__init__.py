@@ -1,7 +1,8 @@
 """Draft sources, by name. Each is a guesser: the engine verifies every draft token exactly.
 
-The registry maps a name to the proposer's class as "module:Class", imported only when a
-SpecConfig asks for it (the drafter lives in a higher package, which `rollout` never imports).
+The registry (rollout/config.py's PROPOSERS: a SpecConfig checks its names without importing a
+proposer) maps a name to the proposer's class as "module:Class", imported only when a SpecConfig
+asks for it (the drafter lives in a higher package, which `rollout` never imports).
 A class is built with `Class.from_config(spec, model, engine_config)` (the engine's model and
 config, for proposers that size state by them).
 """
@@ -9,15 +10,8 @@ from __future__ import annotations
 
 import importlib
 
+from ..config import PROPOSERS as REGISTRY
 from .base import Draft, Proposer
-
-REGISTRY = {
-    "ngram": "rollout.proposers.ngram:NgramProposer",
-    "history": "rollout.proposers.history:HistoryProposer",
-    "suffix": "rollout.proposers.suffix:SuffixProposer",
-    "lookahead": "rollout.proposers.lookahead:LookaheadProposer",
-    "drafter": "drafter.proposer:DrafterProposer",
-}
 
 
 def make_proposers(spec, model=None, engine_config=None) -> list[Proposer]:

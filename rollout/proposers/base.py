@@ -18,9 +18,9 @@ class Draft:
     """Tokens offered to follow a request's output, and what the budget judges them by.
 
     evidence: tokens of context that agree with the source the draft copies (0 = none known);
-        the controller learns acceptance per evidence level (rollout/controller.py).
+        the budget learns acceptance per evidence level (rollout/budget.py).
     confidence: per token, the probability the policy gave it where it was sampled (negative or
-        NaN where unknown), or None; the controller learns acceptance per confidence bin too.
+        NaN where unknown), or None; the budget learns acceptance per confidence bin too.
     """
 
     tokens: list[int]
@@ -51,18 +51,17 @@ class Proposer:
     """The base of every draft source: no draft, no state.
 
     name: the registry name (rollout/proposers/__init__.py) and the key of its stats.
-    prior: the acceptance rate the controller assumes before it has seen any of its drafts.
+    prior: the acceptance rate the budget assumes before it has seen any of its drafts.
     wants_lookahead: the engine keeps the target's samples past a rejected draft token on the
         request (`req.lookahead`) only when some proposer reads them.
     catches_up: `observe` only brings the proposer's state up to date with `req.output_ids`,
         which `propose` and `finish` do too; the engine then skips it in steps whose budget would
-        not ask it for every request's draft, so a budget that has switched it off, or asks it
-        rarely, costs no bookkeeping per token.
+        not ask it, so a budget that has switched it off costs no bookkeeping per token.
     wants_hidden: the engine asks the forward for the final hidden state of every fed token and
         hands them over (`observe_hidden`); False costs nothing. May change between steps.
     batched: the proposer drafts for all requests at once (`prepare`), before any is asked;
         what a batched draft position costs (`position_cost`) is charged to its tokens when the
-        controller decides how many positions are worth drafting.
+        budget decides how many positions are worth drafting.
     """
 
     name = "base"
@@ -72,14 +71,13 @@ class Proposer:
     wants_hidden = False
     batched = False
 
-    def prepare(self, requests: Sequence[Request], offer, plan) -> None:
-        """Once per step, before any `propose` (batched proposers only): the requests that are
-        decoding (one pending token); offer.most: the most draft tokens the budget could grant
-        any of them this step; offer.table, plan.threshold: how it will judge them
-        (rollout/controller.py)."""
+    def prepare(self, requests: Sequence[Request], k: int) -> None:
+        """Once per step, before any `propose` (batched proposers only): draft up to k positions
+        for the requests that are decoding (one pending token); the budget found k worth it."""
 
     def position_cost(self, n: int) -> float:
-        """Seconds one batched draft position costs for n requests (measured by the proposer)."""
+        """Seconds one batched draft position costs for n requests (measured once by the proposer,
+        never while a rollout runs: the budget must not depend on the machine's load)."""
         return 0.0
 
     def observe_hidden(self, spans: Sequence[HiddenSpan], hidden) -> None:

@@ -29,7 +29,7 @@ class LookaheadProposer(Proposer):
         la = req.lookahead
         if k <= 0 or la is None or la.position != len(req.output_ids):
             return None  # none left from the last step, or stale (the output moved on)
-        # no agreement to report: the controller learns per position (evidence 0 + i) and confidence
+        # no agreement to report: the budget learns per position (evidence 0 + i) and confidence
         return Draft(la.tokens[:k], self, evidence=0, confidence=la.probs[:k])
 
     def finish(self, req: Request) -> None:

@@ -1,7 +1,7 @@
 """The offline benchmark's pieces run on a tiny model (the benchmark itself needs the demo policy)."""
 import random
 
-from drafter.bench import sample_rollouts, time_steps
+from benchmarks.bench_drafter import sample_rollouts, time_steps
 from drafter.head import DraftHead, HeadConfig
 from rollout import Engine, EngineConfig
 
@@ -20,11 +20,11 @@ def test_bench_pieces(policy):
 
 
 def test_the_choice_log_sees_every_choice_and_scores_both_drafts(policy):
-    """drafter/bench_choice.py: watching `choose` changes no token and no draft; a duel's runs are
+    """benchmarks/bench_drafter_choice.py: watching `choose` changes no token and no draft; a duel's runs are
     each draft's common prefix with the output."""
     from types import SimpleNamespace
 
-    from drafter.bench_choice import ChoiceLog
+    from benchmarks.bench_drafter_choice import ChoiceLog
     from drafter.proposer import DrafterProposer
     from rollout import SamplingParams, SpecConfig
 

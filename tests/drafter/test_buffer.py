@@ -83,3 +83,22 @@ def test_refresh_recomputes_stale_features_under_new_weights(policy, rollouts):
         assert not torch.allclose(e.features, o)
     assert not torch.allclose(entries[3].features, new[3])  # it was current: left alone
     assert buf.refresh(pol, version=1) == 0
+
+
+def test_refresh_on_a_policy_whose_output_layer_packs():
+    """The crash of `spectail train` with the drafter on a real checkpoint: sequence_features
+    asks no logit rows, and an lm_head large enough for oneDNN's packed path got 0 rows."""
+    from rollout.linear import PACK_MIN_WEIGHTS, packs
+    from rollout.model import CausalLM
+    from tests.conftest import tiny_hf_model
+
+    policy = CausalLM.from_pretrained(tiny_hf_model("llama", vocab=4096, seed=5))
+    assert policy.lm_head.weight.numel() >= PACK_MIN_WEIGHTS
+    if not packs(policy.lm_head.weight):
+        pytest.skip("this torch has no oneDNN path for the output layer")
+    buf = FeatureBuffer(1000)
+    s = SavedRollout([1, 2, 3], [40, 50, 60, 70], seed=1)
+    buf.add(s, torch.zeros(7, policy.cfg.hidden_size), version=0)
+    assert buf.refresh(policy, version=1) == 7
+    (entry,) = list(buf)
+    assert entry.version == 1 and torch.equal(entry.features, sequence_features(policy, [s.token_ids])[0])

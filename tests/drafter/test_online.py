@@ -1,5 +1,5 @@
 """Online training on what the engine ran: the buffer's features refreshed under new weights,
-bounded by time and passes, a new head version; the budget charges a head position's cost; the
+bounded by time and passes, a new head version; the
 run config turns the drafter on with its first head."""
 import random
 
@@ -11,8 +11,6 @@ from drafter.online import OnlineConfig, OnlineState, measure, train_on_buffer
 from drafter.proposer import DrafterProposer
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import DrafterSpec
-from rollout.controller import AdaptiveController
-from rollout.proposers.base import Proposer
 from tests.drafter.conftest import VOCAB, sharp_policy
 
 
@@ -50,32 +48,6 @@ def test_with_no_head_the_first_training_makes_one(policy):
     assert dp.head is None and len(dp.buffer) == 16  # collected without drafting
     train_on_buffer(dp, OnlineState(), OnlineConfig(kind="mlp"), budget_s=10.0)
     assert dp.head is not None and dp.head.kind == "mlp" and dp.head_version == 1
-
-
-class Costly(Proposer):
-    name, batched = "costly", True
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def position_cost(self, n):
-        return self.seconds
-
-
-def test_the_budget_charges_a_head_position_to_its_tokens():
-    c = AdaptiveController(max_draft_tokens=8)
-    for _ in range(20):
-        c.observe_step(fed=64, emitted=64, seconds=0.010)  # 64 requests decoding: 10 ms per step
-    cheap, dear = Costly(1e-5), Costly(0.5)
-    offers = {o.proposer.name: o.most for o in c.plan_step([cheap], 64, 1.0).offers}
-    assert offers["costly"] >= 4
-    c.credit = 0.0
-    assert c.plan_step([dear], 64, 1.0).offers[0].most == 0  # not worth a position
-    c.credit = 1.0
-    assert c.plan_step([dear], 64, 1.0).offers[0].most == 1  # exploration pays for one
-    assert c.credit == pytest.approx(0.5)
-    fixed = AdaptiveController(min_draft_prob=0.0, max_draft_tokens=8)  # a fixed threshold prices nothing
-    assert fixed.plan_step([dear], 64, 1.0).offers[0].most == 8
 
 
 def test_the_run_config_turns_the_drafter_on(tmp_path, policy):

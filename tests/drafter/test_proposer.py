@@ -11,13 +11,11 @@ from drafter.export import export, head_state
 from drafter.features import SavedRollout, sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.head_cache import Rows
-from drafter.proposer import DrafterProposer, _State, copy_surplus
+from drafter.proposer import DrafterProposer, _State
 from drafter.simulate import chain_runs
 from drafter.warm_start import warm_start
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import DrafterSpec
-from rollout.controller import LEVELS, NUM_BINS, Offer, StepPlan
-from rollout.proposers.base import Draft, HiddenSpan, Proposer
 from tests.drafter.conftest import VOCAB, sharp_policy
 
 PARAMS = [SamplingParams(temperature=1.0, max_tokens=30, stop_token_ids=[0]),
@@ -214,44 +212,3 @@ def test_propose_hands_out_the_prepared_draft_with_its_evidence(policy):
         [0.0, 1 - 2.718281828 ** -1, 1 - 2.718281828 ** -3], rel=1e-6)
     dp.observe(req, d, 1, [4, 9])
     assert st.run == 0 and st.draft is None
-
-
-class _Copy(Proposer):
-    """A copy proposer whose draft is a fixed list of tokens."""
-
-    def __init__(self, tokens):
-        self.name, self.tokens = "copy", tokens
-
-    def propose(self, req, k):
-        return Draft(self.tokens[:k], self, evidence=40, confidence=None) if self.tokens else None
-
-
-def test_the_head_skips_requests_a_copy_draft_wins(policy):
-    """Where another proposer's draft is worth as much as any drafter draft could be, `choose`
-    would not take the drafter's: `prepare` drafts only the other requests."""
-    eng = engine(policy, head=DraftHead.for_policy(policy, HeadConfig(), seed=3))
-    dp = DrafterProposer.of(eng)
-    prompts, params, seeds = workload(n=2)
-    reqs = eng.make_requests(prompts, params[0], seeds=seeds)
-    for slot, req in enumerate(reqs):  # as after the prefill: the prompt's rows observed, its last token pending
-        req.slot = slot
-        dp.observe_hidden([HiddenSpan(req, 0, 0, len(req.prompt_ids))], sequence_features(policy, [req.prompt_ids])[0])
-    sure = [[1.0] * NUM_BINS for _ in range(LEVELS)]
-    drafter_offer = Offer(dp, [[0.9] * NUM_BINS for _ in range(LEVELS)], 0.9, 4)
-
-    def prepared(copy_tokens):
-        plan = StepPlan(0.1, (), [Offer(_Copy(copy_tokens), sure, 1.0, 4), drafter_offer])
-        # a sure copy token earns 1 - 0.1 (its verify slot's price) beyond its slot
-        assert copy_surplus(reqs[0], plan, 4) == pytest.approx(0.9 * min(4, len(copy_tokens)))
-        before = dp.stats["chains"]
-        dp.prepare(reqs, drafter_offer, plan)
-        return dp.stats["chains"] - before
-
-    assert prepared([]) == 2  # nothing to copy: both drafted
-    assert prepared([5, 6]) == 2  # a sure 2-token copy (surplus 1.8) is worth less than 4 head tokens at 0.9 (2.7)
-    assert prepared([5, 6, 7, 8, 9]) == 0  # a sure 4-token copy (3.6): the head cannot do better
-    # at evidence level 0 the drafter lands 0.6 (0.9 at other levels): its 4-token draft's
-    # surplus (0.91) beats a sure 1-token copy's (0.9) but loses to a 2-token one's, though its
-    # best rate's (2.7) would not
-    drafter_offer = Offer(dp, [[0.6] * NUM_BINS] + [[0.9] * NUM_BINS for _ in range(LEVELS - 1)], 0.9, 4)
-    assert prepared([5]) == 2 and prepared([5, 6]) == 0

@@ -27,10 +27,12 @@ import shutil
 import signal
 import sys
 
-import rollout  # noqa: F401 -- first: OpenMP's wait policy is set before torch loads
+from rollout import cpu
+
+cpu.configure()  # first, as the command line does: OpenMP's wait policy is set before torch loads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# what a run imports, loaded once by the fork server (rollout first: it must come before torch)
+# what a run imports, loaded once by the fork server (after cpu.configure(), above)
 PRELOAD = ["rollout", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
            "pyarrow.parquet", "yaml", "tqdm.auto", "rl_integration.cli", "rl_integration.trainer",
            "rl_integration.grpo", "rl_integration.ppo", "rl_integration.demo.policy", "scheduler.history_store",

@@ -4,7 +4,7 @@ override), never another exception; a loaded config survives a round trip throug
 
 Keys are drawn from RunConfig's dataclass fields by introspection, with values of the right type
 and of any other, so the test follows renamed and moved keys without edits. The strict xfail
-tests at the end are bugs the fuzzing found (fixes in notes/robust-bugs.md).
+tests at the end are bugs the fuzzing found.
 """
 import dataclasses
 import types
@@ -212,7 +212,7 @@ def mapping_keys(node, prefix: str = "") -> list[str]:
     return out
 
 
-# ---- bugs the fuzzing found on main (fixes: notes/robust-bugs.md) -----------------------------
+# ---- bugs the fuzzing found on main -----------------------------------------------------------
 
 
 def refuses(path, items, *names) -> None:

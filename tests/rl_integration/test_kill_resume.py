@@ -43,7 +43,7 @@ STEPS = 4
 KILL_RUN = ["rollout.n=4", f"trainer.steps={STEPS}", "trainer.save_every=1", "trainer.keep_checkpoints=2",
             "rollout.engine.spec.min_draft_prob=0.3", "rollout.drafter.enabled=false", "output.plot=false"]
 CHAIN = [("rollout", 1), ("optimizer", 1), ("history", 1), ("metrics", 1), ("checkpoint", 1), ("prune", 2)]
-TIMED = ("seconds", "per_second")  # wall times: the only metrics that may differ
+TIMED = ("seconds", "per_second", "_mb")  # wall times and memory: the only metrics that may differ
 
 
 def spectail(tiny_run, out, record, *extra, kill=None, env=None):

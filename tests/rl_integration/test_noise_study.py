@@ -1,6 +1,6 @@
 """The noise study's arms are the configs they claim to be, and its summary is arithmetic."""
+from benchmarks.noise_study import ARMS, summarize
 from rl_integration.config import load_config, validate
-from rl_integration.noise_study import ARMS, summarize
 
 
 def test_arms_configure_what_they_name():
@@ -32,7 +32,7 @@ def test_summary():
 def test_fresh_noise_evaluation_joins_each_step_record(tiny_run, tmp_path):
     import json
 
-    from rl_integration.noise_study import FreshNoiseEval
+    from benchmarks.noise_study import FreshNoiseEval
     from rl_integration.trainer import train
 
     cfg = load_config(None, tiny_run + ["trainer.steps=2", f"output.dir={tmp_path}", "output.plot=false"])

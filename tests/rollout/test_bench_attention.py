@@ -1,9 +1,10 @@
-"""`python -m rollout.bench_attention` at a tiny size: both orders give the same bits, and it says so."""
+"""`python -m benchmarks.bench_attention` at a tiny size: both orders give the same bits, and it says so."""
 import json
 
 import pytest
 
-from rollout import attention_kernel, bench_attention
+from benchmarks import bench_attention
+from rollout import attention_kernel
 
 
 def test_the_attention_bench_compares_the_same_tokens_in_two_orders(tmp_path, capsys):

@@ -1,10 +1,11 @@
-"""`python -m rollout.bench_linear` and `rollout.bench_amx` at a tiny size: each times its peer
+"""`python -m benchmarks.bench_linear` and `benchmarks.bench_amx` at a tiny size: each times its peer
 (MKL, oneDNN) and our kernel, and the kernel keeps a row's bits."""
 import json
 
 import pytest
 
-from rollout import amx_linear, bench_amx, bench_linear, linear_kernel
+from benchmarks import bench_amx, bench_linear
+from rollout import amx_linear, linear_kernel
 
 BENCHES = {"float32 (linear_kernel)": (bench_linear, linear_kernel, "mkl", "it needs a C compiler and AVX-512"),
            "bfloat16 (amx_kernel)": (bench_amx, amx_linear, "onednn", "it needs AMX-BF16, Linux and a C compiler")}

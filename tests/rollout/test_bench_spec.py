@@ -1,8 +1,8 @@
-"""`python -m rollout.bench --spec` on a tiny model: every configuration's tokens are checked against
+"""`python -m benchmarks.bench --spec` on a tiny model: every configuration's tokens are checked against
 plain decoding inside the bench, the A/A pair is reported, and the JSON is written after each cell."""
 import json
 
-from rollout import bench_spec
+from benchmarks import bench_spec
 
 
 def test_the_spec_bench_reports_an_a_a_pair_and_keeps_finished_cells(tmp_path, monkeypatch):

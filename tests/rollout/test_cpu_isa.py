@@ -1,6 +1,6 @@
-"""oneDNN is capped below AMX at the import of rollout (a bfloat16 row's bits must not depend on the
-call's row count), the user's own cap wins, an engine says so when the cap does not hold, and
-vLLM's processes run without it."""
+"""rollout.cpu.configure() caps oneDNN below AMX (a bfloat16 row's bits must not depend on the call's
+row count), the user's own cap wins, an engine says so when its rows' bits would depend on the
+call (no cap and no AMX kernel of ours), and vLLM's processes run without it."""
 import os
 
 import pytest
@@ -12,8 +12,9 @@ from tests.conftest import child_stdout
 # An engine in bfloat16 on a tiny model, built in a child: it reports the probe and any warning.
 ENGINE = """
 import warnings, torch{first}
-from rollout import Engine, EngineConfig, cpu_isa
-from tests.conftest import tiny_hf_model
+from rollout import Engine, EngineConfig, cpu, cpu_isa
+{configure}
+from tests.tiny_models import tiny_hf_model
 hf = tiny_hf_model("llama")
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
@@ -34,30 +35,37 @@ def _amx() -> bool:
         return False
 
 
-def test_importing_rollout_caps_onednn_unless_the_user_chose():
+def test_configure_caps_onednn_unless_the_user_chose():
     show = "import os; print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('DNNL_MAX_CPU_ISA'))"
-    assert _child(f"import rollout; {show}") == f"{cpu_isa.CAP} None"
-    assert _child(f"import scheduler; {show}") == f"{cpu_isa.CAP} None"
-    assert _child(f"import rollout; {show}", ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "AVX512_CORE_AMX None"
-    assert _child(f"import rollout; {show}", DNNL_MAX_CPU_ISA="AVX2") == "None AVX2"
+    configure = "from rollout import cpu; cpu.configure()"
+    assert _child(f"{configure}; {show}") == f"{cpu_isa.CAP} None"
+    assert _child(f"import scheduler, torch; {configure}; {show}") == f"{cpu_isa.CAP} None"
+    assert _child(f"{configure}; {show}", ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "AVX512_CORE_AMX None"
+    assert _child(f"{configure}; {show}", DNNL_MAX_CPU_ISA="AVX2") == "None AVX2"
+    assert _child(f"import rollout, scheduler; {show}") == "None None"  # importing caps nothing
 
 
 def test_the_test_session_computes_bfloat16_rows_alike():
-    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == cpu_isa.CAP  # tests/conftest.py imports rollout first
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == cpu_isa.CAP  # tests/conftest.py calls cpu.configure()
     assert cpu_isa.rows_invariant()
 
 
 @pytest.mark.skipif(not _amx(), reason="this CPU has no AMX: oneDNN's bfloat16 rows are alike without the cap")
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN runs no bfloat16 here")
 def test_without_the_cap_amx_rows_differ_and_the_engine_warns_unless_its_layers_run_on_our_tiles():
-    assert _child(ENGINE.format(first="")) == "True False"
+    def engine(first="", configure="cpu.configure()", **env):
+        return _child(ENGINE.format(first=first, configure=configure), **env)
+
+    assert engine() == "True False"
     # with the C kernels off the engine's bfloat16 layers run through oneDNN
-    assert _child(ENGINE.format(first=""), ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX", SPECTAIL_C_KERNELS="0") == "False True"
-    # oneDNN made its kernels before spectail was imported: too late to cap, and said so
+    assert engine(ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX", SPECTAIL_C_KERNELS="0") == "False True"
+    assert engine(configure="", SPECTAIL_C_KERNELS="0") == "False True"  # nobody capped oneDNN
+    # oneDNN made its kernels before the cap was set: too late to cap, and said so
     late = "\ntorch.ops.mkldnn._reorder_linear_weight(torch.ones(64, 64, dtype=torch.bfloat16), 32)"
-    assert _child(ENGINE.format(first=late), SPECTAIL_C_KERNELS="0") == "False True"
+    assert engine(first=late, SPECTAIL_C_KERNELS="0") == "False True"
     if amx_linear.load() is not None:  # rollout/amx_kernel.c keeps a row's bits: nothing to warn about
-        assert _child(ENGINE.format(first=""), ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "False False"
+        assert engine(ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "False False"
+        assert engine(configure="") == "False False"  # the user's process, not configured: still exact
 
 
 def test_vllm_runs_without_the_cap_set_here_but_keeps_the_users(monkeypatch):
@@ -66,6 +74,7 @@ def test_vllm_runs_without_the_cap_set_here_but_keeps_the_users(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cpu_isa.CAP)
     with vllm_backend.environment({"VLLM_CPU_KVCACHE_SPACE": "1", **cpu_isa.uncapped(os.environ)}):
         assert os.environ["ONEDNN_MAX_CPU_ISA"] == "ALL" and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
-        # a vLLM process that imports spectail keeps it (its cap is the user's now)
-        assert _child("import rollout, os; print(os.environ['ONEDNN_MAX_CPU_ISA'])", ONEDNN_MAX_CPU_ISA="ALL") == "ALL"
+        # a vLLM process that configures spectail keeps it (its cap is the user's now)
+        assert _child("from rollout import cpu; import os; cpu.configure(); print(os.environ['ONEDNN_MAX_CPU_ISA'])",
+                      ONEDNN_MAX_CPU_ISA="ALL") == "ALL"
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == cpu_isa.CAP

@@ -5,8 +5,7 @@ drafts, groups and draft logprobs (tests/rollout/fuzz_inputs.py says what each v
 Every call returns valid completions -- equal, token for token, to a plain engine's -- or raises
 a ValueError naming a bad field; afterwards the engine holds no per-request or per-group state
 and a fixed probe call gives the tokens it gave before. The strict xfail tests at the end are
-bugs the fuzzing found on main (tests/rollout/fuzz_inputs.py KNOWN_BUGS; fixes in
-notes/robust-bugs.md).
+bugs the fuzzing found on main (tests/rollout/fuzz_inputs.py KNOWN_BUGS).
 """
 import copy
 import math
@@ -14,9 +13,9 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from benchmarks.soak import leftover_state
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.request import make_requests
-from rollout.soak import leftover_state
 from tests.conftest import tiny_hf_model
 from tests.fuzz_counts import count
 from tests.rollout.fuzz_inputs import BAD, EITHER, OK, generate_args
@@ -118,7 +117,7 @@ def test_make_requests_builds_what_it_was_given_or_names_the_bad_field(drawn):
             assert len(r.history_logprobs) == len(r.history)
 
 
-# ---- bugs the fuzzing found on main (fixes: notes/robust-bugs.md) -----------------------------
+# ---- bugs the fuzzing found on main -----------------------------------------------------------
 
 
 def refuses(call, name: str) -> None:

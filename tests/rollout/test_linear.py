@@ -87,3 +87,19 @@ def test_small_weights_are_not_packed_for_onednn():
     m = PackedLinear(128, 256)
     assert not linear.packs(m.weight)
     assert not linear.packs(layer().weight.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(512, 640), (32, 48)])  # packed (oneDNN or AMX) and small (linear_kernel)
+def test_a_call_on_no_rows_returns_an_empty_result_on_every_path(dtype, shape):
+    """A forward that asks no logits (the drafter's sequence_features) calls lm_head on 0 rows:
+    oneDNN's path used to pad them from x[:1], which does not exist."""
+    m = layer(*shape, dtype=dtype) if shape[0] * shape[1] >= linear.PACK_MIN_WEIGHTS else (
+        PackedLinear(*shape).to(dtype).requires_grad_(False))
+    for x in (torch.empty(0, shape[0], dtype=dtype), torch.empty(3, 0, shape[0], dtype=dtype)):
+        with torch.inference_mode():
+            got = m(x)
+        assert got.shape == (*x.shape[:-1], shape[1]) and got.dtype == dtype
+        route = linear.make_route(m.weight.detach().contiguous())
+        if route is not None:
+            assert route(x, m.bias).shape == got.shape

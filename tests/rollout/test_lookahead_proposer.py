@@ -37,7 +37,7 @@ def test_lookahead_drafts_are_lossless_and_taken():
 def test_samples_no_draft_used_are_judged_against_what_was_emitted():
     engine = Engine.from_pretrained(tiny_hf_model("llama", vocab=61, seed=3), EngineConfig(
         max_batch_size=2, max_model_len=32, spec=SpecConfig(proposers=("lookahead",), min_draft_prob=0.3)))
-    c = engine.controller
+    c = engine.budget
     (req,) = engine.make_requests([[1, 2, 3]], SamplingParams(max_tokens=20), seeds=[0])
     req.output_ids = [5, 7]  # a step emitted 7 where samples [7, 8, 9] were kept for position 1
     req.lookahead = Lookahead(1, [7, 8, 9], [0.5, 0.5, 0.5])

@@ -1,9 +1,9 @@
 """The soak's short version, and proof that its checks can fail."""
 import json
 
+from benchmarks.soak import PROPOSERS, SoakConfig, growth, growth_failures, leftover_state, main, run_soak
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.proposers.suffix import SuffixIndex
-from rollout.soak import PROPOSERS, SoakConfig, growth, growth_failures, leftover_state, main, run_soak
 from tests.conftest import tiny_hf_model
 
 

@@ -1,4 +1,4 @@
-"""Threads are decided in one place: passive OpenMP waiting unless the user chose, one engine
+"""Threads are decided in one place: passive OpenMP waiting when configured (unless the user chose), one engine
 thread for tiny models, the cores this process may use otherwise, and the caller's count restored."""
 import os
 
@@ -14,18 +14,20 @@ def _policy_in_child(code: str, **env) -> str:
     return child_stdout(code, WAIT_VARS, **env)
 
 
-def test_importing_spectail_first_makes_openmp_wait_passively():
+def test_configuring_before_torch_makes_openmp_wait_passively():
     show = "import os; print(os.environ.get('OMP_WAIT_POLICY'))"
-    assert _policy_in_child(f"import rl_integration; {show}") == "PASSIVE"
-    assert _policy_in_child(f"import scheduler; {show}") == "PASSIVE"
-    assert _policy_in_child(f"import rollout; {show}", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"  # the user's wins
-    late = _policy_in_child("import torch, rollout, os; from rollout import threads; "
+    configure = "from rollout import cpu; cpu.configure()"
+    assert _policy_in_child(f"{configure}; import rl_integration, torch; {show}") == "PASSIVE"
+    assert _policy_in_child(f"{configure}; import scheduler; {show}") == "PASSIVE"
+    assert _policy_in_child(f"{configure}; {show}", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"  # the user's wins
+    assert _policy_in_child(f"import rl_integration, scheduler; {show}") == "None"  # importing sets nothing
+    late = _policy_in_child(f"import torch; {configure}; import os; from rollout import threads; "
                             "print(os.environ.get('OMP_WAIT_POLICY'), '|', threads.wait_policy())")
     assert late.startswith("None |") and "spinning" in late  # too late to change: said so
 
 
 def test_the_test_session_itself_does_not_spin():
-    assert "spinning" not in threads.wait_policy()  # tests/conftest.py imports rollout before torch
+    assert "spinning" not in threads.wait_policy()  # tests/conftest.py configures before torch loads
 
 
 def test_usable_cores_follow_affinity_and_omp_num_threads(monkeypatch):

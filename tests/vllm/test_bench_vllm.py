@@ -1,4 +1,4 @@
-"""`python -m rollout.bench --peer vllm --quick` end to end: vLLM in .venv-vllm as a subprocess,
+"""`python -m benchmarks.bench --peer vllm --quick` end to end: vLLM in .venv-vllm as a subprocess,
 spectail's engine beside it, rounds interleaved, the ratio printed last, JSON written."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: `make test-vllm` "
                     "creates .venv-vllm and runs tests/vllm there")
-from rollout.bench_vllm import ROOT, VLLM_PYTHON  # noqa: E402
+from benchmarks.bench_vllm import ROOT, VLLM_PYTHON  # noqa: E402
 
 if not VLLM_PYTHON.exists():
     pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (`make venv-vllm`)", allow_module_level=True)
@@ -17,7 +17,7 @@ if not VLLM_PYTHON.exists():
 
 def test_quick_bench_runs_both_engines_and_prints_the_ratio(tmp_path):
     out = tmp_path / "peer.json"
-    proc = subprocess.run([sys.executable, "-m", "rollout.bench", "--peer", "vllm", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--peer", "vllm", "--quick", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(Path(out).read_text())

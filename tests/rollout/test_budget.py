@@ -1,0 +1,182 @@
+"""The draft budget (rollout/budget.py): the rule picks the lengths the cost table and the rates
+call for, acceptance is learnt from counts, the step cost is measured once and cached, and the
+same rollout drafts the same on an idle machine and beside a CPU burner."""
+import itertools
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, step_cost
+from rollout import budget as B
+from rollout.proposers.base import Draft, Proposer
+from tests.rollout.test_golden_replay import PROMPTS, peaked_model
+
+CHEAP = {"tokens": [1, 16, 64, 512], "seconds": [0.010, 0.011, 0.020, 0.150]}  # memory-bound: flat to 16 tokens
+DEAR = {"tokens": [1, 64, 512], "seconds": [0.001, 0.064, 0.512]}  # a fed token costs a decode
+
+
+class Fixed(Proposer):
+    """Drafts `tokens` (up to k) with the given prior."""
+
+    def __init__(self, name="fixed", prior=0.7, tokens=tuple(range(3, 20)), batched=False, position_s=0.0):
+        self.name, self.prior, self.tokens = name, prior, list(tokens)
+        self.batched, self.position_s = batched, position_s
+
+    def propose(self, req, k):
+        return Draft(self.tokens[:k], self) if k > 0 and self.tokens else None
+
+    def position_cost(self, n):
+        return self.position_s
+
+
+def budget(cost=CHEAP, k=8, **kw):
+    return B.Budget(max_draft_tokens=k, cost=step_cost.StepCost.from_dict(cost) if cost else None, **kw)
+
+
+def lengths(b, proposer, batch, context=0):
+    """The lengths the budget grants `batch` decoding requests that each get the proposer's draft."""
+    plan = b.plan_step([proposer], batch, 1.0, context=context * batch)
+    if plan is None:
+        return None
+    chosen = [b.choose(None, b.max_draft_tokens, plan) for _ in range(batch)]
+    return b.allocate(plan, [c[1] if c else () for c in chosen], [context] * batch, spare=10 ** 6)
+
+
+def test_deep_at_batch_one_where_fed_tokens_are_cheap_and_none_where_a_token_costs_a_decode():
+    assert lengths(budget(CHEAP), Fixed(prior=0.7), 1) == [8]  # 0.7**8 = 0.06 still pays at nearly no cost
+    assert lengths(budget(DEAR), Fixed(prior=0.7), 64) == [0] * 64
+    assert lengths(budget(DEAR), Fixed(prior=0.7), 1) == [0]  # the next token costs what the step does
+    assert lengths(budget(DEAR), Fixed(prior=0.999), 64) == [0] * 64  # a token short of sure costs more than it earns
+    # the memory-bound table at batch 64: a fed token costs 0.13 / 448 s, an emitted one 0.02 / 64 s,
+    # so only tokens worth 0.93 pay; at 16, 0.009 / 48 s against 0.011 / 16 s: 0.27 at first, and
+    # more as the step's tokens per second rise with each token granted (0.39 after two each)
+    assert lengths(budget(CHEAP), Fixed(prior=0.7), 64) == [0] * 64
+    assert lengths(budget(CHEAP), Fixed(prior=0.7), 16) == [2] * 16
+    assert lengths(budget(CHEAP), Fixed(prior=0.95), 64) == [1] * 64
+    assert lengths(budget(CHEAP, max_batch_for_spec=8), Fixed(prior=0.7), 9) is None
+
+
+def test_the_greedy_rule_finds_the_best_lengths_on_a_convex_cost():
+    """Against brute force over every pair of lengths: the most emitted tokens per second."""
+    cost = step_cost.StepCost.from_dict({"tokens": [1, 3, 6, 12], "seconds": [1.0, 1.2, 2.0, 5.0]})
+    plan = B.StepPlan(B.MIN_VALUE, [], cost)
+    for a, b in itertools.product((0.3, 0.6, 0.9, 0.97), repeat=2):
+        values = [[a ** i for i in range(1, 6)], [b ** i for i in range(1, 6)]]
+        got = B.Budget().allocate(plan, values, [0, 0], spare=10)
+
+        def rate(n, values=values):
+            return (2 + sum(values[0][:n[0]]) + sum(values[1][:n[1]])) / cost.table(2 + sum(n))
+
+        best = max(itertools.product(range(6), repeat=2), key=rate)
+        assert rate(got) == pytest.approx(rate(best)), (a, b, got, best)
+
+
+def test_a_fixed_floor_drafts_every_token_worth_it_and_spare_tokens_bound_the_step():
+    b = budget(cost=None, min_draft_prob=0.3)
+    assert lengths(b, Fixed(prior=0.7), 2) == [3, 3]  # 0.7**3 = 0.34 >= 0.3 > 0.7**4
+    plan = b.plan_step([Fixed(prior=0.7)], 2, 1.0)
+    assert b.allocate(plan, [[0.9, 0.8], [0.85]], [0, 0], spare=2) == [1, 1]  # the likeliest first
+    assert lengths(budget(cost=None, min_draft_prob=0.0), Fixed(prior=0.1), 1) == [8]
+
+
+def test_a_proposer_with_a_position_cost_runs_the_positions_that_pay():
+    cheap, dear = Fixed(batched=True, position_s=1e-6), Fixed(batched=True, position_s=0.5)
+    assert budget(CHEAP).plan_step([cheap], 4, 1.0).offers[0].most == 8
+    assert budget(CHEAP).plan_step([dear], 4, 1.0).offers[0].most == 0
+    assert budget(cost=None, min_draft_prob=0.0).plan_step([dear], 4, 1.0).offers[0].most == 8  # unpriced
+
+
+def test_each_request_takes_the_proposer_with_the_longest_expected_run():
+    b = budget(CHEAP)
+    short_sure, long_unsure = Fixed("a", 0.95, tokens=[1, 2]), Fixed("b", 0.6, tokens=range(8))
+    plan = b.plan_step([short_sure, long_unsure], 1, 1.0)
+    draft, values = b.choose(None, 8, plan)
+    assert draft.proposer is short_sure and values == pytest.approx([0.95, 0.95 ** 2])  # 1.85 > 0.6 / 0.4 x ...
+    draft, _ = b.choose(None, 8, b.plan_step([Fixed("a", 0.95, tokens=[1]), long_unsure], 1, 1.0))
+    assert draft.proposer is long_unsure  # 0.95 < 0.6 + 0.36 + ...
+
+
+def test_acceptance_is_learnt_per_level_and_confidence_bin_from_counts():
+    b, p = budget(), Fixed(prior=0.5)
+    b.learn(Draft([1, 2, 3, 4], p, evidence=1, confidence=[0.995, 0.4, 0.995, 0.4]), accepted=2)
+    # compared: tokens 0, 1 (accepted) and 2 (the first mismatch), at levels of evidence 1, 2, 3
+    assert (b.accepted["fixed"], b.trials["fixed"]) == (2, 3)
+    assert [(b.accepted[("fixed", lv)], b.trials[("fixed", lv)]) for lv in (1, 2)] == [(1, 1), (1, 2)]
+    assert b.trials[("fixed", 1, B.confidence_bin(0.995))] == 1 and ("fixed", 3) not in b.trials
+    table = b.table(p)
+    assert table[2][B.confidence_bin(0.4)] > table[2][B.confidence_bin(0.995)]  # lv 2's 0.4-token landed
+    b.learn(Draft([1, 2], p), accepted=1, judged=1)  # the request ended after the first token
+    assert b.trials["fixed"] == 4
+    b.new_run()
+    assert b.trials["fixed"] == 4 * B.RUN_DECAY
+    again = budget()
+    again.load_state_dict(b.state_dict())
+    assert again.table(p) == b.table(p)
+    fresh = budget().table(Fixed(prior=0.8))
+    assert fresh[0][0] == pytest.approx(0.8) and fresh[6][5] == pytest.approx(0.8)  # the prior, everywhere
+
+
+def test_a_bad_step_cost_is_refused_with_its_field():
+    for bad in ({"tokens": [4, 2], "seconds": [1, 2]}, {"tokens": [1], "seconds": [-1]}, {"seconds": [1]}, [1, 2]):
+        with pytest.raises(ValueError, match="step_cost"):
+            SpecConfig(step_cost=bad).validate()
+    # noise: a forward is never cheaper for feeding more
+    cost = step_cost.StepCost.from_dict({"tokens": [1, 4, 8], "seconds": [1.0, 0.5, 3.0]})
+    assert cost.seconds == (1.0, 1.0, 3.0) and cost.table(12) == pytest.approx(5.0)
+
+
+# ---- the engine --------------------------------------------------------------------------------
+
+
+def rollout(engine):
+    """Per step, the draft lengths granted; the run's steps; each request's proposed counts."""
+    granted, allocate = [], engine.budget.allocate
+    engine.budget.allocate = lambda *a, **kw: granted.append(allocate(*a, **kw)) or granted[-1]
+    ids = [p for p in PROMPTS for _ in range(4)]
+    outs = engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=40, stop_token_ids=[0]),
+                           seeds=list(range(len(ids))), groups=[i // 4 for i in range(len(ids))])
+    return granted, engine.last_run.steps, [o.stats["proposed"] for o in outs], [o.token_ids for o in outs]
+
+
+def spec_engine(hf, **spec):
+    return Engine.from_pretrained(hf, EngineConfig(max_batch_size=6, max_model_len=64, dtype="float64", num_threads=1,
+                                                   spec=SpecConfig(proposers=("suffix", "lookahead", "ngram"), **spec)))
+
+
+def test_the_step_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTAIL_CACHE", str(tmp_path))
+    hf = peaked_model()
+    first = spec_engine(hf)
+    first.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
+    (path,) = (tmp_path / "step_cost").iterdir()
+    monkeypatch.setattr(Engine, "_time_forward", lambda *a: pytest.fail("profiled again"))
+    second = spec_engine(hf)
+    second.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
+    assert second.budget.cost == first.budget.cost and second.budget.cost.seconds[-1] > 0
+    given = spec_engine(hf, step_cost=CHEAP)  # from the config: neither measured nor cached
+    given.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
+    assert given.budget.cost == step_cost.StepCost.from_dict(CHEAP)
+    assert len(list((tmp_path / "step_cost").iterdir())) == 1
+
+
+def test_the_same_rollout_drafts_the_same_beside_a_cpu_burner(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTAIL_CACHE", str(tmp_path))
+    hf = peaked_model()
+    quiet = rollout(spec_engine(hf))  # measures the step cost and caches it
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        loaded = rollout(spec_engine(hf))
+    finally:
+        burner.kill()
+        burner.wait()
+    assert loaded == quiet
+    granted = [n for step in quiet[0] for n in step]
+    assert sum(granted) > 0 and 0 in granted  # it drafted, and not everything
+    plain = Engine.from_pretrained(hf, EngineConfig(max_batch_size=6, max_model_len=64, dtype="float64"))
+    ids = [p for p in PROMPTS for _ in range(4)]
+    ref = plain.generate(ids, SamplingParams(temperature=1.0, max_tokens=40, stop_token_ids=[0]),
+                         seeds=list(range(len(ids))))
+    assert quiet[3] == [o.token_ids for o in ref]
