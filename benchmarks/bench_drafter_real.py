@@ -1,7 +1,7 @@
 """The drafter on a real checkpoint: warm start, simulated acceptance per draft position, and the
 cost of a draft position next to a decode step (issue 47's measurements).
 
-    python -m drafter.bench_real --policy /work/smol-f32 --work /tmp/smolbench
+    python -m benchmarks.bench_drafter_real --policy /work/smol-f32 --work /tmp/smolbench
 
 Stages, each cached in --work so a rerun continues: (1) the warm start of a head with a draft
 vocabulary (drafter/checkpoint_warm_start.py: the policy's own T = 1 samples of reasoning_gym
@@ -24,16 +24,15 @@ from pathlib import Path
 
 import torch
 
+from drafter import checkpoint_warm_start as cws
+from drafter.draft import Chain, draft_chains
+from drafter.features import sequence_features
+from drafter.head import DraftHead, HeadConfig
+from drafter.simulate import simulated_acceptance
+from drafter.warm_start import warm_start
 from rollout import sampling
 from rollout.batch import ForwardBatch
 from rollout.model import CausalLM
-
-from . import checkpoint_warm_start as cws
-from .draft import Chain, draft_chains
-from .features import sequence_features
-from .head import HeadConfig
-from .simulate import simulated_acceptance
-from .warm_start import warm_start
 
 
 def chat_prompts(folder: str, n: int, seed: int) -> tuple[list[list[int]], int]:
@@ -174,8 +173,6 @@ def main() -> None:
     if "cost" in stages:
         step = decode_step_seconds(policy, 16, a.context, a.repeats)
         cost = {"decode": step}
-        from .head import DraftHead
-
         small = DraftHead.for_policy(policy, HeadConfig(window=64, draft_vocab=a.draft_vocab // 2), seed=0)
         for name, head in (("sub", sub), ("full", full), (f"sub{a.draft_vocab // 2}", small)):
             if head is not None:
