@@ -75,7 +75,7 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
                       cache)
     packed = head.packed()  # (once: no weight changes within the call)
     out, logits = head.forward_rows(policy, cache, rows, packed)
-    sampler = CoupledSampler(chains, device)
+    sampler = CoupledSampler(chains, device, head.draft_vocab, head.vocab_size)
     live, index = list(range(len(chains))), None
     for s in range(max(c.k for c in chains)):
         toks, picked, gaps = sampler.draft(logits, live, s, margins, index)

@@ -11,6 +11,10 @@ which vLLM's EAGLEConfig (vllm/transformers_utils/configs/eagle.py) renames to
 "EagleLlamaForCausalLM" for method "eagle". vLLM feeds such a draft the target's final hidden
 states paired with the next token at the same position, as this head is trained.
 
+A head with a draft vocabulary (drafter/vocab.py) also saves `draft_vocab`, its sorted int64
+token ids (EAGLE-3 keeps the same set as a `d2t` offset table; vLLM's EAGLE-1 loader does not
+read either).
+
 The "mlp" kind has no EAGLE counterpart: its config carries only the spectail section.
 Our own section, "spectail_drafter", records the kind, format, hidden size and vocabulary; `load`
 reads it and refuses a head made for another policy shape, or one with NaN/Inf weights.
@@ -30,6 +34,7 @@ import torch
 from rollout.model import CausalLM
 
 from .head import DraftHead, HeadConfig
+from .vocab import check_ids
 
 FORMAT = 1
 WEIGHTS = "model.safetensors"
@@ -187,6 +192,8 @@ def _check_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, wher
         if tuple(t.shape) != tuple(expected[name].shape):
             raise ValueError(f"{where}: weight {name!r} has shape {tuple(t.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
+    if "draft_vocab" in tensors:  # token ids, not a weight
+        check_ids(tensors["draft_vocab"], vocab, f"{where}: draft_vocab")
     return expected
 
 
@@ -200,5 +207,5 @@ def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, p
     p = policy.lm_head.weight if policy is not None else next(iter(tensors.values()))
     dtype = dtype or p.dtype
     head = head.to_empty(device=device or p.device).to(dtype)
-    head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
+    head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
     return head.eval()

@@ -73,7 +73,9 @@ def _run_group(policy: CausalLM, sequences, group: list[int], budget: int, out: 
         rows = [(slot, start, [int(t) for t in sequences[i][start:start + budget]])
                 for slot, i in enumerate(group) if len(sequences[i]) > start]
         n = sum(len(r[2]) for r in rows)
-        batch = ForwardBatch.build(rows, [], device, hidden_index=list(range(n)))
+        # one logit row (the last): a packed output layer (rollout/linear.py) pads a block of rows
+        # from its first one, so a forward asking for no logits at all would fail there
+        batch = ForwardBatch.build(rows, [n - 1], device, hidden_index=list(range(n)))
         _, hidden = policy(batch, cache)
         offset = 0
         for slot, _, ids in rows:

@@ -7,6 +7,7 @@ rollout.model.CausalLM.forward returns beside the logits) with the token x_{j+1}
     out = one decoder layer(x)          # "attention": RoPE attention over the head's own KV cache
                                         # "mlp": no attention, only the feed-forward block
     logits = lm_head(out)               # predicts x_{j+2}; `out` stands in for h_{j+1}
+                                        # (only the draft vocabulary's rows: drafter/vocab.py)
 
 so (h_{t-1}, y_t) -> the distribution of y_{t+1}. This is vLLM's pairing (v1/spec_decode/eagle.py
 shifts the token ids left by one and keeps hidden states and positions) and its EAGLE layout
@@ -41,6 +42,7 @@ from rollout.linear import PackedLinear, bound
 from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
 
 from .head_cache import HeadCache, Rows
+from .vocab import check_ids
 
 KINDS = ("attention", "mlp")
 
@@ -57,6 +59,9 @@ class HeadConfig:
         EAGLE's heads do. A window bounds what a draft position costs whatever the context (the
         policy's hidden state carries the rest); an exported windowed head keeps the key
         `sliding_window` in its config, which vLLM's EAGLE Llama does not read.
+    draft_vocab: the head's logits cover only this many token ids (drafter/vocab.py: the most
+        frequent of the policy's rollouts, held in the head's `draft_vocab` buffer and exported
+        with it), read from those rows of the policy's live lm_head; None: the whole vocabulary.
     """
 
     kind: str = "attention"
@@ -68,6 +73,7 @@ class HeadConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: Optional[float] = None
     window: Optional[int] = None
+    draft_vocab: Optional[int] = None
 
     def resolved(self, policy_cfg: ModelConfig) -> HeadConfig:
         """Every None replaced by the policy's value; validated."""
@@ -76,6 +82,9 @@ class HeadConfig:
             ("intermediate_size", "intermediate_size"), ("attention_bias", "qkv_bias"),
             ("rms_norm_eps", "rms_norm_eps")) if getattr(self, k) is None})
         c.validate()
+        if c.draft_vocab is not None and c.draft_vocab > policy_cfg.vocab_size:
+            raise ValueError(f"HeadConfig.draft_vocab ({c.draft_vocab}) exceeds the policy's vocabulary "
+                             f"({policy_cfg.vocab_size}); use None for the whole vocabulary")
         return c
 
     def validate(self) -> None:
@@ -94,6 +103,10 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.rope_theta must be > 0, got {self.rope_theta}")
         if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
             raise ValueError(f"HeadConfig.window must be None (all rows) or an integer >= 1, got {self.window!r}")
+        v = self.draft_vocab
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"HeadConfig.draft_vocab must be None (the whole vocabulary) or an integer >= 1, "
+                             f"got {v!r}")
 
 
 class HeadAttention(nn.Module):
@@ -175,6 +188,11 @@ class DraftHead(nn.Module):
         self.embedding_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.hidden_states_layernorm = RMSNorm(hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([HeadLayer(cfg, hidden_size)])
+        if cfg.draft_vocab is not None and cfg.draft_vocab > vocab_size:
+            raise ValueError(f"HeadConfig.draft_vocab ({cfg.draft_vocab}) exceeds the vocabulary ({vocab_size})")
+        # the draft vocabulary's ids, sorted (drafter/vocab.py); the lowest ids until set_draft_vocab
+        ids = None if cfg.draft_vocab is None else torch.arange(cfg.draft_vocab, dtype=torch.int64)
+        self.register_buffer("draft_vocab", ids)
 
     @classmethod
     def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
@@ -197,6 +215,20 @@ class DraftHead(nn.Module):
         """The head's own parameters (the policy's embed and lm_head it reads are not counted)."""
         return sum(p.numel() for p in self.parameters())
 
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """The token ids the head drafts from (sorted, HeadConfig.draft_vocab of them: drafter.vocab.
+        frequent_tokens). They select rows of the policy's lm_head, not weights of the head, so
+        they may change at any time."""
+        if self.draft_vocab is None:
+            raise ValueError("this head drafts over the whole vocabulary (HeadConfig.draft_vocab is None)")
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        check_ids(ids, self.vocab_size)
+        if ids.numel() != self.draft_vocab.numel():
+            raise ValueError(f"draft vocabulary of {ids.numel()} ids, the head's config says "
+                             f"{self.draft_vocab.numel()}")
+        with torch.no_grad():
+            self.draft_vocab.copy_(ids)
+
     def check_policy(self, policy: CausalLM) -> None:
         if (policy.cfg.hidden_size, policy.cfg.vocab_size) != (self.hidden_size, self.vocab_size):
             raise ValueError(f"draft head was made for hidden size {self.hidden_size} and vocabulary "
@@ -212,14 +244,39 @@ class DraftHead(nn.Module):
                                   norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
-        """The policy's live lm_head on the head's output: float32 logits. Outside autograd through
-        the module (its packed kernel); under autograd on the detached weight, so a training step
-        of the head leaves the policy's gradients alone."""
+        """The head's float32 logits: the policy's live lm_head on the head's output, over the draft
+        vocabulary's rows when it has one (column i is token draft_vocab[i]). Outside autograd
+        through a packed kernel; under autograd on detached weights, so a training step of the
+        head leaves the policy's gradients alone."""
+        if self.draft_vocab is None:
+            return self.full_logits(policy, out)
+        w, route = self._output_rows(policy)
+        if not torch.is_grad_enabled():
+            return route(out.to(w.dtype)).float()
+        return F.linear(out.to(w.dtype), w).float()
+
+    def full_logits(self, policy: CausalLM, h: torch.Tensor) -> torch.Tensor:
+        """The policy's lm_head over the whole vocabulary on h (its hidden states, or the head's
+        output): float32, outside autograd through the module (its packed kernel)."""
         lm_head = policy.lm_head
         if not torch.is_grad_enabled():
-            return lm_head(out.to(lm_head.weight.dtype)).float()
+            return lm_head(h.to(lm_head.weight.dtype)).float()
         w = lm_head.weight.detach()
-        return F.linear(out.to(w.dtype), w).float()
+        return F.linear(h.to(w.dtype), w).float()
+
+    def _output_rows(self, policy: CausalLM) -> tuple[torch.Tensor, Callable]:
+        """(lm_head rows of the draft vocabulary [|S|, d], their packed call): a gather kept until
+        the policy's weight or the ids change (any in-place write: the policy trains every step)."""
+        w, ids = policy.lm_head.weight, self.draft_vocab
+        key = (id(w), w.data_ptr(), _version(w), ids.data_ptr(), _version(ids), w.dtype, w.device)
+        cached = getattr(self, "_vocab_rows", None)
+        if cached is not None and cached[0] == key and None not in key:
+            return cached[1], cached[2]
+        with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor: training reads it too
+            rows = w.detach().index_select(0, ids.to(w.device)).contiguous()
+            route = bound(rows)
+        self._vocab_rows = (key, rows, route)
+        return rows, route
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., 1, head_dim] for positions of any shape. The frequencies are made here in
@@ -295,17 +352,22 @@ class DraftHead(nn.Module):
         # library handle that does not pickle).
         state = super().__getstate__()
         state.pop("_packed", None)
+        state.pop("_vocab_rows", None)
         return state
 
     # ---- the trainer's way: padded sequences, unrolled ------------------------------------
 
     def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
-               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> list[tuple]:
+               pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None,
+               with_logits: bool = True) -> list[tuple]:
         """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), rows at positions 0..L-1
         (right padding is harmless: a row sees only rows before it). Returns per step s
-        (out [B, L, d], logits [B, L, V] float32); step s >= 1 feeds row j the output of step
+        (out [B, L, d], logits [B, L, V] float32, or None without with_logits: the trainer makes
+        them for the rows its loss reads only); step s >= 1 feeds row j the output of step
         s - 1 at row j - 1 and, as its token, x_{j+1} (teacher tokens) or pick(s - 1, logits of
         step s - 1) shifted the same way (the head's own drafts)."""
+        if pick is not None and not with_logits:
+            raise ValueError("unroll: pick reads each step's logits, so it needs with_logits")
         b, length = tokens.shape
         cos, sin = self.rope(torch.arange(length, device=tokens.device), self.fc.weight.dtype)
         keys, values, results = [], [], []
@@ -316,7 +378,7 @@ class DraftHead(nn.Module):
             if self.kind == "attention":
                 x = x + self._attend_unrolled(layer.self_attn, x, cos, sin, keys, values)
             out = layer.feed_forward(x)
-            logits = self.logits(policy, out)
+            logits = self.logits(policy, out) if with_logits else None
             results.append((out, logits))
             if s + 1 < steps:
                 fin = _shift_right(out)
@@ -354,6 +416,14 @@ class DraftHead(nn.Module):
         for m in range(1, s + 1):
             out = out + weights[..., length + m - 1].permute(0, 2, 1)[..., None] * _shift_right(values[m], s - m)
         return attn.o_proj(out.reshape(b, length, -1))
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    """t's in-place write counter; None for an inference tensor, which has none (never cached)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _shift_right(t: torch.Tensor, n: int = 1) -> torch.Tensor:

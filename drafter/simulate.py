@@ -22,6 +22,7 @@ from rollout import sampling
 from rollout.model import CausalLM
 
 from .features import RowBatch, SavedRollout, row_batch, sequence_features
+from .vocab import expand
 
 
 @torch.no_grad()
@@ -58,10 +59,11 @@ def _batches(rollouts: Sequence[SavedRollout], batch_tokens: int) -> list[list[i
 def _runs(head, policy: CausalLM, rb: RowBatch, max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, L] accepted run and chain length of the chain starting at each row."""
     drafts: dict[int, torch.Tensor] = {}
+    ids = getattr(head, "draft_vocab", None)  # (any object with unroll may stand in for a head)
 
     def pick(s: int, logits: torch.Tensor) -> torch.Tensor:
         if s not in drafts:
-            drafts[s] = coupled_drafts(rb, s, logits)
+            drafts[s] = coupled_drafts(rb, s, logits, ids, policy.cfg.vocab_size)
         return drafts[s]
 
     steps = head.unroll(policy, rb.tokens, rb.feats, max_k, pick)
@@ -79,13 +81,19 @@ def _runs(head, policy: CausalLM, rb: RowBatch, max_k: int) -> tuple[torch.Tenso
     return runs, lengths
 
 
-def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor) -> torch.Tensor:
+def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None,
+                   vocab_size: Optional[int] = None) -> torch.Tensor:
     """[B, L] the coupled draft of each row valid at this step (0 elsewhere): row j drafts the
-    token at sequence position j + 2, response position j + 2 - P, with the sample's own noise."""
+    token at sequence position j + 2, response position j + 2 - P, with the sample's own noise.
+    vocab_ids: the columns' ids for a head with a draft vocabulary, whose draft is the sample of
+    its logits spread over the vocabulary with -inf elsewhere (drafter/vocab.py)."""
     b_idx, j_idx = rb.valid(step).nonzero(as_tuple=True)
     out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
     if b_idx.numel():
-        tok, _ = sampling.sample(logits[b_idx, j_idx].detach(), rb.seeds[b_idx], j_idx + 2 - rb.prompt_len[b_idx],
+        rows = logits[b_idx, j_idx].detach()
+        if vocab_ids is not None:
+            rows = expand(rows, vocab_ids, vocab_size)
+        tok, _ = sampling.sample(rows, rb.seeds[b_idx], j_idx + 2 - rb.prompt_len[b_idx],
                                  rb.temperature[b_idx], rb.top_k[b_idx], rb.top_p[b_idx])
         out[b_idx, j_idx] = tok
     return out
@@ -105,7 +113,9 @@ def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict
     accepted_fraction: accepted / proposed, every chain drafting its full length.
     mean_run: mean accepted run per chain start.
     tokens_per_forward: response tokens / verify forwards when every verify drafts k tokens:
-        walking each response from t = 0, a verify at t emits run + 1 tokens."""
+        walking each response from t = 0, a verify at t emits run + 1 tokens.
+    by_position[i]: acceptance of draft position i (1-based) given positions 1..i-1 landed:
+        chains whose run reached i over chains whose run reached i - 1 and that draft an i-th."""
     flat = [rn for r in runs for rn in r]
     if not flat:
         raise ValueError("no chain starts: every response is shorter than 2 tokens")
@@ -118,8 +128,12 @@ def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict
         forwards = sum(_walk(r, k) for r in runs)
         by_k[k] = {"per_token": acc / compared, "accepted_fraction": acc / proposed,
                    "mean_run": acc / len(flat), "tokens_per_forward": tokens / max(1, forwards)}
+    by_position = {}
+    for i in range(1, max_k + 1):
+        reached = sum(1 for r, n in flat if r >= i - 1 and n >= i)
+        by_position[i] = sum(1 for r, n in flat if r >= i and n >= i) / reached if reached else float("nan")
     return {"chain_starts": len(flat), "first_token_acceptance": by_k[1]["per_token"],
-            "per_token_acceptance": by_k[max_k]["per_token"], "by_k": by_k}
+            "per_token_acceptance": by_k[max_k]["per_token"], "by_k": by_k, "by_position": by_position}
 
 
 def _walk(runs: Sequence[tuple[int, int]], k: int) -> int:

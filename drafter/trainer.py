@@ -84,7 +84,7 @@ def new_state(head: DraftHead, cfg: TrainConfig = TrainConfig()) -> TrainState:
 def teacher(policy: CausalLM, head: DraftHead, rb: RowBatch, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """[M, V] the policy's processed distribution of x_{j+2} at rows (b, j), through the live lm_head."""
     with torch.no_grad():
-        z = sampling.process_logits(head.logits(policy, rb.next_feats[b, j]), rb.temperature[b], rb.top_k[b],
+        z = sampling.process_logits(head.full_logits(policy, rb.next_feats[b, j]), rb.temperature[b], rb.top_k[b],
                                     rb.top_p[b])
         probs = torch.softmax(z, dim=-1)
         greedy = rb.temperature[b] == 0
@@ -95,28 +95,38 @@ def teacher(policy: CausalLM, head: DraftHead, rb: RowBatch, b: torch.Tensor, j:
 
 
 def batch_loss(head: DraftHead, policy: CausalLM, rb: RowBatch, cfg: TrainConfig) -> tuple[torch.Tensor, float]:
-    """(the weighted soft cross-entropy to optimise, its KL part: cross-entropy minus the
-    teacher's entropy, 0 for a perfect head), over the unrolled steps."""
+    """(the weighted soft cross-entropy to optimise, its KL part: the KL of the teacher, restricted to
+    the draft vocabulary and renormalised, to the head; 0 for a perfect head), over the unrolled steps.
+
+    With a draft vocabulary S the teacher's mass outside S is ignored: the cross-entropy is
+    -sum over v in S of p_v log q_v, whose optimum is q = p restricted to S and renormalised --
+    the head that, under the shared Gumbel noise, lands a token exactly with probability p(S),
+    the most any draft over S can. A row with little mass in S weighs little (it can hardly land)."""
     b0, j0 = rb.valid(0).nonzero(as_tuple=True)
     if b0.numel() == 0:
         raise ValueError("no training rows: every response is shorter than 3 tokens")
     probs = teacher(policy, head, rb, b0, j0)
+    if head.draft_vocab is not None:
+        probs = probs[:, head.draft_vocab.to(probs.device)]
+    mass = probs.sum(-1).clamp_min(1e-30)
     entropy = -torch.special.xlogy(probs, probs).sum(-1)
     where = torch.full(rb.tokens.shape, -1, dtype=torch.int64, device=rb.tokens.device)
     where[b0, j0] = torch.arange(b0.numel(), device=b0.device)
     t_eff = torch.where(rb.temperature > 0, rb.temperature, torch.ones_like(rb.temperature))
     total, kl, norm = 0.0, 0.0, 0.0
-    for s, (_, logits) in enumerate(head.unroll(policy, rb.tokens, rb.feats, cfg.ttt_steps)):
+    for s, (out, _) in enumerate(head.unroll(policy, rb.tokens, rb.feats, cfg.ttt_steps, with_logits=False)):
         b, j = rb.valid(s).nonzero(as_tuple=True)
         if b.numel() == 0:
             break
         rows = where[b, j]
-        logq = torch.log_softmax(logits[b, j] / t_eff[b, None], dim=-1)
+        # logits of the rows the loss reads only (a prompt's rows are keys, never drafts)
+        logq = torch.log_softmax(head.logits(policy, out[b, j]) / t_eff[b, None], dim=-1)
         ce = -(probs[rows] * logq).sum(-1)
         w = rb.weight[b]
         step_w = cfg.step_decay ** s
         total = total + step_w * (w * ce).sum() / w.sum()
-        kl += step_w * float(((w * (ce - entropy[rows])).sum() / w.sum()).detach())
+        row_kl = (ce - entropy[rows]) / mass[rows] - torch.log(mass[rows])
+        kl += step_w * float(((w * row_kl).sum() / w.sum()).detach())
         norm += step_w
     return total / norm, kl / norm
 

@@ -27,16 +27,25 @@ from .trainer import TrainConfig, TrainState, new_state, train
 def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: HeadConfig = HeadConfig(),
                train_config: TrainConfig = TrainConfig(decay="cosine"), time_budget_s: float = 60.0,
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
-               seed: int = 0, max_passes: Optional[float] = None) -> tuple[DraftHead, TrainState, dict]:
+               seed: int = 0, max_passes: Optional[float] = None,
+               features: Optional[Sequence[Optional[torch.Tensor]]] = None) -> tuple[DraftHead, TrainState, dict]:
     """Train `head` (or a fresh one of head_config, float32 on the policy's device) on these
     rollouts for time_budget_s, max_steps or max_passes over their tokens, whichever ends first.
+    features: each rollout's [N, d] features if already made (say collected by the engine that
+    sampled them); the policy runs over those given as None, or over all when not given.
     Returns (head, its training state, a report: samples, tokens, feature_seconds, and the
     trainer's steps / seconds / loss)."""
     if not rollouts:
         raise ValueError("warm_start needs at least one rollout")
     t0 = time.perf_counter()
-    with torch.no_grad():
-        feats = sequence_features(policy, [r.token_ids for r in rollouts])
+    feats = list(features) if features is not None else [None] * len(rollouts)
+    if len(feats) != len(rollouts):
+        raise ValueError(f"warm_start: {len(feats)} feature tensors for {len(rollouts)} rollouts")
+    missing = [i for i, f in enumerate(feats) if f is None]
+    if missing:
+        with torch.no_grad():
+            for i, f in zip(missing, sequence_features(policy, [rollouts[i].token_ids for i in missing])):
+                feats[i] = f
     feature_seconds = time.perf_counter() - t0
     buffer = FeatureBuffer(sum(f.shape[0] for f in feats))
     for r, f in zip(rollouts, feats):
@@ -67,14 +76,25 @@ def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Seq
     make_rollouts() and exported there. A folder that does not load for this policy (another
     shape, NaN weights, a broken file) is trained over, with a warning. Returns (head, report);
     report["cached"] says which happened."""
-    folder = Path(folder)
-    if folder.exists():
-        try:
-            return load(folder, policy, dtype=torch.float32), {"cached": True}
-        except ValueError as e:
-            warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=2)
+    cached = load_cached(folder, policy)
+    if cached is not None:
+        return cached, {"cached": True}
     head, _, report = warm_start(policy, make_rollouts(), head_config, train_config, time_budget_s, max_steps,
                                  max_passes=max_passes)
     export(head, folder)
     report["cached"] = False
     return head, report
+
+
+def load_cached(folder, policy: CausalLM) -> Optional[DraftHead]:
+    """The float32 head exported in `folder`, or None when there is none; one that does not load
+    for this policy (another shape, NaN weights, a broken file) is None, with a warning (it is
+    trained over)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    try:
+        return load(folder, policy, dtype=torch.float32)
+    except ValueError as e:
+        warnings.warn(f"drafter warm start: retraining, the cached head does not load: {e}", stacklevel=3)
+        return None

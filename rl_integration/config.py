@@ -260,8 +260,11 @@ class DrafterSection:
     sample's own noise, trained on the policy's own rollouts. enabled adds "drafter" to
     rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
     window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
-    start from (null: the embedded policy's cached warm start, trained on first use for at most
-    warm_start_s seconds; a checkpoint policy starts from a fresh head). intermediate_size,
+    start from (null: the policy's cached warm start, trained on first use for at most
+    warm_start_s seconds: the embedded policy's beside it, a checkpoint's on its own samples of
+    the task's prompts under the spectail cache). draft_vocab: a checkpoint's warm-started head
+    drafts over this many of its samples' most frequent tokens (drafter/vocab.py; null, or a
+    vocabulary no larger: all of it). intermediate_size,
     num_heads, num_kv_heads: a fresh head's decoder layer (null, the default: the policy's; a
     narrower layer costs a little less per draft position and lands less). Off by default: on a
     CPU its own cost and training time do not yet pay for its drafts after the first step
@@ -275,6 +278,7 @@ class DrafterSection:
     num_kv_heads: Optional[int] = None
     path: Optional[str] = None
     warm_start_s: float = 300.0
+    draft_vocab: Optional[int] = 8192
     train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
 
     def shape(self) -> dict:
@@ -497,6 +501,9 @@ def _validate_drafter(d: DrafterSection) -> None:
     t = d.train
     _need(d.warm_start_s >= 0, "rollout.drafter.warm_start_s", "must be >= 0", d.warm_start_s)
     _need(d.window is None or d.window >= 1, "rollout.drafter.window", "must be >= 1 or null (all rows)", d.window)
+    _need(d.draft_vocab is None or (isinstance(d.draft_vocab, int) and not isinstance(d.draft_vocab, bool)
+                                    and d.draft_vocab >= 1), "rollout.drafter.draft_vocab",
+          "must be >= 1 or null (the whole vocabulary)", d.draft_vocab)
     for name, v in d.shape().items():
         _need(v is None or (isinstance(v, int) and v >= 1), f"rollout.drafter.{name}", "must be >= 1 or null "
               "(the policy's)", v)

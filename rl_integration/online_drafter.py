@@ -1,16 +1,18 @@
 """The online drafter in the step loop: where its head comes from, and when it trains.
 
-    drafter = online_drafter.start(cfg, folder, progress)   # before the RolloutClient is built
+    drafter = online_drafter.start(cfg, folder, progress, prompts, eos)   # before the RolloutClient
     ... rollout, rewards
     stats = online_drafter.after_rollout(drafter, client, batch, rewards)   # before the optimizer steps
     ... optimizer steps, client.update_weights(model)
     stats.update(online_drafter.between_steps(drafter, client))            # local backend: train
 
 `start` puts "drafter" among the engine's proposers with its first head: rollout.drafter.path,
-else (embedded policy) the warm start cached beside the policy, else none (the first training
-makes one). `after_rollout` reports what the drafter did in the rollout and its exact simulated
-acceptance on it (made while the engine still holds the rollout's weights). `between_steps`
-trains the local engine's head on the buffered features, refreshed under the new weights, within
+else (embedded policy) the warm start cached beside the policy, else (checkpoint policy) the
+warm start on its own samples of the task's prompts, cached under the spectail cache by its
+weights (drafter/checkpoint_warm_start.py), else none (the first training makes one).
+`after_rollout` reports what the drafter did in the rollout and its exact simulated acceptance
+on it (made while the engine still holds the rollout's weights). `between_steps` trains the local
+engine's head on the buffered features, refreshed under the new weights, within
 rollout.drafter.train.between_steps_s; on Ray the workers train in their idle time during the
 rollout instead (scheduler/), and this reports nothing more.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from rollout import threads
 
@@ -34,8 +36,12 @@ class OnlineDrafter:
     first_path: Optional[str] = None  # the head the engines started from (rollout.drafter.path or the warm start)
 
 
-def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -> Optional[OnlineDrafter]:
-    """Turn the drafter on in cfg.rollout.engine (cfg is changed in place); None when it is off."""
+def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True,
+          prompts: Optional[Sequence[Sequence[int]]] = None,
+          stop_token_ids: Sequence[int] = ()) -> Optional[OnlineDrafter]:
+    """Turn the drafter on in cfg.rollout.engine (cfg is changed in place); None when it is off.
+    prompts, stop_token_ids: the task's encoded prompts and the policy's stop tokens, which a
+    checkpoint policy's warm start samples (without prompts it starts from no head)."""
     from drafter.online import OnlineState
 
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
@@ -53,11 +59,41 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True) -
         path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
                                           window=d.window, layer=drafter_spec.layer())
         drafter_spec = dataclasses.replace(drafter_spec, path=path)
+    elif (d.path is None and cfg.policy.source == "checkpoint" and policy_folder is not None and d.warm_start_s > 0
+          and prompts):
+        path = _checkpoint_warm_start(cfg, policy_folder, prompts, stop_token_ids, progress)
+        drafter_spec = dataclasses.replace(drafter_spec, path=path)
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
     cfg.rollout.engine = dataclasses.replace(
         cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
     cfg.rollout.engine.validate()
     return OnlineDrafter(d, OnlineState(), first_path=drafter_spec.path)
+
+
+WARM_START_PROMPTS = 64  # task prompts the checkpoint's warm start samples (spread over the data set)
+
+
+def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence[Sequence[int]],
+                           stop_token_ids: Sequence[int], progress: bool) -> str:
+    """The folder of a checkpoint policy's warm-started head (drafter/checkpoint_warm_start.py):
+    its own T = 1 samples of WARM_START_PROMPTS of the task's prompts (spread over the data set),
+    at most rollout.drafter.warm_start_s in all, cached under the spectail cache by the weights,
+    the head's config and the recipe."""
+    from drafter.checkpoint_warm_start import Recipe, load_or_warm_start_for
+    from drafter.head import HeadConfig
+    from rollout.model import CausalLM
+
+    d = cfg.rollout.drafter
+    policy = CausalLM.from_pretrained(policy_folder)
+    chosen = list(prompts)[::max(1, len(prompts) // WARM_START_PROMPTS)][:WARM_START_PROMPTS]
+    vocab = policy.cfg.vocab_size
+    head_cfg = HeadConfig(kind=d.kind, window=d.window, **d.shape(),
+                          draft_vocab=d.draft_vocab if d.draft_vocab is not None and d.draft_vocab < vocab else None)
+    recipe = Recipe(max_tokens=min(cfg.rollout.max_tokens, 256), time_budget_s=d.warm_start_s)
+    _, folder, _ = load_or_warm_start_for(policy, chosen, stop_token_ids, head_cfg, recipe,
+                                          cache_dir=cfg.policy.cache_dir, num_threads=cfg.rollout.engine.num_threads,
+                                          progress=progress)
+    return str(folder)
 
 
 def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int, dict]]:

@@ -150,7 +150,8 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
     source = model if cfg.rollout.backend == "local" or folder is None else folder
     saved_head = resume.saved_drafter(ckpt, cfg, model)  # before start(): it replaces rollout.drafter.path
-    drafter = online_drafter.start(cfg, folder, progress)  # the drafter's first head, in cfg.rollout.engine
+    # the drafter's first head, in cfg.rollout.engine (a checkpoint's warm start samples these prompts)
+    drafter = online_drafter.start(cfg, folder, progress, prompts, eos)
 
     client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
     online_drafter.restore(drafter, client, saved_head)  # the saved head and version, on every engine
