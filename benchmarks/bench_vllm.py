@@ -276,11 +276,10 @@ def real_workload(num_problems: int, samples: int) -> tuple[str, list, list]:
     at T = 1 up to the config's max_tokens."""
     from rl_integration.config import load_config
     from rl_integration.dataset import encode_prompts
-    from rl_integration.demo.policy import load_folder_or_hub
-    from rl_integration.trainer import load_problems
+    from rl_integration.trainer import load_policy, load_problems
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "grpo_real.yaml")
-    _, tok, folder = load_folder_or_hub(cfg.policy.checkpoint)
+    _, tok, folder = load_policy(cfg, progress=False)
     problems = load_problems(cfg)[:num_problems]
     prompts = [ids for ids in encode_prompts(tok, problems) for _ in range(samples)]
     engine = Engine.from_pretrained(folder, EngineConfig(max_batch_size=64,

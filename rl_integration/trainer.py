@@ -33,7 +33,7 @@ import yaml
 from rollout import threads
 
 from . import metrics as M
-from . import online_drafter, resume
+from . import online_drafter, real_model, resume
 from .config import RunConfig, validate
 from .config_loader import to_dict
 from .dataset import Problem, encode_prompts, load_parquet_dataset
@@ -76,6 +76,8 @@ def load_policy(cfg: RunConfig, progress: bool):
     p = cfg.policy
     if p.source == "embedded":
         return load_or_train_policy(cfg.task.embedded, p.embedded, cache_dir=p.cache_dir, progress=progress)
+    if p.checkpoint in real_model.KNOWN and not os.path.isdir(p.checkpoint):  # "smollm2": fetched on first use
+        return load_folder_or_hub(real_model.fetch(p.checkpoint, "float32", echo=print))
     return load_folder_or_hub(p.checkpoint)
 
 

