@@ -15,6 +15,9 @@ def test_grpo_reward_rises(tiny_run, tmp_path):
     rewards = [r["reward_mean"] for r in records]
     assert len(rewards) == 8
     assert sum(rewards[-2:]) / 2 > rewards[0] + 0.05, rewards
-    # history reuse happened and the trainer's logprobs matched the engine's before each update
-    assert all(r["reused_tokens"] > 0 for r in records[1:])
+    # every later step found its samples' old responses, and history drafts landed (the budget drafts
+    # from history only where it beats the siblings' suffix drafts, so not in every step), and the
+    # trainer's logprobs matched the engine's before each update
+    assert all(r["history_found"] == r["num_requests"] for r in records[1:])
+    assert sum(r["reused_tokens"] for r in records[1:]) > 0
     assert all(r["logprob_diff"] < 1e-3 for r in records)
