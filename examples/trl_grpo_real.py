@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,7 +32,9 @@ from rl_integration.trl_rollout import SpectailRollout  # noqa: E402 -- also set
 SYSTEM_PROMPT = ("Answer the question directly. Provide your answer between <answer> and </answer> tags. "
                  "Do not return any preamble, explanation, or reasoning.")  # reasoning_gym's "direct" prompt
 TASK = "basic_arithmetic"
-TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+               "allow_parentheses": False, "allow_negation": False}
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 MICRO_BATCH = 16  # completions per forward/backward
 
 
@@ -48,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts per generation")
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (GRPO group)")
     p.add_argument("--max-completion-length", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--lr", type=float, default=5e-6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/trl_grpo_real")
     p.add_argument("--check-exact", action="store_true",
@@ -82,14 +85,20 @@ def build_task(name: str, size: int, seed: int, config: dict):
 
 
 def extract(text: str):
-    """The last <answer>...</answer> of a completion, or None."""
+    """The answer in a completion: its last <answer>...</answer>, else its last number. The small
+    model rarely writes the tags at first; without the fallback almost every reward is 0 and GRPO
+    has no signal (the tags still win when present)."""
     try:
         from reasoning_gym.utils import extract_answer
     except ImportError:  # older reasoning_gym: the same rule
-        import re
         found = re.findall(r"<answer>\s?(.*?)\s?</answer>", text, flags=re.DOTALL)
-        return found[-1].strip() if found else None
-    return extract_answer(text)
+        tagged = found[-1].strip() if found else None
+    else:
+        tagged = extract_answer(text)
+    if tagged is not None:
+        return tagged
+    numbers = NUMBER.findall(text)
+    return numbers[-1] if numbers else None
 
 
 def make_reward(problems):
@@ -137,6 +146,9 @@ def build_trainer(args: argparse.Namespace, model: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
+    if args.check_exact and args.generation != "spectail":
+        raise SystemExit("--check-exact compares spectail's speculative tokens with its plain ones: "
+                         "use it with --generation spectail")
     folder = model or model_dir(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -147,9 +159,6 @@ def build_trainer(args: argparse.Namespace, model: str | None = None):
         rollout = spectail_rollout(config, dataset, tokenizer)
         if args.check_exact:
             rollout = ExactCheck(rollout, spectail_rollout(config, dataset, tokenizer, plain=True))
-    elif args.check_exact:
-        raise SystemExit("--check-exact compares spectail's speculative tokens with its plain ones: "
-                         "use it with --generation spectail")
     trainer = GRPOTrainer(model=policy, processing_class=tokenizer, reward_funcs=make_reward(problems), args=config,
                           train_dataset=dataset, rollout_func=rollout)
     trainer._generate = RolloutTimer(trainer._generate)

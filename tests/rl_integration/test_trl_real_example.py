@@ -68,10 +68,11 @@ def test_reward_is_the_data_sets_score(example):
     truth = [problems[i]["answer"] for i in range(4)]
     wrong = str(int(truth[1]) + 1)
     completions = [[{"role": "assistant", "content": f"Sure. <answer>{truth[0]}</answer>"}],
-                   [{"role": "assistant", "content": f"<answer>{wrong}</answer>"}],
-                   [{"role": "assistant", "content": f"{truth[2]}"}],  # right number, no tags: no reward
-                   [{"role": "assistant", "content": f"<answer>0</answer> no, <answer>{truth[3]}</answer>"}]]
-    assert reward(completions, index=[0, 1, 2, 3]) == [1.0, 0.0, 0.0, 1.0]
+                   [{"role": "assistant", "content": f"<answer>{wrong}</answer> or {truth[1]}"}],  # the tags win
+                   [{"role": "assistant", "content": f"It is {truth[2]}."}],  # no tags: the last number
+                   [{"role": "assistant", "content": f"<answer>0</answer> no, <answer>{truth[3]}</answer>"}],
+                   [{"role": "assistant", "content": "I cannot say."}]]
+    assert reward(completions, index=[0, 1, 2, 3, 0]) == [1.0, 0.0, 1.0, 1.0, 0.0]
     assert reward([f"<answer>{truth[0]}</answer>"], index=[0]) == [1.0]  # plain-text completions too
 
 
@@ -89,7 +90,7 @@ def test_summary_puts_runs_side_by_side(example, tmp_path):
 
 def test_check_exact_needs_spectail(example):
     with pytest.raises(SystemExit, match="--generation spectail"):
-        example.build_trainer(example.parse_args(["--generation", "trl", "--check-exact"]), model=real_model_dir())
+        example.build_trainer(example.parse_args(["--generation", "trl", "--check-exact"]))  # before any model
 
 
 def test_real_model_rollout_is_exact(example, tmp_path):
