@@ -35,7 +35,7 @@ TASK = "basic_arithmetic"
 TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
                "allow_parentheses": False, "allow_negation": False}
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-MICRO_BATCH = 16  # completions per forward/backward
+MICRO_BATCH = 8  # completions per forward/backward
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/trl_grpo_real")
     p.add_argument("--check-exact", action="store_true",
-                   help="spectail only: every rollout again on a plain engine (no drafts); tokens must be equal")
+                   help="spectail only: every rollout again on a plain engine (no drafts); tokens must be equal "
+                        "(its rollout seconds then include the plain engine's)")
     p.add_argument("--summarize", nargs="+", metavar="ROLLOUTS_JSON", help="print runs' rollouts.json side by side")
     return p.parse_args(argv)
 
@@ -125,7 +126,7 @@ def grpo_config(args: argparse.Namespace):
         per_device_train_batch_size=micro, gradient_accumulation_steps=per_generation // micro,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=1.0, top_k=0, top_p=1.0, max_steps=args.steps, logging_steps=1, save_strategy="no",
-        disable_tqdm=True,
+        disable_tqdm=True, gradient_checkpointing=False,  # TRL's default recomputes every layer: slow on a CPU
     )
 
 
