@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a checkout
 
 from rl_integration.trl_rollout import SpectailRollout  # noqa: E402 -- also sets OpenMP's wait policy first
 
@@ -66,7 +67,7 @@ def model_dir(model: str | None) -> str:
     if model:
         return model
     cmd = [sys.executable, "-m", "rl_integration", "fetch", "smollm2"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines or not os.path.isdir(lines[-1]):
         raise SystemExit(f"no policy folder: `{' '.join(cmd[1:])}` failed ({done.stderr.strip()[-300:]}); "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import types
 
 import pytest
 
@@ -48,6 +49,23 @@ def test_arguments_and_defaults(example):
     assert args.generation == "trl" and args.task_config == {"min_terms": 3}
     with pytest.raises(SystemExit):
         example.parse_args(["--generation", "vllm"])
+
+
+def test_model_folder_from_the_flag_or_spectail_fetch(example, monkeypatch, tmp_path):
+    assert example.model_dir("some/folder") == "some/folder"
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        ok = cmd[-2:] == ["fetch", "smollm2"]
+        return types.SimpleNamespace(returncode=0 if ok else 1, stdout=f"fetching\n{tmp_path}\n", stderr="")
+
+    monkeypatch.setattr(example.subprocess, "run", run)
+    assert example.model_dir(None) == str(tmp_path)  # the last line spectail fetch prints
+    monkeypatch.setattr(example.subprocess, "run", lambda cmd, **kw: types.SimpleNamespace(
+        returncode=2, stdout="", stderr="invalid choice: 'fetch'"))
+    with pytest.raises(SystemExit, match="pass --model DIR"):
+        example.model_dir(None)
 
 
 def test_data_set_is_chat_prompts_with_the_answer_format(example):
