@@ -224,16 +224,18 @@ def summarize(paths: list[str]) -> str:
     for path in paths:
         with open(path) as f:
             runs.append(json.load(f))
-    head = "generation " + " ".join(f"{r['generation']:>9}s {'tokens':>7} {'reward':>6}" for r in runs)
+    head = "generation " + " ".join(f"{r['generation'] + ' s':>10} {'tokens':>7} {'tok/s':>6} {'reward':>6}"
+                                    for r in runs)
     lines = [head]
     for step in range(max(len(r["rollout_seconds"]) for r in runs)):
         cells = []
         for r in runs:
             if step < len(r["rollout_seconds"]):
+                secs, tokens = r["rollout_seconds"][step], r["completion_tokens"][step]
                 reward = r["reward"][step] if step < len(r["reward"]) else float("nan")
-                cells.append(f"{r['rollout_seconds'][step]:>10.2f} {r['completion_tokens'][step]:>7} {reward:>6.3f}")
+                cells.append(f"{secs:>10.2f} {tokens:>7} {tokens / secs:>6.1f} {reward:>6.3f}")
             else:
-                cells.append(" " * 25)
+                cells.append(" " * 32)
         lines.append(f"{step:>10} " + " ".join(cells))
     return "\n".join(lines)
 

@@ -103,7 +103,7 @@ def test_summary_puts_runs_side_by_side(example, tmp_path):
         paths.append(str(path))
     lines = example.summarize(paths).splitlines()
     assert "trl" in lines[0] and "spectail" in lines[0] and len(lines) == 3
-    assert lines[2].split() == ["1", "2.50", "12", "0.500", "1.25", "12", "0.500"]
+    assert lines[2].split() == ["1", "2.50", "12", "4.8", "0.500", "1.25", "12", "9.6", "0.500"]
 
 
 def test_check_exact_needs_spectail(example):
