@@ -6,6 +6,7 @@ task and tiny warm-started policy (trained and cached on first use, about a minu
 
     python examples/trl_grpo.py                     # 20 generations, prints per-step rollout metrics
     python examples/trl_grpo.py --steps 4 --set task.embedded.max_count=8
+    python examples/trl_grpo.py --generation trl    # TRL's own generation in place of spectail's
 
 --set takes spectail config overrides (`spectail demo` keys) for the task and the policy.
 """
