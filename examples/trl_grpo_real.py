@@ -36,7 +36,7 @@ TASK = "basic_arithmetic"
 TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
                "allow_parentheses": False, "allow_negation": False}
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-MICRO_BATCH = 8  # completions per forward/backward
+MICRO_BATCH = 4  # completions per forward/backward: memory only (without checkpointing, activations grow with it)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
