@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts per generation")
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (GRPO group)")
     p.add_argument("--max-completion-length", type=int, default=128)
-    p.add_argument("--lr", type=float, default=5e-6)
+    p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/trl_grpo_real")
     p.add_argument("--check-exact", action="store_true",
