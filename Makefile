@@ -22,9 +22,10 @@ demo: $(STAMP)
 	$(BIN)/spectail demo
 
 # The real workload: GRPO on SmolLM2-135M-Instruct (fetched once: `spectail fetch smollm2`) x a
-# reasoning-gym task; spectail's rollouts beside plain decoding every step (same prompts, seeds, weights)
+# reasoning-gym task; spectail's rollouts beside plain decoding every step (same prompts, seeds, weights);
+# three steps, about 4 minutes each on 2 cores (the example config runs 12)
 demo-real: $(STAMP)
-	$(BIN)/spectail train --config examples/grpo_real.yaml --compare --out runs/demo_real
+	$(BIN)/spectail train --config examples/grpo_real.yaml --compare --out runs/demo_real trainer.steps=3
 
 # The benchmark of record on that workload (benchmarks/bench_real.py): plain, the default proposers
 # and + the online drafter, float32 and bfloat16; JSON and a plot in bench_results/real
