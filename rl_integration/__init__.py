@@ -5,7 +5,7 @@ Importing `rl_integration` loads nothing else (not torch), so the command line c
 process first (rollout/cpu.py). The names below load on first use."""
 from __future__ import annotations
 
-import importlib
+from rollout.lazy import lazy_exports
 
 _EXPORTS = {
     "RolloutClient": ".rollout_client", "RolloutBatch": ".rollout_client",
@@ -19,10 +19,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

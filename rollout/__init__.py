@@ -5,16 +5,10 @@ Importing `rollout` loads nothing else (not torch): `rollout.cpu.configure()` ca
 torch loads OpenMP (rollout/cpu.py). The names below load on first use."""
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_exports
 
 _EXPORTS = {"Engine": ".engine", "EngineConfig": ".config", "SamplingParams": ".config",
             "SpecConfig": ".config", "Completion": ".config"}
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
