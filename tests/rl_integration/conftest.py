@@ -3,6 +3,9 @@ the embedded task at its smallest (start 0..4, count 1..2; about 30% right at T 
 once per test session. TINY_RUN is the one place that names TaskConfig / PolicyConfig fields."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 
 TINY_RUN = [
@@ -33,3 +36,12 @@ def tiny_run(tmp_path_factory):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ray: needs Ray (skipped cleanly when it is not installed)")
+
+
+def load_example(file_name: str):
+    """An examples/ script imported as a module (its `main` not run), for tests of its pieces."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", file_name)
+    spec = importlib.util.spec_from_file_location(f"example_{file_name.removesuffix('.py')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,7 +5,6 @@ plain engine's. Skipped, saying why, without reasoning_gym, trl or the model fol
 fetch smollm2`, or $SPECTAIL_SMOLLM2_DIR naming a folder)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import types
@@ -15,16 +14,14 @@ import pytest
 pytest.importorskip("trl", reason="trl is not installed (pip install 'spectail[trl]')")
 pytest.importorskip("reasoning_gym", reason="reasoning_gym is not installed (pip install reasoning-gym)")
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "trl_grpo_real.py")
+from tests.rl_integration.conftest import load_example  # noqa: E402
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("trl_grpo_real_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("trl_grpo_real.py")
 
 
 def real_model_dir() -> str:

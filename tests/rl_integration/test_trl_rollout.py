@@ -4,7 +4,6 @@ rises, the per-step metrics are printed; bad settings are refused before any rol
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import types
 
@@ -17,17 +16,14 @@ from rl_integration.trl_gather import gather_generate_scatter  # noqa: E402
 from rl_integration.trl_rollout import SpectailRollout, group_prompts  # noqa: E402
 from rl_integration.trl_weights import check_mergeable, policy_weights, unwrap  # noqa: E402
 from rollout.seeds import prompt_key, sample_seed  # noqa: E402
+from tests.rl_integration.conftest import load_example  # noqa: E402
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "trl_grpo.py")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("trl_grpo_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("trl_grpo.py")
 
 
 def example_args(example, tiny_run, out, steps: int, seed: int = 0):
