@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # The real workload: GRPO on SmolLM2-135M-Instruct (fetched once: `spectail fetch smollm2`) x a
 # reasoning-gym task; spectail's rollouts beside plain decoding every step (same prompts, seeds, weights);
-# three steps, about 4 minutes each on 2 cores (the example config runs 12)
+# three steps (the example config runs 12; what a step takes here: docs/results.md)
 demo-real: $(STAMP)
 	$(BIN)/spectail train --config examples/grpo_real.yaml --compare --out runs/demo_real trainer.steps=3
 

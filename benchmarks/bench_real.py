@@ -48,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_run(args, dtype: str):
-    """(cfg, model, tokenizer, problems, prompts, reward) of the real workload at an engine dtype."""
+    """(cfg, model, tokenizer, policy folder, problems, prompts, reward) of the real workload at an
+    engine dtype."""
     from rl_integration.config import load_config
     from rl_integration.dataset import encode_prompts
     from rl_integration.trainer import load_policy, load_problems, resolve_reward
@@ -56,14 +57,15 @@ def load_run(args, dtype: str):
     overrides = list(args.overrides) + [f"rollout.engine.dtype={dtype}", f"rollout.engine.num_threads={args.threads}",
                                         "output.progress=false"]
     cfg = load_config(args.config, overrides)
-    model, tokenizer, _ = load_policy(cfg, progress=False)
+    model, tokenizer, policy_folder = load_policy(cfg, progress=False)
     problems = load_problems(cfg)
     prompts = encode_prompts(tokenizer, problems, cfg.policy.chat_template)
-    return cfg, model, tokenizer, problems, prompts, resolve_reward(cfg.task)
+    return cfg, model, tokenizer, policy_folder, problems, prompts, resolve_reward(cfg.task)
 
 
-def make_clients(cfg, model, tokenizer, variants, folder: str) -> tuple[dict, object]:
-    """One RolloutClient per variant (each with its own history), and the drafter's state."""
+def make_clients(cfg, model, tokenizer, variants, folder: str, policy_folder: str, prompts) -> tuple[dict, object]:
+    """One RolloutClient per variant (each with its own history), and the drafter's state (its
+    head warm-started on the task's prompts, as `spectail train` starts it)."""
     from rl_integration import online_drafter
     from rl_integration.rollout_client import RolloutClient
 
@@ -74,7 +76,7 @@ def make_clients(cfg, model, tokenizer, variants, folder: str) -> tuple[dict, ob
         c.output.dir = os.path.join(folder, name)
         if name == "drafter":
             c.rollout.drafter = dataclasses.replace(c.rollout.drafter, enabled=True)
-            drafter = online_drafter.start(c, None, progress=False)
+            drafter = online_drafter.start(c, policy_folder, False, prompts, eos)
         clients[name] = RolloutClient(c, model, stop_token_ids=eos, plain=name == "plain",
                                       history_dir=os.path.join(folder, name, "history"))
         warm_up(clients[name].backend.engine)
@@ -109,13 +111,13 @@ def run_dtype(args, dtype: str, variants) -> list[dict]:
     from rl_integration import online_drafter
     from rl_integration.trainer import compare_tokens, compute_rewards, make_trainer
 
-    cfg, model, tokenizer, problems, prompts, reward = load_run(args, dtype)
+    cfg, model, tokenizer, policy_folder, problems, prompts, reward = load_run(args, dtype)
     tr = cfg.trainer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     trainer = make_trainer(cfg, model, pad)
     steps = []
     with tempfile.TemporaryDirectory(prefix="bench-real-") as folder:
-        clients, drafter = make_clients(cfg, model, tokenizer, variants, folder)
+        clients, drafter = make_clients(cfg, model, tokenizer, variants, folder, policy_folder, prompts)
         try:
             for step in range(args.steps):
                 start = step * tr.prompts_per_step
