@@ -24,10 +24,12 @@ from rollout.model import CausalLM
 from .features import RowBatch, SavedRollout, row_batch, sequence_features
 from .vocab import expand
 
+SAMPLE_ROWS = 1024  # rows coupled_drafts samples at a time
+
 
 @torch.no_grad()
 def chain_runs(head, policy: CausalLM, rollouts: Sequence[SavedRollout], max_k: int = 8,
-               features: Optional[Sequence[torch.Tensor]] = None, batch_tokens: int = 8192) -> list[list[tuple]]:
+               features: Optional[Sequence[torch.Tensor]] = None, batch_tokens: int = 2048) -> list[list[tuple]]:
     """Per rollout, per chain start t = 0 .. R - 2 (the pending token's response position):
     (accepted run, chain length) of a max_k-token chain; the length is min(max_k, R - 1 - t)."""
     if max_k < 1:
@@ -87,9 +89,12 @@ def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor, vocab_ids: Opt
     token at sequence position j + 2, response position j + 2 - P, with the sample's own noise.
     vocab_ids: the columns' ids for a head with a draft vocabulary, whose draft is the sample of
     its logits spread over the vocabulary with -inf elsewhere (drafter/vocab.py)."""
-    b_idx, j_idx = rb.valid(step).nonzero(as_tuple=True)
+    b_all, j_all = rb.valid(step).nonzero(as_tuple=True)
     out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
-    if b_idx.numel():
+    # in blocks of rows: a draft vocabulary's rows spread over the whole vocabulary would
+    # otherwise hold every valid row at full width at once
+    for lo in range(0, b_all.numel(), SAMPLE_ROWS):
+        b_idx, j_idx = b_all[lo:lo + SAMPLE_ROWS], j_all[lo:lo + SAMPLE_ROWS]
         rows = logits[b_idx, j_idx].detach()
         if vocab_ids is not None:
             rows = expand(rows, vocab_ids, vocab_size)
