@@ -150,6 +150,7 @@ def test_a_checkpoint_saved_before_the_one_drafter_section_still_loads():
     d = raw["rollout"]["drafter"]
     d["train"] = {k: d.pop(k) for k in ("between_steps_s", "idle_slice_s", "lr", "ttt_steps", "reward_beta")}
     d["train"]["lr"] = 0.002
+    del d["collect"], d["buffer_tokens"]  # then only in rollout.engine.spec.drafter
     raw["rollout"]["engine"]["spec"]["drafter"] = {
         "path": None, "collect": True, "buffer_tokens": 1000, "max_positions": None, "kind": "attention",
         "window": None, "idle_slice_s": None, "lr": 1e-3, "ttt_steps": 3, "intermediate_size": None,
