@@ -57,19 +57,12 @@ class TaskConfig:
     tail_alpha: float = 1.3
 
     def validate(self) -> None:
-        if self.num_problems < 0:
-            raise ValueError(f"TaskConfig.num_problems must be >= 0, got {self.num_problems}")
-        if not (0 <= self.min_start <= self.max_start):
-            raise ValueError(
-                f"TaskConfig needs 0 <= min_start <= max_start, got {self.min_start}, {self.max_start}"
-            )
-        if not (1 <= self.min_count <= self.max_count):
-            raise ValueError(
-                f"TaskConfig needs 1 <= min_count <= max_count, got {self.min_count}, {self.max_count}"
-            )
-        if not (self.tail_alpha >= 0.0):  # also rejects NaN
-            raise ValueError(f"TaskConfig.tail_alpha must be >= 0, got {self.tail_alpha}")
-
+        need(self.num_problems >= 0, "TaskConfig.num_problems", "must be >= 0", self.num_problems)
+        need(0 <= self.min_start <= self.max_start, "TaskConfig", "needs 0 <= min_start <= max_start",
+             (self.min_start, self.max_start))
+        need(1 <= self.min_count <= self.max_count, "TaskConfig", "needs 1 <= min_count <= max_count",
+             (self.min_count, self.max_count))
+        need(self.tail_alpha >= 0.0, "TaskConfig.tail_alpha", "must be >= 0", self.tail_alpha)  # NaN fails
 
 
 @dataclass(frozen=True)
@@ -116,19 +109,12 @@ class PolicyConfig:
     num_threads: int = 1
 
     def validate(self) -> None:
-        if self.arch not in ("llama", "qwen2"):
-            raise ValueError(f"PolicyConfig.arch must be 'llama' or 'qwen2', got {self.arch!r}")
-        if self.num_heads < 1 or self.num_kv_heads < 1 or self.hidden_size < 1:
-            raise ValueError(f"PolicyConfig needs hidden_size, num_heads and num_kv_heads >= 1, got "
-                             f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                "PolicyConfig needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
-                f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}"
-            )
-        if self.sft_steps < 0:
-            raise ValueError(f"PolicyConfig.sft_steps must be >= 0, got {self.sft_steps}")
-
+        shape = (self.hidden_size, self.num_heads, self.num_kv_heads)
+        need(self.arch in ("llama", "qwen2"), "PolicyConfig.arch", "must be 'llama' or 'qwen2'", self.arch)
+        need(min(shape) >= 1, "PolicyConfig", "needs hidden_size, num_heads and num_kv_heads >= 1", shape)
+        need(self.hidden_size % self.num_heads == 0 and self.num_heads % self.num_kv_heads == 0, "PolicyConfig",
+             "needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0", shape)
+        need(self.sft_steps >= 0, "PolicyConfig.sft_steps", "must be >= 0", self.sft_steps)
 
 
 # ------------------------------------------------------------------------------ the sections
@@ -353,19 +339,18 @@ RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
 
 
 def upgrade_saved(raw: dict) -> dict:
-    """A checkpoint's run.yaml as this spectail reads it. Before the drafter's settings were the one
-    section rollout.drafter, they were split over rollout.drafter.train.* and
-    rollout.engine.spec.drafter.* (whose kind, window, layer and training keys rollout.drafter's
-    replaced); every drafter key may change on resume, so moving them is enough."""
+    """A checkpoint's run.yaml as this spectail reads it: one saved before the drafter's settings
+    were the one section rollout.drafter had them under rollout.drafter.train and (its buffer's)
+    rollout.engine.spec.drafter. Every drafter key may change on resume: moving them is enough."""
     raw = copy.deepcopy(raw)
-    rollout = raw.get("rollout")
-    if not isinstance(rollout, dict) or not isinstance(rollout.setdefault("drafter", {}), dict):
-        return raw
-    spec = rollout["engine"].get("spec") if isinstance(rollout.get("engine"), dict) else None
-    for old in (rollout["drafter"].pop("train", None), spec.pop("drafter", None) if isinstance(spec, dict) else None):
-        for key, value in (old if isinstance(old, dict) else {}).items():
-            if key in DRAFTER_KEYS:
-                rollout["drafter"].setdefault(key, value)
+    rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
+    spec = (rollout.get("engine") or {}).get("spec") if isinstance(rollout.get("engine"), dict) else None
+    drafter = rollout.get("drafter")
+    for old in (drafter.pop("train", None) if isinstance(drafter, dict) else None,
+                spec.pop("drafter", None) if isinstance(spec, dict) else None):
+        for key, value in (old if isinstance(old, dict) and isinstance(drafter, dict) else {}).items():
+            if key in DRAFTER_KEYS:  # (max_positions is gone)
+                drafter.setdefault(key, value)
     return raw
 
 
@@ -445,22 +430,12 @@ def _validate_sources(cfg: RunConfig) -> None:
 
 
 def _validate_rollout(r: RolloutSection) -> None:
-    _need(r.n >= 1, "rollout.n", "must be >= 1 (samples per prompt)", r.n)
-    _need(r.num_workers >= 1, "rollout.num_workers", "must be >= 1", r.num_workers)
-    _need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1", r.max_tokens)
+    _bounds(r, "rollout", "n>=1 num_workers>=1 max_tokens>=1 top_k>=0 chunk_tokens>=1? kept_slots>=0? "
+                          "num_cpus_per_worker>=0 num_gpus_per_worker>=0")
+    _bounds(r.history, "rollout.history", "max_bytes>=0 max_age_steps>=1?")
     _need(r.temperature > 0, "rollout.temperature", "must be > 0 for RL (T = 0 has no exploration and its "
           "logprobs are not the sampling distribution's)", r.temperature)
     _need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]", r.top_p)
-    _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
-    _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
-          r.chunk_tokens)
-    _need(r.kept_slots is None or r.kept_slots >= 0, "rollout.kept_slots", "must be >= 0 or null (the backend's "
-          "default)", r.kept_slots)
-    _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
-    _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
-          "must be >= 1 or null (no limit)", r.history.max_age_steps)
-    _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
-    _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")
     _wrap(r.drafter.validate, "rollout.drafter")
     _wrap(r.vllm.validate, "rollout.vllm")
@@ -478,31 +453,28 @@ def _validate_rollout(r: RolloutSection) -> None:
 
 
 def _validate_trainer(tr: TrainerSection) -> None:
-    _need(tr.steps >= 1, "trainer.steps", "must be >= 1", tr.steps)
-    _need(tr.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1", tr.prompts_per_step)
-    _need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
-    _need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
-    _need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",
-          tr.clip_eps_high)
-    _need(tr.kl_coef >= 0, "trainer.kl_coef", "must be >= 0", tr.kl_coef)
-    _need(tr.adv_eps > 0, "trainer.adv_eps", "must be > 0", tr.adv_eps)
-    _need(tr.update_epochs >= 1, "trainer.update_epochs", "must be >= 1", tr.update_epochs)
-    _need(tr.minibatch_size >= 0, "trainer.minibatch_size", "must be >= 0 (0 = whole rollout)", tr.minibatch_size)
-    _need(tr.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1", tr.micro_batch_size)
-    _need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
-    _need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
-          tr.num_threads)
+    _bounds(tr, "trainer", "steps>=1 prompts_per_step>=1 lr>0 clip_eps>0 clip_eps_high>0? kl_coef>=0 adv_eps>0 "
+                           "update_epochs>=1 minibatch_size>=0 micro_batch_size>=1 max_grad_norm>0 num_threads>=1? "
+                           "save_every>=0 keep_checkpoints>=1?")
+    _bounds(tr.ppo, "trainer.ppo", "vf_coef>=0 value_clip_eps>0")
+    for name in ("gamma", "lam"):
+        _need(0 <= getattr(tr.ppo, name) <= 1, f"trainer.ppo.{name}", "must be in [0, 1]", getattr(tr.ppo, name))
     _need(is_device(tr.device), "trainer.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
           tr.device)
-    _need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
-    _need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
-    _need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
-    _need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
-    _need(tr.save_every >= 0, "trainer.save_every", "must be >= 0 (0: no checkpoints)", tr.save_every)
-    _need(tr.keep_checkpoints is None or tr.keep_checkpoints >= 1, "trainer.keep_checkpoints",
-          "must be >= 1 or null (keep all)", tr.keep_checkpoints)
     _need(tr.resume is None or bool(tr.resume.strip()), "trainer.resume",
           "must be null, 'auto' or a checkpoint folder", tr.resume)
+
+
+_BOUND = re.compile(r"(\w+)(>=|>)([\d.]+)(\??)")
+
+
+def _bounds(section, key: str, rules: str) -> None:
+    """Range checks of a section's fields (dotted `key`): each rule `name>=low` or `name>low`,
+    with `?` after it where null passes too."""
+    for name, op, low, null in _BOUND.findall(rules):
+        v, low = getattr(section, name), float(low)
+        ok = (null and v is None) or (v is not None and (v >= low if op == ">=" else v > low))  # NaN fails
+        _need(ok, f"{key}.{name}", f"must be {op} {low:g}" + (" or null" if null else ""), v)
 
 
 def plain_engine(r: RolloutSection) -> EngineConfig:

@@ -85,33 +85,26 @@ def is_device(name) -> bool:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The online drafter: a draft head over the policy's hidden states that drafts with each
-    sample's own noise (the "drafter" proposer, drafter/proposer.py), trained on the policy's own
-    rollouts. Every drafter setting, once: the engine reads it as `SpecConfig.drafter`, a run
-    config as `rollout.drafter` (rl_integration/config.py), and the warm start, the online
-    trainer (drafter/online.py) and Ray's idle slices (scheduler/drafter_slices.py) from there.
+    """The online drafter's settings, once: a draft head over the policy's hidden states that
+    drafts with each sample's own noise (the "drafter" proposer, drafter/proposer.py). The engine
+    reads it as SpecConfig.drafter, a run config sets it as rollout.drafter, and the warm start,
+    the online trainer (drafter/online.py) and Ray's idle slices read it from the engine's spec.
 
-    enabled: a run adds "drafter" to rollout.engine.spec.proposers (ignored when spec is null;
-        off by default: on a CPU its cost and training do not yet pay for its drafts after the
-        first step, docs/results.md). An engine reads its proposers instead.
-    path: an exported head (drafter.export) to start from. None: in a run, the policy's cached
-        warm start, trained on first use for at most warm_start_s seconds (the embedded policy's
-        beside it; a checkpoint's on its own samples of the task's prompts under the spectail
-        cache, drafting over its draft_vocab most frequent tokens: null, or a vocabulary no
-        larger, all of it); in an engine, no head until one is set in-process
-        (`DrafterProposer.of(engine).set_head`). A head that does not fit the policy switches
-        the drafter off with a warning; the other proposers keep working.
-    kind ("attention" | "mlp"), window (the rows its attention sees; None: all), intermediate_size,
-        num_heads, num_kv_heads (its decoder layer; None: the policy's): a fresh head's, wherever
-        it is made (warm start, between steps, a Ray worker's idle slice).
+    enabled: a run adds "drafter" to the engine's proposers (off by default: on a CPU its cost
+        and training do not yet pay for its drafts after the first step, docs/results.md).
+    path: an exported head (drafter.export) to start from. None: in a run, the policy's warm
+        start, cached, trained on first use within warm_start_s (a checkpoint's on its own
+        samples, drafting over its draft_vocab most frequent tokens; None: all); in an engine, no
+        head until one is set (`DrafterProposer.of(engine).set_head`). A head that does not fit
+        the policy switches the drafter off with a warning; the other proposers keep working.
+    kind ("attention" | "mlp"), window (rows its attention sees; None: all), intermediate_size,
+        num_heads, num_kv_heads (None: the policy's): a fresh head's, wherever it is made.
     lr, ttt_steps (unrolled steps fed the head's own outputs), reward_beta (ReSpec's weight
-        1 + beta x max(0, advantage); 0: off): its training (drafter/trainer.py).
-    between_steps_s: the local backend trains this long after each step's optimizer updates (on
-        the critical path; 0: not). idle_slice_s: on Ray, a worker with no chunk while a rollout
-        runs trains in slices of this many seconds (a chunk sent to it waits at most that long;
-        None: no training there).
+        1 + beta x max(0, advantage)): its training (drafter/trainer.py); the local backend
+        trains between_steps_s after each step's updates (0: not), a Ray worker with no chunk
+        in slices of idle_slice_s (None: not; a chunk sent to it waits at most that long).
     collect, buffer_tokens: keep every request's hidden states and hand finished (and paused)
-        responses to the training buffer (drafter/buffer.py), of this many prompt + response tokens.
+        responses to the training buffer (drafter/buffer.py) of this many tokens.
     """
 
     enabled: bool = False
@@ -131,8 +124,7 @@ class DrafterSpec:
     collect: bool = True
     buffer_tokens: int = 200_000
 
-    # a run config's old keys (rl_integration/config_loader.py): rollout.drafter.train.* moved up
-    MOVED: ClassVar[dict] = {"train": "rollout.drafter"}
+    MOVED: ClassVar[dict] = {"train": "rollout.drafter"}  # a run config's old rollout.drafter.train.*
 
     def layer(self) -> dict:
         """A fresh head's layer sizes, as drafter.head.HeadConfig keywords."""
