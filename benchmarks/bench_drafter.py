@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=128, help="context length of the timed steps")
     ap.add_argument("--device", default="cpu", help="engine mode: the policy's, the head's and the engines' device")
     ap.add_argument("--train-seconds-between", dest="between", type=float, default=5.0,
-                    help="engine mode: the head's training between steps (rollout.drafter.train.between_steps_s)")
+                    help="engine mode: the head's training between steps (rollout.drafter.between_steps_s)")
     ap.add_argument("--min-draft-prob", dest="min_draft_prob", type=float, default=None,
                     help="engine mode and --choice: a fixed draft-budget threshold (default: priced from the "
                     "measured step cost)")

@@ -147,7 +147,7 @@ def choice_bench(args) -> dict:
     policy = CausalLM.from_pretrained(folder)
     d = RunConfig().rollout.drafter
     head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window,
-                                           layer=d.shape()), policy, dtype=torch.float32)
+                                           layer=d.layer()), policy, dtype=torch.float32)
     problems = make_problems(TaskConfig(num_problems=args.prompts, seed=0))
     prompts = [tok(p.prompt)["input_ids"] for p in problems]
     engines, logs = {}, {}
@@ -164,8 +164,7 @@ def choice_bench(args) -> dict:
     result["update"] = grpo_update(hf, tok, policy, {n: (e, None) for n, e in engines.items()}, w0, outs0,
                                    [p.answer for p in problems])
     dp = DrafterProposer.of(engines["D_default_drafter"])
-    t = d.train
-    online = OnlineConfig.from_spec(dp.spec, lr=t.lr, ttt_steps=t.ttt_steps, num_threads=threads.trainer_threads(None))
+    online = OnlineConfig(d, num_threads=threads.trainer_threads(None))
     result["between_steps_training"] = train_on_buffer(dp, OnlineState(), online, args.train_seconds)
     w1 = step_work(prompts, args.samples, 1, tok.eos_token_id, previous=outs0)
     result["step1"], _ = run(engines, logs, w1)

@@ -242,7 +242,7 @@ def engine_bench(args) -> dict:
     task = TaskConfig(num_problems=args.prompts, seed=0)
     policy = CausalLM.from_pretrained(folder, device=args.device)
     d = RunConfig().rollout.drafter  # the demo's drafter: its warm start, cached beside the policy
-    layer = parse_shapes(args.layer, args)[0] if args.layer else d.shape()
+    layer = parse_shapes(args.layer, args)[0] if args.layer else d.layer()
     head = load(load_or_warm_start_drafter(folder, RunConfig().task.embedded, d.kind, d.warm_start_s, window=d.window,
                                            layer=layer), policy, dtype=torch.float32)
     problems = make_problems(task)
@@ -263,8 +263,7 @@ def engine_bench(args) -> dict:
     result["step0"]["simulation_check"] = check_simulation(engines["C_drafter"], w0, policy, head)
     result["update"] = grpo_update(hf, tok, policy, engines, w0, outs0["A_plain"], [p.answer for p in problems])
     dp = DrafterProposer.of(engines["D_default_drafter"][0])
-    t = d.train
-    online = OnlineConfig(lr=t.lr, ttt_steps=t.ttt_steps, num_threads=threads.trainer_threads(None))
+    online = OnlineConfig(d, num_threads=threads.trainer_threads(None))  # the head exists: d's training keys
     train = train_on_buffer(dp, OnlineState(), online, args.train_seconds)
     result["between_steps_training"] = train
     DrafterProposer.of(engines["C_drafter"][0]).set_head(dp.head, dp.head_version)

@@ -16,6 +16,7 @@ the two modes of a repetition.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -24,7 +25,6 @@ import time
 
 from benchmarks.bench import save_report
 from rollout import EngineConfig, SamplingParams, SpecConfig
-from rollout.config import DrafterSpec
 from rollout.seeds import prompt_key, sample_seed
 from scheduler.ray_backend import RayRolloutBackend
 
@@ -42,11 +42,10 @@ def run(args) -> dict:
     run_cfg = RunConfig()
     d = run_cfg.rollout.drafter
     head = load_or_warm_start_drafter(folder, run_cfg.task.embedded, d.kind, d.warm_start_s, window=d.window,
-                                      layer=d.shape())
+                                      layer=d.layer())
     spec = run_cfg.rollout.engine.spec
     spec = SpecConfig(proposers=spec.proposers + ("drafter",), max_draft_tokens=spec.max_draft_tokens,
-                      drafter=DrafterSpec(path=head, window=d.window, idle_slice_s=args.slice, lr=d.train.lr,
-                                          ttt_steps=d.train.ttt_steps))
+                      drafter=dataclasses.replace(d, path=head, idle_slice_s=args.slice))
     engine = EngineConfig(max_batch_size=64, max_model_len=1024, spec=spec)
     prompts = [tok(p.prompt)["input_ids"] for p in make_problems(run_cfg.task.embedded)]
     params = SamplingParams(temperature=1.0, max_tokens=512, stop_token_ids=[tok.eos_token_id])
@@ -86,7 +85,7 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--slice", type=float, default=1.0, help="rollout.drafter.train.idle_slice_s")
+    ap.add_argument("--slice", type=float, default=1.0, help="rollout.drafter.idle_slice_s")
     ap.add_argument("--out", default="bench_results/drafter_ray.json")
     args = ap.parse_args(argv)
     result = run(args)

@@ -35,41 +35,27 @@ from .warm_start import steps_for_passes
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    """kind, window, intermediate_size, num_heads, num_kv_heads: a fresh head's (None: the
-    policy's), when the engine has none. lr, ttt_steps, reward_beta,
-    batch_tokens, num_threads: the trainer's (drafter/trainer.py), at a constant rate.
-    max_passes: a call stops after reading its data about this many times (more would only fit
-    the head to these few responses), or when its time is up."""
+    """drafter: the drafter's settings (rollout.config.DrafterSpec, the engine's `spec.drafter` in
+    every caller that may make a fresh head: the local trainer between steps, a Ray worker's idle
+    slice): a fresh head's shape (kind, window, layer sizes) when the engine has none, and the
+    training's lr, ttt_steps and reward_beta. batch_tokens, num_threads, seed: the trainer's
+    (drafter/trainer.py), at a constant rate. max_passes: a call stops after reading its data
+    about this many times (more would only fit the head to these few responses), or when its
+    time is up."""
 
-    kind: str = "attention"
-    window: Optional[int] = None
-    intermediate_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    num_kv_heads: Optional[int] = None
-    lr: float = 1e-3
-    ttt_steps: int = 3
-    reward_beta: float = 0.0
+    drafter: DrafterSpec = DrafterSpec()
     batch_tokens: int = 1024
     num_threads: Optional[int] = None
     seed: int = 0
     max_passes: float = 2.0
 
-    @classmethod
-    def from_spec(cls, spec: DrafterSpec, **over) -> OnlineConfig:
-        """The engine's DrafterSpec's head shape and training keys (kind, window, layer sizes,
-        lr, ttt_steps), with `over` on top: every caller that may make a fresh head (the local
-        trainer between steps, a Ray worker's idle slice) builds its config here, so a fresh
-        head has the configured shape wherever it is trained."""
-        return cls(**{"kind": spec.kind, "window": spec.window, **spec.layer(), "lr": spec.lr,
-                      "ttt_steps": spec.ttt_steps, **over})
-
     def head_config(self) -> HeadConfig:
-        return HeadConfig(kind=self.kind, window=self.window, intermediate_size=self.intermediate_size,
-                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+        return HeadConfig(kind=self.drafter.kind, window=self.drafter.window, **self.drafter.layer())
 
     def train_config(self) -> TrainConfig:
-        cfg = TrainConfig(lr=self.lr, ttt_steps=self.ttt_steps, reward_beta=self.reward_beta,
-                          batch_tokens=self.batch_tokens, num_threads=self.num_threads, seed=self.seed)
+        d = self.drafter
+        cfg = TrainConfig(lr=d.lr, ttt_steps=d.ttt_steps, reward_beta=d.reward_beta, batch_tokens=self.batch_tokens,
+                          num_threads=self.num_threads, seed=self.seed)
         cfg.validate()
         return cfg
 

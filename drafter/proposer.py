@@ -87,7 +87,7 @@ class DrafterProposer(Proposer):
         d = spec.drafter
         slots = engine_config.max_batch_size if engine_config is not None else 64
         max_len = engine_config.max_model_len if engine_config is not None else 2048
-        p = cls(model, d, slots, max_len, min(d.max_positions or spec.max_draft_tokens, spec.max_draft_tokens))
+        p = cls(model, d, slots, max_len, spec.max_draft_tokens)
         if d.path is not None:
             p.load(d.path, version=0)
         return p

@@ -7,7 +7,9 @@ examples/demo.yaml spells the same values out (a test keeps the two equal), so t
 no file shipped as package data. Loading (rl_integration/config_loader.py) checks every key and
 type; `validate()` then checks ranges and choices, each error naming its dotted key. The
 engine's settings are its own EngineConfig, embedded as `rollout.engine` and checked by its own
-validate(); `rollout.engine.spec=null` turns speculation off.
+validate(); `rollout.engine.spec=null` turns speculation off. The drafter's settings are the
+engine's own DrafterSpec too, set once as `rollout.drafter` (online_drafter.start hands them to
+the engine's spec); `rollout.engine.spec.drafter` and `rollout.drafter.train.*` are gone (`MOVED`).
 
 Words, as in TRL and verl: a *step* is one rollout plus the optimizer updates made from it; an
 *epoch* is one pass over the data set. Keys that counted steps under the name "epoch" were
@@ -15,12 +17,15 @@ renamed; the old names raise a ValueError saying the new one (`RENAMED` on a sec
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
+from rollout.config import DrafterSpec, is_device, need
 from rollout.vllm_config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
@@ -52,19 +57,12 @@ class TaskConfig:
     tail_alpha: float = 1.3
 
     def validate(self) -> None:
-        if self.num_problems < 0:
-            raise ValueError(f"TaskConfig.num_problems must be >= 0, got {self.num_problems}")
-        if not (0 <= self.min_start <= self.max_start):
-            raise ValueError(
-                f"TaskConfig needs 0 <= min_start <= max_start, got {self.min_start}, {self.max_start}"
-            )
-        if not (1 <= self.min_count <= self.max_count):
-            raise ValueError(
-                f"TaskConfig needs 1 <= min_count <= max_count, got {self.min_count}, {self.max_count}"
-            )
-        if not (self.tail_alpha >= 0.0):  # also rejects NaN
-            raise ValueError(f"TaskConfig.tail_alpha must be >= 0, got {self.tail_alpha}")
-
+        need(self.num_problems >= 0, "TaskConfig.num_problems", "must be >= 0", self.num_problems)
+        need(0 <= self.min_start <= self.max_start, "TaskConfig", "needs 0 <= min_start <= max_start",
+             (self.min_start, self.max_start))
+        need(1 <= self.min_count <= self.max_count, "TaskConfig", "needs 1 <= min_count <= max_count",
+             (self.min_count, self.max_count))
+        need(self.tail_alpha >= 0.0, "TaskConfig.tail_alpha", "must be >= 0", self.tail_alpha)  # NaN fails
 
 
 @dataclass(frozen=True)
@@ -111,19 +109,12 @@ class PolicyConfig:
     num_threads: int = 1
 
     def validate(self) -> None:
-        if self.arch not in ("llama", "qwen2"):
-            raise ValueError(f"PolicyConfig.arch must be 'llama' or 'qwen2', got {self.arch!r}")
-        if self.num_heads < 1 or self.num_kv_heads < 1 or self.hidden_size < 1:
-            raise ValueError(f"PolicyConfig needs hidden_size, num_heads and num_kv_heads >= 1, got "
-                             f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                "PolicyConfig needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
-                f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}"
-            )
-        if self.sft_steps < 0:
-            raise ValueError(f"PolicyConfig.sft_steps must be >= 0, got {self.sft_steps}")
-
+        shape = (self.hidden_size, self.num_heads, self.num_kv_heads)
+        need(self.arch in ("llama", "qwen2"), "PolicyConfig.arch", "must be 'llama' or 'qwen2'", self.arch)
+        need(min(shape) >= 1, "PolicyConfig", "needs hidden_size, num_heads and num_kv_heads >= 1", shape)
+        need(self.hidden_size % self.num_heads == 0 and self.num_heads % self.num_kv_heads == 0, "PolicyConfig",
+             "needs hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0", shape)
+        need(self.sft_steps >= 0, "PolicyConfig.sft_steps", "must be >= 0", self.sft_steps)
 
 
 # ------------------------------------------------------------------------------ the sections
@@ -240,57 +231,10 @@ def demo_engine() -> EngineConfig:
 
 
 @dataclass
-class DrafterTrainSection:
-    """How the online drafter trains (drafter/online.py). between_steps_s: the local backend's
-    budget per step, after the optimizer steps (on the critical path); idle_slice_s: a Ray
-    worker's training slice while it has no chunk (a chunk sent to it waits at most that long);
-    lr, ttt_steps (unrolled steps fed the head's own outputs), reward_beta (ReSpec's weight
-    1 + beta x max(0, advantage); 0 = off): the trainer's."""
-
-    between_steps_s: float = 5.0
-    idle_slice_s: float = 1.0
-    lr: float = 1e-3
-    ttt_steps: int = 3
-    reward_beta: float = 0.0
-
-
-@dataclass
-class DrafterSection:
-    """The online drafter: a draft head over the policy's hidden states that drafts with each
-    sample's own noise, trained on the policy's own rollouts. enabled adds "drafter" to
-    rollout.engine.spec.proposers (ignored when spec is null). kind: "attention" | "mlp", and
-    window: the rows its attention sees (null: all) -- a fresh head's. path: an exported head to
-    start from (null: the policy's cached warm start, trained on first use for at most
-    warm_start_s seconds: the embedded policy's beside it, a checkpoint's on its own samples of
-    the task's prompts under the spectail cache). draft_vocab: a checkpoint's warm-started head
-    drafts over this many of its samples' most frequent tokens (drafter/vocab.py; null, or a
-    vocabulary no larger: all of it). intermediate_size,
-    num_heads, num_kv_heads: a fresh head's decoder layer (null, the default: the policy's; a
-    narrower layer costs a little less per draft position and lands less). Off by default: on a
-    CPU its own cost and training time do not yet pay for its drafts after the first step
-    (docs/results.md)."""
-
-    enabled: bool = False
-    kind: Literal["attention", "mlp"] = "attention"
-    window: Optional[int] = 64
-    intermediate_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    num_kv_heads: Optional[int] = None
-    path: Optional[str] = None
-    warm_start_s: float = 300.0
-    draft_vocab: Optional[int] = 8192
-    train: DrafterTrainSection = field(default_factory=DrafterTrainSection)
-
-    def shape(self) -> dict:
-        """The head's layer sizes as drafter.head.HeadConfig keywords."""
-        return {"intermediate_size": self.intermediate_size, "num_heads": self.num_heads,
-                "num_kv_heads": self.num_kv_heads}
-
-
-@dataclass
 class RolloutSection:
-    """How rollouts run. `engine` is the engine's own EngineConfig (rollout/config.py): its
-    fields, and its `spec` (speculation; null turns it off), are checked where they are defined."""
+    """How rollouts run. `engine` is the engine's own EngineConfig and `drafter` its DrafterSpec
+    (rollout/config.py): their fields, and the engine's `spec` (speculation; null turns it off),
+    are checked where they are defined."""
 
     name: Literal["spectail", "vllm"] = "spectail"  # the engine (verl: actor_rollout_ref.rollout.name)
     backend: Literal["local", "ray"] = "local"
@@ -304,7 +248,7 @@ class RolloutSection:
     noise: Literal["per_sample", "per_step"] = "per_step"  # per_sample: faster, biased (README)
     seed: Optional[int] = None  # the sampling noise's seed (None: trainer.seed)
     history: HistorySection = field(default_factory=HistorySection)
-    drafter: DrafterSection = field(default_factory=DrafterSection)
+    drafter: DrafterSpec = field(default_factory=DrafterSpec)  # the online drafter (rollout/config.py)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
     # ray only: KV slots each worker keeps for the requests it paused, so one continued there is
     # not prefilled again (null: the backend's default, scheduler/ray_backend.default_kept_slots; 0: none)
@@ -394,6 +338,25 @@ RESUME_MAY_CHANGE = (
 RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
 
 
+def upgrade_saved(raw: dict) -> dict:
+    """A checkpoint's run.yaml as this spectail reads it: one saved before the drafter's settings
+    were the one section rollout.drafter had them under rollout.drafter.train and (its buffer's)
+    rollout.engine.spec.drafter. Every drafter key may change on resume: moving them is enough."""
+    raw = copy.deepcopy(raw)
+    rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
+    spec = (rollout.get("engine") or {}).get("spec") if isinstance(rollout.get("engine"), dict) else None
+    drafter = rollout.get("drafter")
+    for old in (drafter.pop("train", None) if isinstance(drafter, dict) else None,
+                spec.pop("drafter", None) if isinstance(spec, dict) else None):
+        for key, value in (old if isinstance(old, dict) and isinstance(drafter, dict) else {}).items():
+            if key in DRAFTER_KEYS:  # (max_positions is gone)
+                drafter.setdefault(key, value)
+    return raw
+
+
+DRAFTER_KEYS = frozenset(f.name for f in dataclasses.fields(DrafterSpec))
+
+
 # ------------------------------------------------------------------------------ loading and checking
 
 
@@ -421,13 +384,12 @@ def validate(cfg: RunConfig) -> None:
 
 
 def _need(ok: bool, key: str, msg: str, value) -> None:
-    if not ok:
-        raise ValueError(f"config key {key!r} {msg}, got {value!r}")
+    need(ok, f"config key {key!r}", msg, value)
 
 
 # where the classes whose validate() the run config calls sit in it
 _SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "EngineConfig": "rollout.engine",
-             "SpecConfig": "rollout.engine.spec", "DrafterSpec": "rollout.engine.spec.drafter",
+             "SpecConfig": "rollout.engine.spec", "DrafterSpec": "rollout.drafter",
              "VllmConfig": "rollout.vllm"}
 
 
@@ -468,95 +430,53 @@ def _validate_sources(cfg: RunConfig) -> None:
 
 
 def _validate_rollout(r: RolloutSection) -> None:
-    _need(r.n >= 1, "rollout.n", "must be >= 1 (samples per prompt)", r.n)
-    _need(r.num_workers >= 1, "rollout.num_workers", "must be >= 1", r.num_workers)
-    _need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1", r.max_tokens)
+    _bounds(r, "rollout", "n>=1 num_workers>=1 max_tokens>=1 top_k>=0 chunk_tokens>=1? kept_slots>=0? "
+                          "num_cpus_per_worker>=0 num_gpus_per_worker>=0")
+    _bounds(r.history, "rollout.history", "max_bytes>=0 max_age_steps>=1?")
     _need(r.temperature > 0, "rollout.temperature", "must be > 0 for RL (T = 0 has no exploration and its "
           "logprobs are not the sampling distribution's)", r.temperature)
     _need(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]", r.top_p)
-    _need(r.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)", r.top_k)
-    _need(r.chunk_tokens is None or r.chunk_tokens >= 1, "rollout.chunk_tokens", "must be >= 1 or null",
-          r.chunk_tokens)
-    _need(r.kept_slots is None or r.kept_slots >= 0, "rollout.kept_slots", "must be >= 0 or null (the backend's "
-          "default)", r.kept_slots)
-    _need(r.history.max_bytes >= 0, "rollout.history.max_bytes", "must be >= 0", r.history.max_bytes)
-    _need(r.history.max_age_steps is None or r.history.max_age_steps >= 1, "rollout.history.max_age_steps",
-          "must be >= 1 or null (no limit)", r.history.max_age_steps)
-    _need(r.num_cpus_per_worker >= 0, "rollout.num_cpus_per_worker", "must be >= 0", r.num_cpus_per_worker)
-    _need(r.num_gpus_per_worker >= 0, "rollout.num_gpus_per_worker", "must be >= 0", r.num_gpus_per_worker)
     _wrap(r.engine.validate, "rollout.engine")
-    _validate_drafter(r.drafter)
+    _wrap(r.drafter.validate, "rollout.drafter")
     _wrap(r.vllm.validate, "rollout.vllm")
     if r.name == "vllm" and r.engine.spec is not None:
         raise ValueError("config key 'rollout.engine.spec' must be null when rollout.name is 'vllm': spectail's "
                          "proposers do not run inside vLLM, whose own speculation is rollout.vllm.speculation "
                          "(ngram | suffix); add rollout.engine.spec=null")
     spec = r.engine.spec
+    _need(spec is None or "drafter" not in spec.proposers or r.drafter.enabled, "rollout.engine.spec.proposers",
+          "lists drafter: set rollout.drafter.enabled=true instead (it adds the drafter with its settings)",
+          None if spec is None else spec.proposers)
     lenience = None if spec is None else spec.lenience
     _need(lenience is None or ("history" in spec.proposers and r.history.enabled), "rollout.engine.spec.lenience",
           "needs the history proposer and rollout.history.enabled (it loosens history drafts)", lenience)
 
 
-def _validate_drafter(d: DrafterSection) -> None:
-    t = d.train
-    _need(d.warm_start_s >= 0, "rollout.drafter.warm_start_s", "must be >= 0", d.warm_start_s)
-    _need(d.window is None or d.window >= 1, "rollout.drafter.window", "must be >= 1 or null (all rows)", d.window)
-    _need(d.draft_vocab is None or (isinstance(d.draft_vocab, int) and not isinstance(d.draft_vocab, bool)
-                                    and d.draft_vocab >= 1), "rollout.drafter.draft_vocab",
-          "must be >= 1 or null (the whole vocabulary)", d.draft_vocab)
-    for name, v in d.shape().items():
-        _need(v is None or (isinstance(v, int) and v >= 1), f"rollout.drafter.{name}", "must be >= 1 or null "
-              "(the policy's)", v)
-    _need(not (d.num_heads and d.num_kv_heads) or d.num_heads % d.num_kv_heads == 0, "rollout.drafter.num_heads",
-          f"must be a multiple of rollout.drafter.num_kv_heads ({d.num_kv_heads})", d.num_heads)
-    _need(t.between_steps_s >= 0, "rollout.drafter.train.between_steps_s", "must be >= 0 (0: no training "
-          "between steps)", t.between_steps_s)
-    _need(t.idle_slice_s > 0, "rollout.drafter.train.idle_slice_s", "must be > 0", t.idle_slice_s)
-    _need(t.lr > 0, "rollout.drafter.train.lr", "must be > 0", t.lr)
-    _need(t.ttt_steps >= 1, "rollout.drafter.train.ttt_steps", "must be >= 1", t.ttt_steps)
-    _need(t.reward_beta >= 0, "rollout.drafter.train.reward_beta", "must be >= 0", t.reward_beta)
-
-
 def _validate_trainer(tr: TrainerSection) -> None:
-    _need(tr.steps >= 1, "trainer.steps", "must be >= 1", tr.steps)
-    _need(tr.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1", tr.prompts_per_step)
-    _need(tr.lr > 0, "trainer.lr", "must be > 0", tr.lr)
-    _need(tr.clip_eps > 0, "trainer.clip_eps", "must be > 0", tr.clip_eps)
-    _need(tr.clip_eps_high is None or tr.clip_eps_high > 0, "trainer.clip_eps_high", "must be > 0 or null",
-          tr.clip_eps_high)
-    _need(tr.kl_coef >= 0, "trainer.kl_coef", "must be >= 0", tr.kl_coef)
-    _need(tr.adv_eps > 0, "trainer.adv_eps", "must be > 0", tr.adv_eps)
-    _need(tr.update_epochs >= 1, "trainer.update_epochs", "must be >= 1", tr.update_epochs)
-    _need(tr.minibatch_size >= 0, "trainer.minibatch_size", "must be >= 0 (0 = whole rollout)", tr.minibatch_size)
-    _need(tr.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1", tr.micro_batch_size)
-    _need(tr.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0", tr.max_grad_norm)
-    _need(tr.num_threads is None or tr.num_threads >= 1, "trainer.num_threads", "must be >= 1 or null (auto)",
-          tr.num_threads)
-    _need(_is_device(tr.device), "trainer.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
+    _bounds(tr, "trainer", "steps>=1 prompts_per_step>=1 lr>0 clip_eps>0 clip_eps_high>0? kl_coef>=0 adv_eps>0 "
+                           "update_epochs>=1 minibatch_size>=0 micro_batch_size>=1 max_grad_norm>0 num_threads>=1? "
+                           "save_every>=0 keep_checkpoints>=1?")
+    _bounds(tr.ppo, "trainer.ppo", "vf_coef>=0 value_clip_eps>0")
+    for name in ("gamma", "lam"):
+        _need(0 <= getattr(tr.ppo, name) <= 1, f"trainer.ppo.{name}", "must be in [0, 1]", getattr(tr.ppo, name))
+    _need(is_device(tr.device), "trainer.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
           tr.device)
-    _need(0 <= tr.ppo.gamma <= 1, "trainer.ppo.gamma", "must be in [0, 1]", tr.ppo.gamma)
-    _need(0 <= tr.ppo.lam <= 1, "trainer.ppo.lam", "must be in [0, 1]", tr.ppo.lam)
-    _need(tr.ppo.vf_coef >= 0, "trainer.ppo.vf_coef", "must be >= 0", tr.ppo.vf_coef)
-    _need(tr.ppo.value_clip_eps > 0, "trainer.ppo.value_clip_eps", "must be > 0", tr.ppo.value_clip_eps)
-    _need(tr.save_every >= 0, "trainer.save_every", "must be >= 0 (0: no checkpoints)", tr.save_every)
-    _need(tr.keep_checkpoints is None or tr.keep_checkpoints >= 1, "trainer.keep_checkpoints",
-          "must be >= 1 or null (keep all)", tr.keep_checkpoints)
     _need(tr.resume is None or bool(tr.resume.strip()), "trainer.resume",
           "must be null, 'auto' or a checkpoint folder", tr.resume)
 
 
-def _is_device(name: str) -> bool:
-    import torch
+_BOUND = re.compile(r"(\w+)(>=|>)([\d.]+)(\??)")
 
-    try:
-        torch.device(name)
-    except (RuntimeError, TypeError):
-        return False
-    return True
+
+def _bounds(section, key: str, rules: str) -> None:
+    """Range checks of a section's fields (dotted `key`): each rule `name>=low` or `name>low`,
+    with `?` after it where null passes too."""
+    for name, op, low, null in _BOUND.findall(rules):
+        v, low = getattr(section, name), float(low)
+        ok = (null and v is None) or (v is not None and (v >= low if op == ">=" else v > low))  # NaN fails
+        _need(ok, f"{key}.{name}", f"must be {op} {low:g}" + (" or null" if null else ""), v)
 
 
 def plain_engine(r: RolloutSection) -> EngineConfig:
     """The rollout section's engine without speculation (the reference run of --compare)."""
-    import dataclasses
-
     return dataclasses.replace(r.engine, spec=None)

@@ -15,7 +15,9 @@ it (`task.reasoning_gym.config.max_terms=3`) sets one key of the mapping the fil
 
 A section may name keys it renamed (`RENAMED: ClassVar[dict] = {"old": "new"}`) and values it
 renamed (`RENAMED_VALUES: ClassVar[dict] = {"key": {"old": "new"}}`), and why (`RENAMED_WHY`): an
-old name raises a ValueError that says the new one, instead of "unknown key".
+old name raises a ValueError that says the new one, instead of "unknown key". A section whose keys
+now live in another section is `MOVED: ClassVar[dict] = {"old": "new.dotted.section"}`: given, it
+raises a ValueError naming where they are set now; a field named there is left out of to_dict.
 """
 from __future__ import annotations
 
@@ -108,6 +110,11 @@ def _refuse_renamed(cls, data: dict, prefix: str) -> None:
     for old, new in getattr(cls, "RENAMED", {}).items():
         if old in data:
             raise ValueError(f"config key {dotted(old)!r} was renamed {dotted(new)!r}{why}")
+    for old, new in getattr(cls, "MOVED", {}).items():
+        if old in data:
+            sub = next(iter(data[old]), None) if isinstance(data[old], dict) else None
+            example = f" ({dotted(old)}.{sub} is now {new}.{sub})" if sub is not None else ""
+            raise ValueError(f"config key {dotted(old)!r} is gone: its keys are set under {new!r}{example}")
     for key, values in getattr(cls, "RENAMED_VALUES", {}).items():
         value = data.get(key)
         if isinstance(value, str) and value in values:
@@ -185,7 +192,8 @@ def to_dict(cfg) -> dict:
     """Plain nested dict (lists for tuples), e.g. to save the resolved config as YAML."""
     def plain(v):
         if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            moved = getattr(v, "MOVED", {})
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name not in moved}
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         return v

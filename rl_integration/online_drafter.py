@@ -13,7 +13,7 @@ weights (drafter/checkpoint_warm_start.py), else none (the first training makes 
 `after_rollout` reports what the drafter did in the rollout and its exact simulated acceptance
 on it (made while the engine still holds the rollout's weights). `between_steps` trains the local
 engine's head on the buffered features, refreshed under the new weights, within
-rollout.drafter.train.between_steps_s; on Ray the workers train in their idle time during the
+rollout.drafter.between_steps_s; on Ray the workers train in their idle time during the
 rollout instead (scheduler/), and this reports nothing more.
 """
 from __future__ import annotations
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from rollout import threads
+from rollout.config import DrafterSpec
 
-from .config import DrafterSection, RunConfig
+from .config import RunConfig
 
 
 @dataclass
 class OnlineDrafter:
-    cfg: DrafterSection
+    cfg: DrafterSpec  # rollout.drafter; its path: the head the engines started from (or the warm start's)
     online: object  # drafter.online.OnlineState: the head's optimizer across steps
     seen: dict = field(default_factory=dict)  # the proposer's cumulative counters at the last report
     advantages: dict = field(default_factory=dict)  # seed -> advantage of the last rollout (reward weighting)
-    first_path: Optional[str] = None  # the head the engines started from (rollout.drafter.path or the warm start)
 
 
 def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True,
@@ -47,27 +47,21 @@ def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True,
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
     if not d.enabled or spec is None:
         return None
-    t = d.train  # idle_slice_s also tells Ray workers to train while they have no chunk
-    # the one bridge from rollout.drafter to the engine: every fresh head (warm start, local
-    # training, a Ray worker's slice) takes its shape from this DrafterSpec
-    drafter_spec = dataclasses.replace(spec.drafter, path=d.path, kind=d.kind, window=d.window, **d.shape(),
-                                       idle_slice_s=t.idle_slice_s, lr=t.lr, ttt_steps=t.ttt_steps)
-    drafter_spec.validate()
+    # rollout.drafter is the engine's DrafterSpec: every fresh head (warm start, local training,
+    # a Ray worker's slice) takes its shape, and every training its keys, from it
     if d.path is None and cfg.policy.source == "embedded" and policy_folder is not None:
         from .demo.policy import load_or_warm_start_drafter
 
-        path = load_or_warm_start_drafter(policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress,
-                                          window=d.window, layer=drafter_spec.layer())
-        drafter_spec = dataclasses.replace(drafter_spec, path=path)
+        d = dataclasses.replace(d, path=load_or_warm_start_drafter(
+            policy_folder, cfg.task.embedded, d.kind, d.warm_start_s, progress, window=d.window, layer=d.layer()))
     elif (d.path is None and cfg.policy.source == "checkpoint" and policy_folder is not None and d.warm_start_s > 0
           and prompts):
-        path = _checkpoint_warm_start(cfg, policy_folder, prompts, stop_token_ids, progress)
-        drafter_spec = dataclasses.replace(drafter_spec, path=path)
+        d = dataclasses.replace(d, path=_checkpoint_warm_start(cfg, policy_folder, prompts, stop_token_ids, progress))
     proposers = spec.proposers if "drafter" in spec.proposers else (*spec.proposers, "drafter")
     cfg.rollout.engine = dataclasses.replace(
-        cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=drafter_spec))
+        cfg.rollout.engine, spec=dataclasses.replace(spec, proposers=proposers, drafter=d))
     cfg.rollout.engine.validate()
-    return OnlineDrafter(d, OnlineState(), first_path=drafter_spec.path)
+    return OnlineDrafter(d, OnlineState())
 
 
 WARM_START_PROMPTS = 64  # task prompts the checkpoint's warm start samples (spread over the data set)
@@ -87,7 +81,7 @@ def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence
     policy = CausalLM.from_pretrained(policy_folder)
     chosen = list(prompts)[::max(1, len(prompts) // WARM_START_PROMPTS)][:WARM_START_PROMPTS]
     vocab = policy.cfg.vocab_size
-    head_cfg = HeadConfig(kind=d.kind, window=d.window, **d.shape(),
+    head_cfg = HeadConfig(kind=d.kind, window=d.window, **d.layer(),
                           draft_vocab=d.draft_vocab if d.draft_vocab is not None and d.draft_vocab < vocab else None)
     recipe = Recipe(max_tokens=min(cfg.rollout.max_tokens, 256), time_budget_s=d.warm_start_s)
     _, folder, _ = load_or_warm_start_for(policy, chosen, stop_token_ids, head_cfg, recipe,
@@ -110,8 +104,8 @@ def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int,
         return (proposer.head_version, head_state(proposer.head)) if proposer.head is not None else None
     published = getattr(client.backend, "published_drafter", None)
     latest = published() if published is not None else None
-    if latest is None and drafter.first_path is not None:
-        state, version = read_state(drafter.first_path)
+    if latest is None and drafter.cfg.path is not None:
+        state, version = read_state(drafter.cfg.path)
         latest = (version, state)
     return latest
 
@@ -158,7 +152,7 @@ def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> d
     seconds = batch.step_stats.get("rollout_seconds") or 0.0
     if seconds > 0 and "drafter_seconds" in out:
         out["drafter_share"] = out["drafter_seconds"] / seconds
-    if drafter.cfg.train.reward_beta > 0:
+    if drafter.cfg.reward_beta > 0:
         from .grpo import group_advantages
 
         adv = group_advantages(rewards, batch.group_index).tolist()
@@ -174,9 +168,8 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     from drafter.online import OnlineConfig, train_on_buffer
 
     proposer = _proposer(client)
-    t = drafter.cfg.train
-    if proposer is None or t.between_steps_s <= 0:
+    if proposer is None or drafter.cfg.between_steps_s <= 0:
         return {}
-    # the engine's DrafterSpec, which start() filled from rollout.drafter, as Ray workers read it
-    cfg = OnlineConfig.from_spec(proposer.spec, reward_beta=t.reward_beta, num_threads=threads.trainer_threads(None))
-    return train_on_buffer(proposer, drafter.online, cfg, t.between_steps_s, drafter.advantages)
+    # the engine's DrafterSpec (rollout.drafter, as start() gave it), as Ray workers read it
+    cfg = OnlineConfig(proposer.spec, num_threads=threads.trainer_threads(None))
+    return train_on_buffer(proposer, drafter.online, cfg, drafter.cfg.between_steps_s, drafter.advantages)

@@ -42,7 +42,7 @@ from scheduler.history_store import restore_files
 
 from . import checkpoint as C
 from .checkpoint import Checkpoint, checkpoints_dir
-from .config import RESUME_MAY_CHANGE, RESUME_MUST_KEEP, RunConfig
+from .config import RESUME_MAY_CHANGE, RESUME_MUST_KEEP, RunConfig, upgrade_saved
 from .config_loader import from_dict, to_dict
 
 # ------------------------------------------------------------------------------ finding and checking
@@ -84,7 +84,7 @@ def check(ckpt: Checkpoint, cfg: RunConfig, fingerprint: str) -> None:
     if ckpt.config is None:
         raise ValueError(f"checkpoint {ckpt.folder} has no run.yaml: it was not written by spectail train")
     try:
-        saved = from_dict(RunConfig, ckpt.config)
+        saved = from_dict(RunConfig, upgrade_saved(ckpt.config))
     except ValueError as e:
         raise ValueError(f"checkpoint {ckpt.folder}: its run.yaml does not load in this spectail ({e})") from None
     changed = changed_keys(to_dict(saved), to_dict(cfg), _lenient(saved) or _lenient(cfg))
@@ -213,7 +213,7 @@ def saved_drafter(ckpt: Optional[Checkpoint], cfg: RunConfig, model) -> Optional
         warnings.warn(f"drafter: the head saved in {ckpt.folder} does not load, the resumed run starts without "
                       f"one: {e}", stacklevel=2)
         return None
-    cfg.rollout.drafter.path = None
+    cfg.rollout.drafter = dataclasses.replace(cfg.rollout.drafter, path=None)
     return version, state
 
 

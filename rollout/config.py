@@ -10,7 +10,7 @@ import numbers
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import ClassVar, Optional, Sequence
 
 import torch
 
@@ -27,19 +27,16 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> None:
         t = _real(self.temperature, "temperature")
-        if not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
-            # outside this z / T leaves float32 (NaN logprobs) or flattens to uniform
-            raise ValueError(f"SamplingParams.temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
-                             f"{MAX_TEMPERATURE}], got {self.temperature}")
-        if not (0.0 < _real(self.top_p, "top_p") <= 1.0):
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if _integer(self.top_k, "top_k") < 0:
-            raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if _integer(self.max_tokens, "max_tokens") < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens}")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
-            raise ValueError(f"SamplingParams.stop_token_ids must be a sequence of token ids, "
-                             f"got {self.stop_token_ids!r}")
+        # outside this z / T leaves float32 (NaN logprobs) or flattens to uniform
+        need(t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE, "SamplingParams.temperature",
+             f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]", self.temperature)
+        need(0.0 < _real(self.top_p, "top_p") <= 1.0, "SamplingParams.top_p", "must be in (0, 1]", self.top_p)
+        need(_integer(self.top_k, "top_k") >= 0, "SamplingParams.top_k", "must be an integer >= 0 (0 = off)",
+             self.top_k)
+        need(_integer(self.max_tokens, "max_tokens") >= 1, "SamplingParams.max_tokens", "must be an integer >= 1",
+             self.max_tokens)
+        need(isinstance(self.stop_token_ids, Iterable) and not isinstance(self.stop_token_ids, (str, bytes)),
+             "SamplingParams.stop_token_ids", "must be a sequence of token ids", self.stop_token_ids)
         for tok in self.stop_token_ids:
             if vocab_size is not None and not (0 <= _integer(tok, "stop_token_ids") < vocab_size):
                 raise ValueError(f"SamplingParams.stop_token_ids has {tok}, outside the vocabulary [0, {vocab_size})")
@@ -65,38 +62,69 @@ def _integer(value, name: str) -> int:
         raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r}") from None
 
 
+def need(ok: bool, name: str, msg: str, value) -> None:
+    """A ValueError "<name> <msg>, got <value>" unless ok: the one check every config uses, so
+    every bad value is named by its field (a run config turns Class.field into its dotted key)."""
+    if not ok:
+        raise ValueError(f"{name} {msg}, got {value!r}")
+
+
+def is_int(value, low: int = 1, none: bool = False) -> bool:
+    """value is an int >= low (not a bool), or None where none allows it."""
+    return (none and value is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= low)
+
+
+def is_device(name) -> bool:
+    """name names a torch device ('cpu', 'cuda', 'cuda:1', ...)."""
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The "drafter" proposer (drafter/proposer.py): where its head comes from, what it keeps.
+    """The online drafter's settings, once: a draft head over the policy's hidden states that
+    drafts with each sample's own noise (the "drafter" proposer, drafter/proposer.py). The engine
+    reads it as SpecConfig.drafter, a run config sets it as rollout.drafter, and the warm start,
+    the online trainer (drafter/online.py) and Ray's idle slices read it from the engine's spec.
 
-    path: a folder written by `drafter.export` to load the head from; None: no head until one is
-        set in-process (`drafter.proposer.DrafterProposer.of(engine).set_head(head, version)`,
-        as the online trainer does). A head that does not fit the policy switches the drafter
-        off with a warning; the other proposers keep working.
-    collect: keep every request's hidden states and hand finished (and paused) responses to the
-        proposer's training buffer (drafter/buffer.py).
-    buffer_tokens: that buffer's budget, prompt + response tokens.
-    max_positions: draft positions per step at most (None: max_draft_tokens).
-    kind, window: a fresh head's kind ("attention" | "mlp") and attention window (None: all
-        rows) when one is trained without a path.
-    intermediate_size, num_heads, num_kv_heads: that fresh head's decoder layer (None: the
-        policy's), wherever it is trained (in-process, or on a Ray worker's idle slice).
-    idle_slice_s: on Ray, a worker with no chunk while a rollout runs trains the head in slices
-        of this many seconds (None: it does not); lr, ttt_steps: that training's (drafter/online.py).
+    enabled: a run adds "drafter" to the engine's proposers (off by default: on a CPU its cost
+        and training do not yet pay for its drafts after the first step, docs/results.md).
+    path: an exported head (drafter.export) to start from. None: in a run, the policy's warm
+        start, cached, trained on first use within warm_start_s (a checkpoint's on its own
+        samples, drafting over its draft_vocab most frequent tokens; None: all); in an engine, no
+        head until one is set (`DrafterProposer.of(engine).set_head`). A head that does not fit
+        the policy switches the drafter off with a warning; the other proposers keep working.
+    kind ("attention" | "mlp"), window (rows its attention sees; None: all), intermediate_size,
+        num_heads, num_kv_heads (None: the policy's): a fresh head's, wherever it is made.
+    lr, ttt_steps (unrolled steps fed the head's own outputs), reward_beta (ReSpec's weight
+        1 + beta x max(0, advantage)): its training (drafter/trainer.py); the local backend
+        trains between_steps_s after each step's updates (0: not), a Ray worker with no chunk
+        in slices of idle_slice_s (None: not; a chunk sent to it waits at most that long).
+    collect, buffer_tokens: keep every request's hidden states and hand finished (and paused)
+        responses to the training buffer (drafter/buffer.py) of this many tokens.
     """
 
+    enabled: bool = False
     path: Optional[str] = None
-    collect: bool = True
-    buffer_tokens: int = 200_000
-    max_positions: Optional[int] = None
     kind: str = "attention"
-    window: Optional[int] = None
-    idle_slice_s: Optional[float] = None
-    lr: float = 1e-3
-    ttt_steps: int = 3
+    window: Optional[int] = 64
     intermediate_size: Optional[int] = None
     num_heads: Optional[int] = None
     num_kv_heads: Optional[int] = None
+    warm_start_s: float = 300.0
+    draft_vocab: Optional[int] = 8192
+    lr: float = 1e-3
+    ttt_steps: int = 3
+    reward_beta: float = 0.0
+    between_steps_s: float = 5.0
+    idle_slice_s: Optional[float] = 1.0
+    collect: bool = True
+    buffer_tokens: int = 200_000
+
+    MOVED: ClassVar[dict] = {"train": "rollout.drafter"}  # a run config's old rollout.drafter.train.*
 
     def layer(self) -> dict:
         """A fresh head's layer sizes, as drafter.head.HeadConfig keywords."""
@@ -105,25 +133,22 @@ class DrafterSpec:
 
     def validate(self) -> None:
         for name, v in self.layer().items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"DrafterSpec.{name} must be None (the policy's) or an integer >= 1, got {v!r}")
-        if self.num_heads and self.num_kv_heads and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"DrafterSpec.num_heads ({self.num_heads}) must be a multiple of "
-                             f"num_kv_heads ({self.num_kv_heads})")
-        if self.path is not None and not isinstance(self.path, str):
-            raise ValueError(f"DrafterSpec.path must be a folder path or None, got {self.path!r}")
-        if not (isinstance(self.buffer_tokens, int) and self.buffer_tokens >= 1):
-            raise ValueError(f"DrafterSpec.buffer_tokens must be an integer >= 1, got {self.buffer_tokens!r}")
-        if self.max_positions is not None and not (isinstance(self.max_positions, int) and self.max_positions >= 1):
-            raise ValueError(f"DrafterSpec.max_positions must be None or an integer >= 1, got {self.max_positions!r}")
-        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
-            raise ValueError(f"DrafterSpec.window must be None or an integer >= 1, got {self.window!r}")
-        if self.kind not in ("attention", "mlp"):
-            raise ValueError(f"DrafterSpec.kind must be 'attention' or 'mlp', got {self.kind!r}")
-        if self.idle_slice_s is not None and not self.idle_slice_s > 0:
-            raise ValueError(f"DrafterSpec.idle_slice_s must be None or > 0, got {self.idle_slice_s!r}")
-        if not self.lr > 0 or not (isinstance(self.ttt_steps, int) and self.ttt_steps >= 1):
-            raise ValueError(f"DrafterSpec needs lr > 0 and an integer ttt_steps >= 1, got {self.lr}, {self.ttt_steps}")
+            need(is_int(v, none=True), f"DrafterSpec.{name}", "must be None (the policy's) or an integer >= 1", v)
+        need(not (self.num_heads and self.num_kv_heads) or self.num_heads % self.num_kv_heads == 0,
+             "DrafterSpec.num_heads", f"must be a multiple of num_kv_heads ({self.num_kv_heads})", self.num_heads)
+        need(self.path is None or isinstance(self.path, str), "DrafterSpec.path", "must be a folder or None", self.path)
+        need(self.kind in ("attention", "mlp"), "DrafterSpec.kind", "must be 'attention' or 'mlp'", self.kind)
+        need(is_int(self.window, none=True), "DrafterSpec.window", "must be None (all rows) or an integer >= 1",
+             self.window)
+        need(is_int(self.draft_vocab, none=True), "DrafterSpec.draft_vocab",
+             "must be None (the whole vocabulary) or an integer >= 1", self.draft_vocab)
+        for name in ("warm_start_s", "reward_beta", "between_steps_s"):
+            need(getattr(self, name) >= 0, f"DrafterSpec.{name}", "must be >= 0", getattr(self, name))
+        need(self.lr > 0, "DrafterSpec.lr", "must be > 0", self.lr)
+        need(is_int(self.ttt_steps), "DrafterSpec.ttt_steps", "must be an integer >= 1", self.ttt_steps)
+        need(self.idle_slice_s is None or self.idle_slice_s > 0, "DrafterSpec.idle_slice_s",
+             "must be None (no slices) or > 0", self.idle_slice_s)
+        need(is_int(self.buffer_tokens), "DrafterSpec.buffer_tokens", "must be an integer >= 1", self.buffer_tokens)
 
 
 # Draft sources by name, as "module:Class": rollout/proposers/__init__.py imports a class only when
@@ -158,11 +183,11 @@ class SpecConfig:
         $SPECTAIL_CACHE (else ~/.cache/spectail)/step_cost; or a table {"tokens": [...],
         "seconds": [...], "per_attended": s}: seconds of a forward feeding that many tokens, and
         seconds per context token their attention reads.
-    lenience: None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance. A history
-        draft token that differs from the exact sample is still accepted when its new
-        probability is at least 1/l of its old one. BIASED: outputs are no longer exact
-        samples of the policy; every completion it touched says so in stats["lenient"].
-    drafter: the "drafter" proposer's settings (DrafterSpec).
+    lenience: EXPERIMENTAL. None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance
+        (rollout/lenient.py). A history draft token that differs from the exact sample is still
+        accepted when its new probability is at least 1/l of its old one. BIASED: outputs are no
+        longer exact samples of the policy; every completion it touched says so in stats["lenient"].
+    drafter: the "drafter" proposer's settings (DrafterSpec; a run config sets them as rollout.drafter).
     """
 
     proposers: tuple[str, ...] = ("ngram",)
@@ -174,31 +199,29 @@ class SpecConfig:
     lenience: Optional[float] = None
     drafter: DrafterSpec = DrafterSpec()
 
+    MOVED: ClassVar[dict] = {"drafter": "rollout.drafter"}  # a run config's one drafter section
+
     def validate(self) -> None:
         unknown = [p for p in self.proposers if p not in PROPOSERS]
-        if unknown:
-            raise ValueError(f"SpecConfig.proposers has unknown {unknown}; known: {list(PROPOSERS)}")
-        if len(set(self.proposers)) != len(self.proposers):
-            raise ValueError(f"SpecConfig.proposers lists a proposer twice: {list(self.proposers)}")
-        if not self.proposers:
-            raise ValueError("SpecConfig.proposers is empty; use spec=None to turn speculation off")
-        if self.max_draft_tokens < 1:
-            raise ValueError(f"SpecConfig.max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
-        if self.max_batch_for_spec is not None and self.max_batch_for_spec < 0:
-            raise ValueError(f"SpecConfig.max_batch_for_spec must be >= 0 or None, got {self.max_batch_for_spec}")
-        if self.min_draft_prob is not None and not 0.0 <= self.min_draft_prob < 1.0:
-            raise ValueError(f"SpecConfig.min_draft_prob must be None (by device) or in [0, 1), "
-                             f"got {self.min_draft_prob}")
+        need(not unknown, "SpecConfig.proposers", f"has unknown {unknown}; known: {list(PROPOSERS)}", self.proposers)
+        need(len(set(self.proposers)) == len(self.proposers), "SpecConfig.proposers", "lists a proposer twice",
+             self.proposers)
+        need(bool(self.proposers), "SpecConfig.proposers", "is empty; use spec=None to turn speculation off",
+             self.proposers)
+        need(self.max_draft_tokens >= 1, "SpecConfig.max_draft_tokens", "must be >= 1", self.max_draft_tokens)
+        need(self.max_batch_for_spec is None or self.max_batch_for_spec >= 0, "SpecConfig.max_batch_for_spec",
+             "must be >= 0 or None", self.max_batch_for_spec)
+        need(self.min_draft_prob is None or 0.0 <= self.min_draft_prob < 1.0, "SpecConfig.min_draft_prob",
+             "must be None (by device) or in [0, 1)", self.min_draft_prob)
         if self.step_cost is not None:
             from .step_cost import StepCost
 
             StepCost.from_dict(self.step_cost)
-        if self.lenience is not None and not self.lenience >= 1.0:
-            raise ValueError(f"SpecConfig.lenience must be None (exact) or >= 1, got {self.lenience}")
-        if not self.ngram_sizes or min(self.ngram_sizes) < 1:
-            raise ValueError(f"SpecConfig.ngram_sizes must be positive integers, got {self.ngram_sizes}")
-        if not isinstance(self.drafter, DrafterSpec):
-            raise ValueError(f"SpecConfig.drafter must be a DrafterSpec, got {self.drafter!r}")
+        need(self.lenience is None or self.lenience >= 1.0, "SpecConfig.lenience", "must be None (exact) or >= 1",
+             self.lenience)
+        need(bool(self.ngram_sizes) and min(self.ngram_sizes) >= 1, "SpecConfig.ngram_sizes",
+             "must be positive integers", self.ngram_sizes)
+        need(isinstance(self.drafter, DrafterSpec), "SpecConfig.drafter", "must be a DrafterSpec", self.drafter)
         self.drafter.validate()
 
 
@@ -226,22 +249,15 @@ class EngineConfig:
     kept_slots: int = 0
 
     def validate(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"EngineConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_model_len < 2:
-            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"EngineConfig.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"EngineConfig.device must name a torch device ('cpu', 'cuda', 'cuda:1', ...), "
-                             f"got {self.device!r}") from None
-        if self.num_threads is not None and not (isinstance(self.num_threads, int) and self.num_threads >= 1):
-            raise ValueError(f"EngineConfig.num_threads must be None (by model size) or an integer >= 1, "
-                             f"got {self.num_threads!r}")
-        if isinstance(self.kept_slots, bool) or not (isinstance(self.kept_slots, int) and self.kept_slots >= 0):
-            raise ValueError(f"EngineConfig.kept_slots must be an integer >= 0, got {self.kept_slots!r}")
+        need(self.max_batch_size >= 1, "EngineConfig.max_batch_size", "must be >= 1", self.max_batch_size)
+        need(self.max_model_len >= 2, "EngineConfig.max_model_len", "must be >= 2", self.max_model_len)
+        need(self.max_num_batched_tokens >= 1, "EngineConfig.max_num_batched_tokens", "must be >= 1",
+             self.max_num_batched_tokens)
+        need(is_device(self.device), "EngineConfig.device", "must name a torch device ('cpu', 'cuda', 'cuda:1', ...)",
+             self.device)
+        need(is_int(self.num_threads, none=True), "EngineConfig.num_threads",
+             "must be None (by model size) or an integer >= 1", self.num_threads)
+        need(is_int(self.kept_slots, low=0), "EngineConfig.kept_slots", "must be an integer >= 0", self.kept_slots)
         torch_dtype(self.dtype)
         if self.spec is not None:
             self.spec.validate()

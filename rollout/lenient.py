@@ -1,5 +1,7 @@
-"""SPEC-RL's lenient acceptance (`SpecConfig.lenience`, off by default). BIASED: outputs are no
-longer exact samples of the policy, and every token it accepts is counted in stats["lenient"].
+"""EXPERIMENTAL: SPEC-RL's lenient acceptance (`SpecConfig.lenience`, off by default). BIASED:
+outputs are no longer exact samples of the policy, and every token it accepts is counted in
+stats["lenient"]. Tested in tests/rollout/test_history_exact.py (flagged, off by default), the
+golden replay and tests/rl_integration (the run config and resume refuse to change it).
 
 A draft token d that differs from the exact sample at response position t is still accepted
 when the current policy gives it at least 1/l of the probability the old policy gave it:

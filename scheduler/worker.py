@@ -177,7 +177,7 @@ class RolloutWorker:
         # The engine's thread count: the slice runs in another thread of this process (its
         # concurrency group's), and torch's count is per thread, so the trainer sets it for the
         # slice (drafter/trainer.py, threads.using) as the engine sets its own for a chunk.
-        return OnlineConfig.from_spec(dp.spec, num_threads=self.engine.num_threads)
+        return OnlineConfig(dp.spec, num_threads=self.engine.num_threads)
 
     def _drafter(self):
         from drafter.proposer import DrafterProposer

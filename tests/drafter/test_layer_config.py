@@ -9,7 +9,7 @@ from rl_integration.demo.policy import drafter_folder
 def test_the_layer_keys_are_checked_and_passed_on():
     d = load_config(None, ["rollout.drafter.num_heads=4", "rollout.drafter.num_kv_heads=2",
                            "rollout.drafter.intermediate_size=128"]).rollout.drafter
-    assert d.shape() == {"intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2}
+    assert d.layer() == {"intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2}
     with pytest.raises(ValueError, match="'rollout.drafter.num_heads'.*multiple"):
         load_config(None, ["rollout.drafter.num_heads=3", "rollout.drafter.num_kv_heads=2"])
     with pytest.raises(ValueError, match="'rollout.drafter.intermediate_size'"):

@@ -1,6 +1,7 @@
 """Online training on what the engine ran: the buffer's features refreshed under new weights,
 bounded by time and passes, a new head version; the
 run config turns the drafter on with its first head."""
+import dataclasses
 import random
 
 import pytest
@@ -33,7 +34,7 @@ def test_training_on_the_buffer_raises_acceptance_and_makes_a_version():
     before = measure(dp)
     assert before["drafter_sim_samples"] == 16 and 0 <= before["drafter_sim_acceptance"] < 0.9
     online = OnlineState()
-    out = train_on_buffer(dp, online, OnlineConfig(lr=3e-3, max_passes=40.0), budget_s=30.0)
+    out = train_on_buffer(dp, online, OnlineConfig(DrafterSpec(lr=3e-3), max_passes=40.0), budget_s=30.0)
     assert out["drafter_train_steps"] > 5 and out["drafter_version"] == 2 and dp.head is head
     assert measure(dp)["drafter_sim_acceptance"] > before["drafter_sim_acceptance"] + 0.05
     # new weights: the next call recomputes the features it uses (lazily), current_only skips them
@@ -46,7 +47,7 @@ def test_training_on_the_buffer_raises_acceptance_and_makes_a_version():
 def test_with_no_head_the_first_training_makes_one(policy):
     eng, dp, _ = run_engine(policy, head=None, kind="mlp")
     assert dp.head is None and len(dp.buffer) == 16  # collected without drafting
-    train_on_buffer(dp, OnlineState(), OnlineConfig(kind="mlp"), budget_s=10.0)
+    train_on_buffer(dp, OnlineState(), OnlineConfig(DrafterSpec(kind="mlp")), budget_s=10.0)
     assert dp.head is not None and dp.head.kind == "mlp" and dp.head_version == 1
 
 
@@ -59,19 +60,19 @@ def test_the_run_config_turns_the_drafter_on(tmp_path, policy):
     export(head, tmp_path / "head")
     cfg = load_config(None, ["policy.source=checkpoint", f"policy.checkpoint={tmp_path}",
                              "rollout.drafter.enabled=true", f"rollout.drafter.path={tmp_path / 'head'}",
-                             "rollout.drafter.train.idle_slice_s=0.5"])
+                             "rollout.drafter.idle_slice_s=0.5", "rollout.drafter.lr=0.002"])
     drafter = start(cfg, None, progress=False)
     spec = cfg.rollout.engine.spec
     assert drafter is not None and spec.proposers[-1] == "drafter" and spec.drafter.path == str(tmp_path / "head")
-    assert spec.drafter.idle_slice_s == 0.5 and spec.drafter.window == cfg.rollout.drafter.window
-    assert spec.drafter.layer() == cfg.rollout.drafter.shape() == {"intermediate_size": None, "num_heads": None,
-                                                                   "num_kv_heads": None}  # what Ray workers read
+    # the engine's DrafterSpec is rollout.drafter, with its first head's path: what Ray workers read
+    assert spec.drafter == dataclasses.replace(cfg.rollout.drafter, path=str(tmp_path / "head"))
+    assert (spec.drafter.idle_slice_s, spec.drafter.lr, spec.drafter.window) == (0.5, 0.002, 64)
     off = load_config(None, [])  # off by default
     assert start(off, None) is None and "drafter" not in off.rollout.engine.spec.proposers
-    with pytest.raises(ValueError, match="rollout.drafter.train.lr"):
-        load_config(None, ["rollout.drafter.train.lr=0"])
-    with pytest.raises(ValueError, match="rollout.engine.spec.drafter.buffer_tokens"):
-        load_config(None, ["rollout.engine.spec.drafter.buffer_tokens=0"])
+    with pytest.raises(ValueError, match="'rollout.drafter.lr' must be > 0"):
+        load_config(None, ["rollout.drafter.lr=0"])
+    with pytest.raises(ValueError, match="'rollout.drafter.buffer_tokens' must be an integer >= 1"):
+        load_config(None, ["rollout.drafter.buffer_tokens=0"])
 
 
 def test_a_fresh_head_on_a_ray_worker_has_the_configured_layer(tmp_path):
@@ -99,9 +100,9 @@ def test_the_drafter_spec_checks_its_layer_sizes():
     for name, bad in (("intermediate_size", 0), ("num_heads", True), ("num_kv_heads", 1.5)):
         with pytest.raises(ValueError, match=f"DrafterSpec.{name} must be None"):
             DrafterSpec(**{name: bad}).validate()
-    with pytest.raises(ValueError, match=r"DrafterSpec.num_heads \(3\) must be a multiple of num_kv_heads \(2\)"):
+    with pytest.raises(ValueError, match=r"DrafterSpec.num_heads must be a multiple of num_kv_heads \(2\), got 3"):
         DrafterSpec(num_heads=3, num_kv_heads=2).validate()
-    with pytest.raises(ValueError, match="rollout.engine.spec.drafter.num_heads"):
+    with pytest.raises(ValueError, match="'rollout.drafter.num_heads' must be None"):
         from rl_integration.config import load_config
-        load_config(None, ["rollout.engine.spec.drafter.num_heads=0"])
+        load_config(None, ["rollout.drafter.num_heads=0"])
     DrafterSpec(intermediate_size=8, num_heads=4, num_kv_heads=2).validate()

@@ -19,7 +19,7 @@ def test_one_grpo_step_with_the_drafter_on_a_real_checkpoint(smollm2, tmp_path, 
                                                       "grpo_parquet.yaml"),
                    "policy.source=checkpoint", f"policy.checkpoint={smollm2}", f"task.parquet.path={data}",
                    "trainer.prompts_per_step=2", "rollout.n=2", "rollout.max_tokens=8", "trainer.steps=1",
-                   "rollout.drafter.enabled=true", "rollout.drafter.train.between_steps_s=1", "output.plot=false",
+                   "rollout.drafter.enabled=true", "rollout.drafter.between_steps_s=1", "output.plot=false",
                    "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err
     (record,) = read_jsonl(out / "metrics.jsonl")

@@ -80,6 +80,14 @@ def test_yaml_file_with_overrides(tmp_path):
     ("rollout.engine.spec.proposers=[magic]", ["'rollout.engine'", "unknown ['magic']"]),
     ("rollout.engine.spec.lenience=0.5", ["'rollout.engine'", "lenience", ">= 1"]),
     ("task.embedded.min_terms=1", ["task.embedded", "min_terms"]),
+    ("rollout.drafter.train.lr=0.01", ["'rollout.drafter.train' is gone", "under 'rollout.drafter'",
+                                       "rollout.drafter.train.lr is now rollout.drafter.lr"]),
+    ("rollout.engine.spec.drafter.buffer_tokens=5", ["'rollout.engine.spec.drafter' is gone",
+                                                     "rollout.drafter.buffer_tokens"]),
+    ("rollout.drafter.idle_slice_s=0", ["'rollout.drafter.idle_slice_s'", "None (no slices) or > 0"]),
+    ("rollout.drafter.kind=conv", ["'rollout.drafter.kind'", "'attention' or 'mlp'"]),
+    ("rollout.engine.spec.proposers=[history, drafter]", ["'rollout.engine.spec.proposers'",
+                                                          "rollout.drafter.enabled=true"]),
     ("trainer.steps", ["section.key=value"]),
 ])
 def test_bad_keys_and_values_are_named(override, words):
@@ -130,3 +138,27 @@ def test_rollout_kept_slots_reaches_the_ray_backend(monkeypatch):
         cfg = load_config(None, ["rollout.backend=ray", f"rollout.kept_slots={value}"])
         build_backend(cfg.rollout, None, cfg.rollout.engine)
         assert built.pop().get("kept_slots") == expected
+
+
+def test_a_checkpoint_saved_before_the_one_drafter_section_still_loads():
+    """run.yaml of older checkpoints split the drafter over rollout.drafter.train and
+    rollout.engine.spec.drafter: resume reads it as rollout.drafter."""
+    from rl_integration.config import upgrade_saved
+    from rl_integration.config_loader import from_dict
+
+    raw = to_dict(RunConfig())
+    d = raw["rollout"]["drafter"]
+    d["train"] = {k: d.pop(k) for k in ("between_steps_s", "idle_slice_s", "lr", "ttt_steps", "reward_beta")}
+    d["train"]["lr"] = 0.002
+    del d["collect"], d["buffer_tokens"]  # then only in rollout.engine.spec.drafter
+    raw["rollout"]["engine"]["spec"]["drafter"] = {
+        "path": None, "collect": True, "buffer_tokens": 1000, "max_positions": None, "kind": "attention",
+        "window": None, "idle_slice_s": None, "lr": 1e-3, "ttt_steps": 3, "intermediate_size": None,
+        "num_heads": None, "num_kv_heads": None}
+    with pytest.raises(ValueError, match="is gone: its keys are set under 'rollout.drafter'"):
+        from_dict(RunConfig, raw)
+    cfg = from_dict(RunConfig, upgrade_saved(raw))
+    assert "train" in raw["rollout"]["drafter"]  # the checkpoint's own mapping is left as it was
+    assert cfg.rollout.drafter == dataclasses.replace(RunConfig().rollout.drafter, lr=0.002, buffer_tokens=1000)
+    assert cfg.rollout.engine == RunConfig().rollout.engine
+    assert upgrade_saved(to_dict(RunConfig())) == to_dict(RunConfig())  # a new run.yaml is left as it is

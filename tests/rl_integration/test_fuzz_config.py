@@ -39,6 +39,8 @@ def config_keys(cls=RunConfig, prefix: str = "") -> dict:
     out = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in getattr(cls, "MOVED", {}):  # set elsewhere in a run config (SpecConfig.drafter)
+            continue
         key, tp = f"{prefix}{f.name}", hints[f.name]
         out[key] = tp
         if dataclasses.is_dataclass(_inner(tp)):

@@ -41,7 +41,7 @@ def test_a_ray_run_checkpoints_its_published_head_and_a_resume_restores_it(tiny_
 
     out = tmp_path / "run"
     run = [*tiny_run, *SMALL, "rollout.drafter.enabled=true", "rollout.backend=ray", "rollout.num_workers=2",
-           "rollout.drafter.train.idle_slice_s=0.2"]
+           "rollout.drafter.idle_slice_s=0.2"]
     assert cli.main(["train", "--config", DEMO, *run, "trainer.steps=1", "--out", str(out)]) == 0, \
         capsys.readouterr().err
     ckpt = C.load_checkpoint(out / "checkpoints" / "step-1")

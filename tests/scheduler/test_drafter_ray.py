@@ -97,7 +97,7 @@ def test_a_chunk_does_not_wait_for_a_training_slice(ray_local, tmp_path):
     policy = CausalLM.from_pretrained(hf)
     export(DraftHead.for_policy(policy, HeadConfig(window=8), seed=1), tmp_path / "head")
     spec = SpecConfig(proposers=("suffix", "drafter"), max_draft_tokens=4,
-                      drafter=DrafterSpec(path=str(tmp_path / "head"), window=8))  # no slices of its own
+                      drafter=DrafterSpec(path=str(tmp_path / "head"), window=8, idle_slice_s=None))  # no slices
     config = EngineConfig(max_batch_size=4, max_model_len=96, spec=spec)
     plain = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96))
     backend = RayRolloutBackend(str(tmp_path / "policy"), config, num_workers=2, num_cpus_per_worker=1,
