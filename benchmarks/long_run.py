@@ -4,7 +4,7 @@ give the very same tokens and rewards as the uninterrupted run.
     python -m benchmarks.long_run [--steps 50] [--kill-at 23] [--out bench_results/real/long_run] [key=value ...]
 
 Two runs of `spectail train --config examples/grpo_real.yaml` with a checkpoint every
---save-every steps: A runs uninterrupted; B is killed with SIGKILL while it rolls out step
+--save-every steps, side by side: A runs uninterrupted; B is killed with SIGKILL while it rolls out step
 --kill-at, then resumed with `--resume auto` and run to the end. Every step's metrics record
 carries `rollout_sha256` (the step's tokens and rewards) and `memory_rss_mb`: the steps' digests
 of A and B must be equal, and A's resident memory after step 2 must stay within --memory-slack
@@ -77,11 +77,16 @@ def main(argv=None) -> dict:
     a, b = os.path.join(args.out, "a"), os.path.join(args.out, "b")
     log = os.path.join(args.out, "long_run.log")
     load = os.getloadavg()
+    # A and B run side by side (each given its own cores by the overrides, say one torch thread
+    # each on two cores): their tokens do not depend on the time they take
+    a_proc = None
     if len(records(a)) < args.steps:
-        code = run(command(args, a, "--resume", "auto"), log)
-        if code != 0:
-            raise SystemExit(f"run A failed (exit {code}): see {log}")
+        a_log = open(os.path.join(args.out, "long_run_a.log"), "a", encoding="utf-8")
+        a_proc = subprocess.Popen(command(args, a, "--resume", "auto"), cwd=ROOT, stdout=a_log,
+                                  stderr=subprocess.STDOUT)
     killed_run(args, b, log)
+    if a_proc is not None and a_proc.wait() != 0:
+        raise SystemExit(f"run A failed (exit {a_proc.returncode}): see {args.out}/long_run_a.log")
     ra, rb = records(a), records(b)
     same = [x["rollout_sha256"] == y["rollout_sha256"] for x, y in zip(ra, rb)]
     memory = [r.get("memory_rss_mb") for r in ra]
