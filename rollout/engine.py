@@ -146,10 +146,6 @@ class Engine:
         self.model.weights_version += 1
         return n
 
-    @property
-    def weights_version(self) -> int:
-        return self.model.weights_version
-
     # ---- the public entry point --------------------------------------------------------------
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]],
@@ -264,8 +260,8 @@ class Engine:
                 running.append(req)
             if self.reorders_slots:
                 free = self._arrange(running, free)
-            result, step_fed = self._step(running)
-            steps, spec_off, fed = steps + 1, spec_off + (not result.drafting), fed + step_fed
+            result, step_fed, planned = self._step(running)
+            steps, spec_off, fed = steps + 1, spec_off + (not planned), fed + step_fed
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
                     req.budget_end = len(req.output_ids)
@@ -303,8 +299,9 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> tuple[StepResult, int]:
-        """One forward for every running request: what it did, and the tokens it fed."""
+    def _step(self, running: list[Request]) -> tuple[StepResult, int, bool]:
+        """One forward for every running request: what it did, the tokens it fed, and whether the
+        budget let it draft."""
         plan = None
         if self.budget is not None:
             plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
@@ -314,7 +311,7 @@ class Engine:
         logits, states = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         verified, spans = self._verify(rows, logits, hidden)
         drafting = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()
-        return StepResult(verified, drafting, states, spans), int(batch.token_ids.shape[0])
+        return StepResult(verified, drafting, states, spans), int(batch.token_ids.shape[0]), plan is not None
 
     def _tell(self, result: StepResult) -> None:
         """Every proposer hears the result; drafts one judged without their being fed are learnt."""

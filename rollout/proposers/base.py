@@ -1,6 +1,6 @@
-"""What a draft source is: a guesser that returns its drafts as values and hears what each step did.
-Drafts are only guesses (the engine verifies every token against the exact coupled sample), so a
-proposer can be wrong but never unsafe."""
+"""What a draft source is (the contract vLLM v1 uses): a guesser that returns its drafts as values
+and hears what each step did. The engine verifies every token against the exact coupled sample,
+so a proposer can be wrong but never unsafe."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,9 +11,9 @@ from ..request import Request
 
 @dataclass(frozen=True)
 class Draft:
-    """Tokens offered to follow a request's output. evidence: tokens of context that agree with
-    the source copied (0: none known); confidence: per token, the probability the policy gave it
-    where it was sampled (< 0 or NaN: unknown), or None. The budget learns acceptance by both."""
+    """Tokens offered to follow a request's output. evidence: tokens of context that agree with the
+    source copied (0: none known); confidence: per token, the probability the policy gave it where it
+    was sampled (< 0 or NaN: unknown), or None. The budget learns acceptance by both."""
     tokens: list[int]
     proposer: Proposer
     evidence: int = 0
@@ -24,9 +24,7 @@ class Draft:
         return self if n >= len(self.tokens) else Draft(self.tokens[:n], self.proposer, self.evidence, conf)
 
 
-class Verified(NamedTuple):
-    """A request's verify: `draft` matched for `accepted` tokens, `emitted` joined its output;
-    samples, logprobs: the exact samples at its last fed token and at every draft token."""
+class Verified(NamedTuple):  # samples, logprobs: the exact samples at the last fed token and each draft token
     req: Request
     draft: Optional[Draft]
     accepted: int
@@ -41,7 +39,7 @@ class StepResult:
     hidden [N, d]: the final hidden state of each fed token (None unless a proposer wants_hidden);
     spans: (req, start, row, count): hidden rows row .. row + count - 1 had a correct context, req's
     positions start ..; left: the requests that leave the engine now; dropped: GRPO groups the
-    caller is done with (a result with no rows: no step ran)."""
+    caller is done with (in a result of no step)."""
     rows: Sequence[Verified] = ()
     drafting: frozenset = frozenset()
     hidden: Any = None
@@ -52,21 +50,21 @@ class StepResult:
 
 class Proposer:
     """name: the registry name and stats key; prior: the acceptance rate assumed before any draft
-    was judged; wants_hidden: the engine computes `StepResult.hidden`."""
+    was judged; position_cost(n): seconds of one draft position for n requests, measured once."""
     name, prior, wants_hidden = "base", 0.5, False
 
     def propose(self, requests: Sequence[Request], k: int) -> list[Optional[Draft]]:
-        """Once per step: up to k tokens per request, or None. Deterministic; the first n tokens
-        drafted for k are those drafted for n (the budget cuts each draft to what it grants)."""
+        """Once per step: up to k tokens per request, or None. The first n tokens drafted for k are
+        those drafted for n: the budget cuts each draft to what it grants."""
         return [None] * len(requests)
 
     def on_step(self, result: StepResult) -> Sequence[tuple[Draft, int, int]]:
-        """Returns (draft, accepted, judged) of drafts it judged without their being fed (exact: no
-        emitted token depends on a draft), for the budget to learn from."""
+        """Returns (draft, accepted, judged) of drafts judged against the emitted tokens without
+        being fed (exact: no emitted token depends on a draft), for the budget to learn from."""
         return ()
 
-    def position_cost(self, n: int) -> float:  # seconds of a draft position for n requests, measured once
+    def position_cost(self, n: int) -> float:
         return 0.0
 
-    def state_sizes(self) -> dict[str, int]:  # entries held outside requests: 0 once groups are dropped
+    def state_sizes(self) -> dict[str, int]:  # entries held outside requests: 0 when idle
         return {}
