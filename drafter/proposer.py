@@ -1,30 +1,24 @@
 """The "drafter" proposer: the draft head inside the engine (registered in rollout/proposers).
 
 Each step's result hands it the policy's final hidden states of the rows whose context was correct
-(prompt rows, the pending token's row, accepted drafts; never a row past a rejection), which it
-keeps per slot in a feature store beside the engine's KV cache. `propose` drafts for all the
-requests it is asked for at once (drafter/draft.py: one batched head forward per draft position,
-whatever the batch), with each request's own seed, response position and sampling params, so the
-drafts are coupled samples of the head's distribution. The engine's budget (rollout/budget.py)
-decides which requests to ask and how many positions are worth running, from what one costs
-(`position_cost`: a short profile when a head of a new shape is set, cached on disk like the
-engine's step cost; never timed while a rollout runs), and cuts each draft to what it grants.
+(never a row past a rejection), which it keeps per slot in a feature store beside the engine's KV
+cache. `propose` drafts for every request it is asked for at once (drafter/draft.py: one batched
+head forward per position), with each request's own seed, response position and sampling params,
+so the drafts are coupled samples of the head's distribution. The engine's budget decides which
+requests to ask, how many positions pay for what one costs (`position_cost`: profiled when a head
+of a new shape is set, cached on disk; never timed while a rollout runs) and where to cut each draft.
 
-Per request (`req.proposer_state["drafter"]`): the slot its rows are kept at (the engine may move
-a request between steps; its rows follow it), how many positions have features, how many head
-rows were written from them (rows from there on were written from the head's own drafts and are
-rewritten next time: a rollback costs nothing), and the current run of accepted drafter tokens
-(the draft's evidence). A confidence per token comes from the margin between the best and the
-second-best perturbed head score.
+Per request (`req.proposer_state["drafter"]`): the slot its rows are at (they follow the request
+when the engine moves it), how many positions have features, how many head rows were written from
+them (rows past that were written from the head's own drafts and are rewritten next time: a
+rollback costs nothing), and the run of accepted drafter tokens (the draft's evidence). A token's
+confidence comes from the margin between the best and the second-best perturbed head score.
+A request that leaves (finished, or paused at a chunk's end) takes its tokens and features to the
+training buffer (drafter/buffer.py), tagged with the policy version: no extra forward to train on.
 
-When a request leaves the engine (finished, or paused at the end of a chunk) its tokens and
-features go to the training buffer (drafter/buffer.py), tagged with the policy version: no extra
-forward is needed to train on the rollout.
-
-A head that does not fit the policy (another vocabulary or hidden size, NaN weights, a state
-that does not load) is refused with a ValueError by `set_head`, and switches the drafter off
-with a warning when it comes from a folder or a published state: drafts only ever cost forwards,
-so an absent drafter changes no token.
+A head that does not fit the policy (another vocabulary or hidden size, NaN weights, a state that
+does not load) is refused with a ValueError by `set_head`, and switches the drafter off with a
+warning when it comes from a folder or a published state: an absent drafter changes no token.
 """
 from __future__ import annotations
 
