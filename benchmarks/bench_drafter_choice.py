@@ -50,10 +50,12 @@ class ChoiceLog:
                     self.tops[o.proposer.name].append(o.top)
             return plan
 
-        def watched_choose(req, room, plan):
-            self._offers(req, room, plan)
-            chosen = choose(req, room, plan)
-            self._won(chosen[0] if chosen is not None else None)
+        def watched_choose(requests, rooms, plan):
+            chosen = choose(requests, rooms, plan)
+            for req, room, c in zip(requests, rooms, chosen):  # (after: the log's own asking moves nothing)
+                if room > 0:
+                    self._offers(req, room, plan)
+                    self._won(c[0] if c is not None else None)
             return chosen
 
         ctl.plan_step, ctl.choose = watched_plan, watched_choose
@@ -70,7 +72,7 @@ class ChoiceLog:
         values = {}
         for o in plan.offers:
             cap = min(o.most, room)
-            draft = o.proposer.propose(req, cap) if cap > 0 else None
+            draft = o.proposer.propose([req], cap)[0] if cap > 0 else None
             if draft is None or not draft.tokens:
                 continue
             n, value, _ = plan.judge(o, draft, min(cap, len(draft.tokens)))

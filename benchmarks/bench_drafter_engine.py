@@ -66,24 +66,27 @@ class Recorder:
             return
         choose = ctl.choose
 
-        def wrapped_choose(req, room, plan):
-            self.steps.setdefault((req.index, len(req.output_ids)), False)
-            return choose(req, room, plan)
+        def wrapped_choose(requests, rooms, plan):
+            for req, room in zip(requests, rooms):
+                if room > 0:
+                    self.steps.setdefault((req.index, len(req.output_ids)), False)
+            return choose(requests, rooms, plan)
 
         ctl.choose = wrapped_choose
         for name in ("history", "suffix"):
             if name in names:
                 self._watch(names[name])
         if "drafter" in names:
-            dp, observe = names["drafter"], names["drafter"].observe
+            dp, on_step = names["drafter"], names["drafter"].on_step
 
-            def record(req, draft, accepted, emitted):
-                if draft is not None:
-                    self.drafts.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens),
-                                        accepted))
-                observe(req, draft, accepted, emitted)
+            def record(result):
+                for req, draft, accepted, emitted, _, _ in result.rows:
+                    if draft is not None and draft.proposer is dp:
+                        self.drafts.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens),
+                                            accepted))
+                return on_step(result)
 
-            dp.observe = record
+            dp.on_step = record
 
     def reset(self) -> None:
         self.steps: dict = {}  # (index, position) -> copy offered
@@ -92,11 +95,12 @@ class Recorder:
     def _watch(self, proposer) -> None:
         propose = proposer.propose
 
-        def wrapped(req, k):
-            d = propose(req, k)
-            if d is not None and d.tokens:
-                self.steps[(req.index, len(req.output_ids))] = True
-            return d
+        def wrapped(requests, k):
+            drafts = propose(requests, k)
+            for req, d in zip(requests, drafts):
+                if d is not None and d.tokens:
+                    self.steps[(req.index, len(req.output_ids))] = True
+            return drafts
 
         proposer.propose = wrapped
 

@@ -1,30 +1,24 @@
 """The "drafter" proposer: the draft head inside the engine (registered in rollout/proposers).
 
-Each step the engine hands it the policy's final hidden states of the rows whose context was
-correct (`observe_hidden`: prompt rows, the pending token's row, accepted drafts; never a row past
-a rejection), which it keeps per slot in a feature store beside the engine's KV cache. Before the
-step's drafts are chosen, `prepare` drafts for every decoding request at once (drafter/draft.py:
-one batched head forward per draft position, whatever the batch), with each request's own seed,
-response position and sampling params, so the drafts are coupled samples of the head's
-distribution; `propose` then hands out the request's prepared draft. The engine's budget
-(rollout/budget.py) decides how many positions are worth running from what one costs
-(`position_cost`: a short profile when a head of a new shape is set, cached on disk like the
-engine's step cost; never timed while a rollout runs).
+Each step's result hands it the policy's final hidden states of the rows whose context was correct
+(never a row past a rejection), which it keeps per slot in a feature store beside the engine's KV
+cache. `propose` drafts for every request it is asked for at once (drafter/draft.py: one batched
+head forward per position), with each request's own seed, response position and sampling params,
+so the drafts are coupled samples of the head's distribution. The engine's budget decides which
+requests to ask, how many positions pay for what one costs (`position_cost`: profiled when a head
+of a new shape is set, cached on disk; never timed while a rollout runs) and where to cut each draft.
 
-Per request (`req.proposer_state["drafter"]`): how many positions have features, how many head
-rows were written from them (rows from there on were written from the head's own drafts and are
-rewritten next time: a rollback costs nothing), the current run of accepted drafter tokens (the
-draft's evidence) and the prepared draft. A confidence per token comes from the margin between
-the best and the second-best perturbed head score.
+Per request (`req.proposer_state["drafter"]`): the slot its rows are at (they follow the request
+when the engine moves it), how many positions have features, how many head rows were written from
+them (rows past that were written from the head's own drafts and are rewritten next time: a
+rollback costs nothing), and the run of accepted drafter tokens (the draft's evidence). A token's
+confidence comes from the margin between the best and the second-best perturbed head score.
+A request that leaves (finished, or paused at a chunk's end) takes its tokens and features to the
+training buffer (drafter/buffer.py), tagged with the policy version: no extra forward to train on.
 
-When a request leaves the engine (finished, or paused at the end of a chunk) its tokens and
-features go to the training buffer (drafter/buffer.py), tagged with the policy version: no extra
-forward is needed to train on the rollout.
-
-A head that does not fit the policy (another vocabulary or hidden size, NaN weights, a state
-that does not load) is refused with a ValueError by `set_head`, and switches the drafter off
-with a warning when it comes from a folder or a published state: drafts only ever cost forwards,
-so an absent drafter changes no token.
+A head that does not fit the policy (another vocabulary or hidden size, NaN weights, a state that
+does not load) is refused with a ValueError by `set_head`, and switches the drafter off with a
+warning when it comes from a folder or a published state: an absent drafter changes no token.
 """
 from __future__ import annotations
 
@@ -32,14 +26,14 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from rollout import step_cost
 from rollout.config import DrafterSpec
 from rollout.kv_cache import move_slots
-from rollout.proposers.base import Draft, HiddenSpan, Proposer
+from rollout.proposers.base import Draft, Proposer, StepResult
 from rollout.request import Request
 
 from .buffer import FeatureBuffer
@@ -51,18 +45,16 @@ from .head import DraftHead
 
 @dataclass
 class _State:
+    slot: int  # where its features and head rows are kept
     known: int = 0  # sequence positions 0 .. known - 1 have features in the store
     written: int = 0  # head rows 0 .. written - 1 hold keys made from those features ...
-    gen: int = -1  # ... under this head generation
+    made: Optional[tuple[int, int]] = None  # ... under this (head generation, policy version)
     run: int = 0  # drafter tokens accepted since its last rejected one
-    draft: Optional[ChainDraft] = None  # prepared this step ...
-    draft_at: int = -1  # ... for this response position
 
 
 class DrafterProposer(Proposer):
     name = "drafter"
     prior = 0.8  # a head is set because it was trained for this policy
-    batched = True
 
     def __init__(self, model, spec: DrafterSpec, num_slots: int, max_len: int, max_positions: int):
         self.model, self.spec = model, spec
@@ -73,9 +65,8 @@ class DrafterProposer(Proposer):
         self.gen = 0  # bumped whenever what the head's cached rows mean changes
         self.store: Optional[torch.Tensor] = None  # [slots, max_len, d] features
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None
-        self.policy_version = 0
         self.cost: dict = {"requests": [1], "seconds": [0.0]}  # seconds per draft position by requests (`_profile`)
-        self.active = 0  # requests with state here: none means the engine is between rollouts
+        self.requests: dict[int, Request] = {}  # id -> a request with state here
         self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
         self.off_reason: Optional[str] = None
 
@@ -100,6 +91,10 @@ class DrafterProposer(Proposer):
     @property
     def wants_hidden(self) -> bool:
         return self.head is not None or self.buffer is not None
+
+    @property
+    def policy_version(self) -> int:
+        return self.model.weights_version
 
     # ---- the head ----------------------------------------------------------------------------
 
@@ -177,62 +172,36 @@ class DrafterProposer(Proposer):
         self.head, self.cache, self.off_reason = None, None, reason
         self.gen += 1
 
-    def weights_updated(self, version: int) -> None:
-        self.policy_version = version
-        self.gen += 1  # the features behind every cached row changed meaning
+    # ---- the proposer ------------------------------------------------------------------------
 
-    # ---- the engine's hooks -------------------------------------------------------------------
-
-    def observe_hidden(self, spans: Sequence[HiddenSpan], hidden: torch.Tensor) -> None:
-        """Keep each span's features at [slot, position] of the store: one copy per step."""
-        if not spans:
-            return
-        store = self._store(hidden)
-        length = store.shape[1]
-        dst, src = [], []
-        for sp in spans:
-            st = sp.req.proposer_state.get(self.name)
-            if st is None:
-                st = sp.req.proposer_state[self.name] = _State()
-                self.active += 1
-            if sp.start < st.known:  # the request is re-fed from an earlier position
-                st.written = min(st.written, sp.start)
-            elif sp.start > st.known:
-                continue  # a gap (cannot happen with the engine's spans): draft nothing for it
-            base = sp.req.slot * length + sp.start
-            dst.extend(range(base, base + sp.count))
-            src.extend(range(sp.offset, sp.offset + sp.count))
-            st.known = sp.start + sp.count
-        if dst:
-            index = torch.tensor(dst, device=store.device)
-            rows = hidden if src == list(range(hidden.shape[0])) else hidden[torch.tensor(src, device=hidden.device)]
-            store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
-
-    def prepare(self, requests: Sequence[Request], k: int) -> None:
-        """Draft up to k positions for every decoding request at once (the budget found k worth
-        their cost); `propose` hands the drafts out, and the budget cuts each where its tokens
-        stop paying."""
+    def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
+        """Draft up to k positions for every request at once (fewer where the head's cache ends)."""
+        drafts: list[Optional[Draft]] = [None] * len(requests)
         start = time.perf_counter()
-        if self.head is None or not requests or k < 1:
-            return
+        if self.head is None or k < 1:
+            return drafts
         try:
-            chains, states = [], []
-            for req in sorted(requests, key=lambda r: r.slot):  # slot order: the head reads its cache in place
-                st = req.proposer_state.get(self.name)
-                chain = self._chain(req, st, k) if st is not None else None
+            self._follow()
+            chains, asked = [], []
+            for i in sorted(range(len(requests)), key=lambda i: requests[i].slot):  # the head reads its cache in place
+                st = requests[i].proposer_state.get(self.name)
+                chain = self._chain(requests[i], st, k) if st is not None else None
                 if chain is not None:
                     chains.append(chain)
-                    states.append(st)
+                    asked.append((i, st))
             if chains:
-                drafts = draft_chains(self.head, self.model, self.cache, chains, margins=True)
-                for c, st, d in zip(chains, states, drafts):
-                    st.draft, st.draft_at, st.written = d, c.position, c.start + len(c.tokens)
-                self._count(drafts)
+                made = draft_chains(self.head, self.model, self.cache, chains, margins=True)
+                for c, (i, st), d in zip(chains, asked, made):
+                    st.written = c.start + len(c.tokens)
+                    conf = [1.0 - math.exp(-m) for m in d.margins]
+                    drafts[i] = Draft(d.tokens, self, evidence=st.run, confidence=conf)
+                self._count(made)
         finally:  # (a figure for reports: no budget reads it)
             self.stats["seconds"] += time.perf_counter() - start
+        return drafts
 
     def _count(self, drafts: list[ChainDraft]) -> None:
-        """The step's figures (its seconds are counted by `prepare`, look-ups included)."""
+        """The step's figures (its seconds are counted by `propose`, look-ups included)."""
         positions, tokens = max(len(d.tokens) for d in drafts), sum(len(d.tokens) for d in drafts)
         s = self.stats
         s["positions"] += positions
@@ -242,13 +211,13 @@ class DrafterProposer(Proposer):
 
     def _chain(self, req: Request, st: _State, most: int) -> Optional[Chain]:
         q = req.num_tokens - 1  # the pending token's position: features up to q - 1 are needed
-        k = min(most, self.max_positions, req.remaining - 1, req.chunk_left - 1, self.max_len - 1 - q)
+        k = min(most, self.max_positions, self.max_len - 1 - q)  # (what the head's cache holds)
         if k < 1 or st.known < q or req.slot < 0:
             return None
         if q < 1:
             return None  # a one-token prompt with no output yet: no row to start from
-        if st.gen != self.gen:
-            st.written, st.gen = 0, self.gen
+        if st.made != (self.gen, self.policy_version):
+            st.written, st.made = 0, (self.gen, self.policy_version)
         start = min(st.written, q - 1)
         window = self.head.cfg.window if self.head is not None else None
         if window is not None:  # the chain's first query sees rows q - window .. q - 1: none below is ever read
@@ -259,33 +228,66 @@ class DrafterProposer(Proposer):
                      seed=req.seed, position=len(req.output_ids), k=k, temperature=req.params.temperature,
                      top_k=req.params.top_k, top_p=req.params.top_p, stop=req.params.stop_token_ids)
 
-    def propose(self, req: Request, k: int) -> Optional[Draft]:
-        st = req.proposer_state.get(self.name)
-        if k <= 0 or st is None or st.draft is None or st.draft_at != len(req.output_ids):
-            return None
-        n = min(k, len(st.draft.tokens))
-        conf = [1.0 - math.exp(-m) for m in st.draft.margins[:n]]
-        return Draft(st.draft.tokens[:n], self, evidence=st.run, confidence=conf)
+    def on_step(self, result: StepResult) -> tuple:
+        """Its drafts' runs, the step's features, and the requests that leave (to the buffer)."""
+        self._follow()
+        for req, draft, accepted, emitted, _, _ in result.rows:
+            st = req.proposer_state.get(self.name)
+            if st is not None and draft is not None and draft.proposer is self:
+                # a token past the request's end is neither accepted nor rejected (the engine's rule)
+                rejected = accepted < min(len(draft.tokens), len(emitted))
+                self.stats["compared"] += accepted + rejected
+                st.run = 0 if rejected else st.run + accepted
+        if result.spans and self.wants_hidden:
+            self._keep(result.spans, result.hidden)
+        for req in result.left:
+            st = req.proposer_state.pop(self.name, None)
+            self.requests.pop(id(req), None)
+            if st is not None and self.buffer is not None and req.slot >= 0 and (req.finish_reason or req.paused):
+                self._collect(req, st)
+        return ()
 
-    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
-        st = req.proposer_state.get(self.name)
-        if st is None:
-            return
-        st.draft = None
-        if draft is not None:  # a token past the request's end is neither accepted nor rejected (the engine's rule)
-            rejected = num_accepted < min(len(draft.tokens), len(emitted))
-            self.stats["compared"] += num_accepted + rejected
-            st.run = 0 if rejected else st.run + num_accepted
+    def _keep(self, spans, hidden: torch.Tensor) -> None:
+        """Keep each span's features at [slot, position] of the store: one copy per step."""
+        store = self._store(hidden)
+        length = store.shape[1]
+        dst, src = [], []
+        for req, start, offset, count in spans:
+            st = req.proposer_state.get(self.name)
+            if st is None:
+                st = req.proposer_state[self.name] = _State(req.slot)
+                self.requests[id(req)] = req
+            if start < st.known:  # the request is re-fed from an earlier position
+                st.written = min(st.written, start)
+            elif start > st.known:
+                continue  # a gap (cannot happen with the engine's spans): draft nothing for it
+            base = req.slot * length + start
+            dst.extend(range(base, base + count))
+            src.extend(range(offset, offset + count))
+            st.known = start + count
+        if dst:
+            index = torch.tensor(dst, device=store.device)
+            rows = hidden if src == list(range(hidden.shape[0])) else hidden[torch.tensor(src, device=hidden.device)]
+            store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
-    def finish(self, req: Request) -> None:
-        st = req.proposer_state.get(self.name)
-        if st is not None and self.buffer is not None and req.slot >= 0 and (req.finish_reason or req.paused):
-            self._collect(req, st)
-        if st is not None:
-            self.active -= 1
-            if self.active <= 0:
-                self.active = 0
-        super().finish(req)
+    def _follow(self) -> None:
+        """The engine moves requests between slots (rollout/slot_order.py): their features and head
+        rows follow them, before anything here reads or writes a slot."""
+        moved = [(st, req.slot) for req in self.requests.values()
+                 if (st := req.proposer_state[self.name]).slot != req.slot and req.slot >= 0]
+        if moved:
+            self._move([st.slot for st, _ in moved], [slot for _, slot in moved])
+            for st, slot in moved:
+                st.slot = slot
+
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        """Whole slots: a head's rows may run a draft past the context, and a windowed head's ring
+        is shorter."""
+        if self.store is not None:
+            move_slots(self.store, src, dst)
+        if self.cache is not None:
+            move_slots(self.cache.k, src, dst)
+            move_slots(self.cache.v, src, dst)
 
     def _collect(self, req: Request, st: _State) -> None:
         """The request's tokens and features into the buffer. The last token's own feature is
@@ -304,15 +306,6 @@ class DrafterProposer(Proposer):
         except ValueError:
             pass  # non-finite features (a diverged policy): not worth training on
 
-    def slots_moved(self, src, dst, length: int) -> None:
-        """Features and head rows are kept per slot: they move with their requests (a head's rows
-        may run a draft past the context, and a windowed head's ring is shorter: whole slots)."""
-        if self.store is not None:
-            move_slots(self.store, src, dst)
-        if self.cache is not None:
-            move_slots(self.cache.k, src, dst)
-            move_slots(self.cache.v, src, dst)
-
     def _store(self, hidden: torch.Tensor) -> torch.Tensor:
         d = hidden.shape[-1]
         if self.store is None or self.store.dtype != hidden.dtype or self.store.device != hidden.device:
@@ -320,4 +313,4 @@ class DrafterProposer(Proposer):
         return self.store
 
     def state_sizes(self) -> dict[str, int]:
-        return {}
+        return {"requests": len(self.requests)}

@@ -63,7 +63,7 @@ def confidence_bin(q: Optional[float]) -> int:
 @dataclass(frozen=True)
 class Offer:
     """A proposer's standing in one step: its rates, its best rate, and the most draft tokens
-    (positions, for a batched proposer) that rate could earn."""
+    (positions, for a proposer with a cost per position) that rate could earn."""
 
     proposer: Proposer
     table: list
@@ -217,11 +217,10 @@ class Budget:
         for p in proposers:
             table = self.table(p)
             top = max(map(max, table))
-            most = longest(top, k, floor)
-            if p.batched and self.priced:  # each position also costs the proposer's own forward
-                surcharge = p.position_cost(running) / max(self.per_emitted(running, context) * running, 1e-12)
-                most = longest(top, k, floor + surcharge)
-            offers.append(Offer(p, table, top, most))
+            # a proposer's own cost per draft position (a draft head's forward) raises its floor
+            own = p.position_cost(running) / max(self.per_emitted(running, context) * running, 1e-12) if self.priced \
+                else 0.0
+            offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
 
     def per_emitted(self, rows: int, context: int) -> float:
@@ -235,21 +234,23 @@ class Budget:
         fed = self.cost.marginal(rows) + self.cost.per_attended * mean
         return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)
 
-    def choose(self, req: Request, room: int, plan: StepPlan) -> Optional[tuple[Draft, list]]:
-        """Every live proposer's draft for req cut at the floor; the one with the longest expected
-        accepted run, with its tokens' values. A proposer whose best rate could not beat the draft
-        in hand is not asked."""
-        best, best_run = None, 0.0
+    def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
+        """Per request (at most rooms[i] tokens), every live proposer's draft cut at the floor; the
+        one with the longest expected accepted run, with its tokens' values, or None. A proposer is
+        asked, once for all, for the requests where its best rate could beat the draft in hand."""
+        best, runs = [None] * len(requests), [0.0] * len(requests)
         for offer in plan.live:
-            cap = min(offer.most, room)
-            if cap == 0 or offer.top * cap <= best_run:
+            caps = [min(offer.most, room) for room in rooms]
+            ask = [i for i, cap in enumerate(caps) if cap and offer.top * cap > runs[i]]
+            if not ask:
                 continue
-            draft = offer.proposer.propose(req, cap)
-            if draft is None or not draft.tokens:
-                continue
-            n, run, values = plan.judge(offer, draft, min(cap, len(draft.tokens)))
-            if n and run > best_run:
-                best, best_run = (draft.cut(n), values), run
+            drafts = offer.proposer.propose([requests[i] for i in ask], max(caps[i] for i in ask))
+            for i, draft in zip(ask, drafts):
+                if draft is None or not draft.tokens:
+                    continue
+                n, run, values = plan.judge(offer, draft, min(caps[i], len(draft.tokens)))
+                if n and run > runs[i]:
+                    best[i], runs[i] = (draft.cut(n), values), run
         return best
 
     def allocate(self, plan: StepPlan, values: Sequence[Sequence[float]], contexts: Sequence[int],

@@ -18,7 +18,7 @@ import heapq
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Optional, Sequence
 
 import torch
@@ -30,8 +30,8 @@ from .config import Completion, EngineConfig, SamplingParams, torch_dtype
 from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
 from .proposers import make_proposers
-from .proposers.base import Draft, HiddenSpan
-from .request import Lookahead, Request, make_requests
+from .proposers.base import Draft, StepResult, Verified
+from .request import Request, make_requests
 
 # The step-cost profile (`_step_cost`): its long-context forward reads this many cached tokens per
 # row (or what fits); each forward is timed this many times, the fastest kept.
@@ -76,7 +76,6 @@ class Engine:
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)
-        self.weights_version = 0
         # Slots ordered by context bucket let torch's attention grids read the cache in place
         # (rollout/slot_order.py); the CPU kernel reads each token's own slot wherever it is.
         self.reorders_slots = not model.attends_in_kernel(self.cache)
@@ -84,7 +83,6 @@ class Engine:
         # find none for a request resumed from kept KV: such an engine keeps none.
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
-        self.lookahead = next((p for p in self.proposers if p.wants_lookahead), None)
         self.lenience = config.spec.lenience if config.spec else None
         self.budget = budgets.Budget.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
@@ -145,9 +143,7 @@ class Engine:
         if isinstance(weights, dict):
             weights = weights.items()
         n = self.model.load_weights(list(weights))
-        self.weights_version += 1
-        for p in self.proposers:
-            p.weights_updated(self.weights_version)
+        self.model.weights_version += 1
         return n
 
     # ---- the public entry point --------------------------------------------------------------
@@ -174,9 +170,7 @@ class Engine:
 
     def release_groups(self, groups) -> None:
         """Forget what proposers hold for these groups, so a later call may reuse the ids."""
-        for p in self.proposers:
-            for g in groups:
-                p.drop_group(g)
+        self._tell(StepResult(dropped=frozenset(groups)))
 
     def state_sizes(self) -> dict[str, int]:
         """What the engine holds between calls beyond its weights, cache and learnt rates:
@@ -247,10 +241,10 @@ class Engine:
     def _abandon(self, requests: list[Request]) -> None:
         """A run that raised: every request leaves, so proposers keep nothing of it (the caller
         sees the original error, not one of these)."""
+        for p in self.proposers:
+            with contextlib.suppress(Exception):
+                p.on_step(StepResult(left=requests))
         for req in requests:
-            for p in self.proposers:
-                with contextlib.suppress(Exception):
-                    p.finish(req)
             req.slot = -1
 
     def _loop(self, waiting: deque, on_finish, kept=None, max_steps: Optional[int] = None) -> RunStats:
@@ -266,13 +260,15 @@ class Engine:
                 running.append(req)
             if self.reorders_slots:
                 free = self._arrange(running, free)
-            step_fed, drafting = self._step(running)
-            steps, spec_off, fed = steps + 1, spec_off + (not drafting), fed + step_fed
+            result, step_fed, planned = self._step(running)
+            steps, spec_off, fed = steps + 1, spec_off + (not planned), fed + step_fed
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
                     req.budget_end = len(req.output_ids)
                 waiting.clear()
-            for req in [r for r in running if r.finish_reason or r.paused]:
+            left = [r for r in running if r.finish_reason or r.paused]
+            self._tell(replace(result, left=left) if left else result)
+            for req in left:
                 running.remove(req)
                 self._leave(req, free, kept, on_finish)
         return RunStats(steps, spec_off, fed)
@@ -289,18 +285,13 @@ class Engine:
         length = max(r.num_cached for r, _ in moved)
         if length > 0:
             self.cache.move(src, dst, length)
-        for p in self.proposers:
-            p.slots_moved(src, dst, length)
         for r, s in moved:
             r.slot = s
         return list(range(len(running), self.config.max_batch_size))  # sorted: a heap
 
     def _leave(self, req: Request, free: list, kept, on_finish) -> None:
         """A finished or paused request leaves this engine: its slot is freed (a paused one's KV
-        may stay kept under its key)."""
-        for p in self.proposers:
-            p.finish(req)
-        req.judging = None
+        may stay kept under its key; the proposers were told)."""
         if kept is not None and req.paused:
             kept.pause(req, self.cache)
         heapq.heappush(free, req.slot)
@@ -308,35 +299,32 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> tuple[int, bool]:
-        """One forward for every running request: (tokens fed, whether the budget let it draft)."""
+    def _step(self, running: list[Request]) -> tuple[StepResult, int, bool]:
+        """One forward for every running request: what it did, the tokens it fed, and whether the
+        budget let it draft."""
         plan = None
         if self.budget is not None:
             plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
                                          context=sum(r.num_tokens for r in running))
-            if plan is not None:
-                self._prepare([r for r in running if r.num_tokens - r.num_cached == 1], plan)
-        observers = [p for p in self.proposers if p.wants_hidden]
-        rows, batch = self._plan(running, plan, bool(observers))
-        logits, hidden = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
-        offered = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()
-        self._verify(rows, logits, offered, observers, hidden)
-        return int(batch.token_ids.shape[0]), plan is not None
+        hidden = any(p.wants_hidden for p in self.proposers)
+        rows, batch = self._plan(running, plan, hidden)
+        logits, states = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
+        verified, spans = self._verify(rows, logits, hidden)
+        drafting = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()
+        return StepResult(verified, drafting, states, spans), int(batch.token_ids.shape[0]), plan is not None
 
-    def _prepare(self, decoding: list[Request], plan) -> None:
-        """Proposers that draft for many requests at once (a draft head) draft the step's decoding
-        requests, as many positions as the budget finds worth their cost, before any is asked."""
-        for offer in plan.live:
-            if offer.proposer.batched:
-                offer.proposer.prepare(decoding, offer.most)
+    def _tell(self, result: StepResult) -> None:
+        """Every proposer hears the result; drafts one judged without their being fed are learnt."""
+        for p in self.proposers:
+            for draft, accepted, judged in p.on_step(result):
+                self.budget.learn(draft, accepted, judged)
 
     # ---- plan -> forward -> verify -----------------------------------------------------------
 
     def _plan(self, running: list[Request], plan, hidden: bool = False) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first, then prompt chunks, then
         drafts for the rows that reach the end of what is known (`_drafts`) from what is left.
-        hidden: the forward also returns the final hidden state of every fed token (for
-        proposers that observe them)."""
+        hidden: the forward also returns the final hidden state of every fed token."""
         budget, entries = self.config.max_num_batched_tokens, []
         for req in sorted(running, key=lambda r: r.num_tokens - r.num_cached > 1):
             if budget <= 0:
@@ -361,24 +349,21 @@ class Engine:
     def _drafts(self, whole: list, plan, spare: int) -> dict:
         """{id(request): draft} for the rows that emit: each one's proposer by `Budget.choose`, the
         lengths by `Budget.allocate` over the whole step, within `spare` tokens."""
-        cfg, chosen = self.config, []
-        for req, _, _ in whole:
-            room = min(cfg.spec.max_draft_tokens, spare, req.remaining - 1, cfg.max_model_len - req.num_tokens,
-                       req.chunk_left - 1)
-            chosen.append(self.budget.choose(req, room, plan) if room > 0 else None)
+        cfg = self.config
+        rooms = [max(0, min(cfg.spec.max_draft_tokens, spare, req.remaining - 1, cfg.max_model_len - req.num_tokens,
+                            req.chunk_left - 1)) for req, _, _ in whole]
+        chosen = self.budget.choose([req for req, _, _ in whole], rooms, plan)
         fed = sum(len(f) for _, f, _ in whole)
         lengths = self.budget.allocate(plan, [c[1] if c is not None else () for c in chosen],
                                        [r.num_tokens for r, _, _ in whole], spare, fed)
         return {id(e[0]): c[0].cut(n) for e, c, n in zip(whole, chosen, lengths) if n > 0}
 
-    def _verify(self, rows: list[Row], logits: torch.Tensor, offered: frozenset, observers: Sequence = (),
-                hidden: Optional[torch.Tensor] = None) -> None:
-        """Sample every logit row, then accept, emit and tell the proposers, row by row.
-        Observers of hidden states get, once per step, the rows whose context was correct: every
-        row now in the cache (prompt chunks, the pending token, accepted drafts; never a row past
-        a rejected draft)."""
+    def _verify(self, rows: list[Row], logits: torch.Tensor, hidden: bool) -> tuple[list[Verified], list]:
+        """Sample every logit row, then accept and emit row by row. hidden: also the spans of rows
+        whose context was correct: every row now in the cache (prompt chunks, the pending token,
+        accepted drafts; never a row past a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
-        spans = []
+        verified, spans = [], []
         for row in rows:
             req = row.req
             before = req.num_cached
@@ -388,18 +373,15 @@ class Engine:
                 if not was_prefill or req.output_ids:  # (a continued request's prefill emits as a decode step does)
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
-                self._accept(row, tokens[row.first_logit:row.first_logit + n],
-                             logprobs[row.first_logit:row.first_logit + n], offered)
+                verified.append(self._accept(row, tokens[row.first_logit:row.first_logit + n],
+                                             logprobs[row.first_logit:row.first_logit + n]))
             count = min(req.num_cached, req.num_tokens) - before
-            if observers and count > 0:
-                spans.append(HiddenSpan(req, before, row.offset, count))
-        for p in observers:
-            p.observe_hidden(spans, hidden)
+            if hidden and count > 0:
+                spans.append((req, before, row.offset, count))
+        return verified, spans
 
-    def _accept(self, row: Row, ys: list[int], lps: list[float], offered: frozenset) -> None:
-        """ys, lps: the exact samples at the row's last fed token and at each draft token;
-        offered: the proposers the step's budget would ask for every request's draft (one that
-        only catches up is not told of a step it could not draft in)."""
+    def _accept(self, row: Row, ys: list[int], lps: list[float]) -> Verified:
+        """ys, lps: the exact samples at the row's last fed token and at each draft token."""
         req, draft = row.req, row.draft_tokens
         accepted, lenient_now = lenient.accept(draft, ys, lps, row.old, row.new, self.lenience)
         req.lenient += lenient_now
@@ -414,36 +396,7 @@ class Engine:
         accepted = min(accepted, judged)
         if row.draft is not None:
             self.budget.record(req, row.draft, accepted, judged)
-        if self.lookahead is not None and (req.judging is not None or req.lookahead is not None):
-            self._judge_unused(req, row.draft is not None and row.draft.proposer is self.lookahead)
-        req.lookahead = None
-        if (self.lookahead is not None and accepted + 1 < len(ys) and len(emitted) == accepted + 1
-                and not req.finish_reason):
-            req.lookahead = Lookahead(len(req.output_ids), ys[accepted + 1:],
-                                      [math.exp(lp) for lp in lps[accepted + 1:]])
-        for p in self.proposers:
-            mine = row.draft if row.draft is not None and p is row.draft.proposer else None
-            if mine is None and p.catches_up and p not in offered:
-                continue
-            p.observe(req, mine, accepted if mine is not None else 0, emitted)
-
-    def _judge_unused(self, req: Request, drafted: bool) -> None:
-        """Samples kept past a rejection that no draft used are judged against what the request
-        emitted in their place, as a lookahead draft that was not fed: exact, since an emitted
-        token never depends on what was drafted. So the lookahead's rates learn from every
-        rejection, not only from those a budget already thought worth drafting. A step usually
-        emits one token: samples whose tokens have all landed so far wait on the request
-        (`judging`) to be judged further. drafted: this step drafted req.lookahead."""
-        pending = [la for la in (req.judging, None if drafted else req.lookahead) if la is not None]
-        req.judging = None
-        for la in pending:
-            known = min(len(req.output_ids) - la.position, len(la.tokens))
-            out = req.output_ids[la.position:la.position + known]
-            landed = next((i for i in range(known) if out[i] != la.tokens[i]), known)
-            if landed == known < len(la.tokens) and not req.finish_reason:
-                req.judging = la  # (a newer one replaces an older one still landing: rare)
-            elif known > 0:
-                self.budget.learn(Draft(la.tokens, self.lookahead, 0, la.probs), landed, known)
+        return Verified(req, row.draft, accepted, emitted, ys, lps)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The exact sample and its logprob at every logit row; in lenient mode also the draft

@@ -6,8 +6,8 @@ golden replay and tests/rl_integration (the run config and resume refuse to chan
 A draft token d that differs from the exact sample at response position t is still accepted
 when the current policy gives it at least 1/l of the probability the old policy gave it:
 log p_new(d) >= log p_old(d) - log l. Only tokens the draft's proposer can vouch for take part:
-those it copied from an earlier response of the request at the same position, whose old logprob
-it knows (`Proposer.old_logprobs`); the others are judged exactly.
+those the history proposer copied from the request's old response at the same position, whose old
+logprob the request carries; the others are judged exactly.
 """
 from __future__ import annotations
 
@@ -18,12 +18,17 @@ import torch
 
 from . import sampling
 from .proposers.base import Draft
+from .proposers.history import HistoryProposer
 from .request import Request
 
 
 def old_logprobs(req: Request, draft: Optional[Draft]) -> Optional[list[float]]:
-    """The old logprob of each draft token, as its proposer knows them (None: it knows none)."""
-    return None if draft is None else draft.proposer.old_logprobs(req, draft)
+    """The old logprob of each history draft token that sits where the old response had it (NaN
+    elsewhere); None for another proposer's draft, or when the old logprobs are unknown."""
+    old, hist, t = req.history_logprobs, req.history, len(req.output_ids)
+    if draft is None or old is None or not isinstance(draft.proposer, HistoryProposer):
+        return None
+    return [old[t + i] if t + i < len(old) and hist[t + i] == d else math.nan for i, d in enumerate(draft.tokens)]
 
 
 def new_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], temperature: torch.Tensor,

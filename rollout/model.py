@@ -244,6 +244,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
         super().__init__()
         self.cfg = cfg
+        self.weights_version = 0  # updates by the engine (Engine.update_weights): proposers' state is made under one
         self.model = Backbone(cfg)
         self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

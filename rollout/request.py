@@ -20,15 +20,6 @@ STAT_FIELDS = ("forward_passes", "proposed", "accepted", "lenient", "by_position
 
 
 @dataclass
-class Lookahead:
-    """The target's samples past the last rejected draft token (see proposers/lookahead.py)."""
-
-    position: int  # the response position of tokens[0]
-    tokens: list[int]
-    probs: list[float]  # the probability of each where it was sampled
-
-
-@dataclass
 class Request:
     """A prompt being completed. Tokens in `prompt_ids + output_ids` at positions below
     `num_cached` are in this request's KV-cache slot; the rest are `pending` (fed next step).
@@ -54,8 +45,6 @@ class Request:
     # proposer name -> [offered, accepted]: per draft position i, the drafts that offered a token
     # there (among those compared) and those whose first i + 1 tokens were all accepted
     by_position: dict = field(default_factory=dict)
-    lookahead: Optional[Lookahead] = None  # set by the engine after a draft was rejected
-    judging: Optional[Lookahead] = None  # an undrafted lookahead whose tokens have landed so far (engine)
     proposer_state: dict = field(default_factory=dict)  # proposer name -> its state for this request
 
     @property

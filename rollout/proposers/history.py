@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..request import Request
-from .base import Draft, Proposer
+from .base import Draft, Proposer, StepResult
 
 
 @dataclass
@@ -74,7 +74,10 @@ class HistoryProposer(Proposer):
 
     # -- the Proposer interface ------------------------------------------------------------
 
-    def propose(self, req: Request, k: int) -> Optional[Draft]:
+    def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
+        return [self._draft(req, k) for req in requests]
+
+    def _draft(self, req: Request, k: int) -> Optional[Draft]:
         """The next k old tokens while aligned. evidence: tokens of agreement behind the
         alignment (the prompt and every output token while the old response has been followed
         from its start, else the re-alignment match plus the tokens that agreed since).
@@ -95,19 +98,16 @@ class HistoryProposer(Proposer):
             st.probs = [math.exp(lp) for lp in lps]
         return st.probs[st.ptr : st.ptr + n]
 
-    catches_up = True
-
-    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
-        if req.history:
-            self._sync(req)
-
-    def old_logprobs(self, req: Request, draft: Draft) -> Optional[list[float]]:
-        """The old logprob of each draft token that sits where the old response had it."""
-        old, hist, t = req.history_logprobs, req.history, len(req.output_ids)
-        if old is None:
-            return None
-        return [old[t + i] if t + i < len(old) and hist[t + i] == d else math.nan
-                for i, d in enumerate(draft.tokens)]
+    def on_step(self, result: StepResult) -> tuple:
+        """Catches up only in steps the budget let it draft (`propose` catches up too), so a
+        budget that has switched it off costs no bookkeeping per token."""
+        if self in result.drafting:
+            for row in result.rows:
+                if row.req.history:
+                    self._sync(row.req)
+        for req in result.left:
+            req.proposer_state.pop(self.name, None)
+        return ()
 
     # -- alignment -------------------------------------------------------------------------
 

@@ -19,7 +19,10 @@ class NgramProposer(Proposer):
     def from_config(cls, spec, model=None, engine_config=None) -> NgramProposer:
         return cls(spec.ngram_sizes)
 
-    def propose(self, req: Request, k: int) -> Optional[Draft]:
+    def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
+        return [self._draft(req, k) for req in requests]
+
+    def _draft(self, req: Request, k: int) -> Optional[Draft]:
         ids = req.all_ids
         # bytes.rfind scans in C; a hit counts only on a token boundary (offset % 4 == 0).
         hay = array("i", ids).tobytes()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Hashable, Optional
 
 from ..request import Request
-from .base import Draft, Proposer
+from .base import Draft, Proposer, StepResult
 
 START = -1  # marks the start of a response (token ids are >= 0)
 _NGRAMS = (4, 2, 1)  # indexed suffix lengths, longest first
@@ -176,8 +176,8 @@ class SuffixProposer(Proposer):
         (their cost is per drafted token).
 
     A request with group None gets a private index (its own tokens and history) that lives in
-    its state and goes with it. A group's index outlives its requests (finish() keeps it,
-    siblings still draft from it); the caller frees it with drop_group() when the group is done
+    its state and goes with it. A group's index outlives its requests (it keeps their responses,
+    siblings still draft from it); the caller frees it (`StepResult.dropped`) when the group is done
     -- group ids reused by a later batch for another prompt would otherwise draft from the wrong
     responses (harmless to the output, wasteful for speed).
     """
@@ -199,9 +199,6 @@ class SuffixProposer(Proposer):
     @classmethod
     def from_config(cls, spec, model=None, engine_config=None) -> SuffixProposer:
         return cls()
-
-    def drop_group(self, group) -> None:
-        self._groups.pop(("group", group), None)
 
     def state_sizes(self) -> dict[str, int]:
         return {"groups": len(self._groups)}
@@ -245,7 +242,10 @@ class SuffixProposer(Proposer):
 
     # -- the Proposer interface ------------------------------------------------------------
 
-    def propose(self, req: Request, k: int) -> Optional[Draft]:
+    def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
+        return [self._draft(req, k) for req in requests]
+
+    def _draft(self, req: Request, k: int) -> Optional[Draft]:
         """evidence: the length of the context suffix the draft was matched on (a match back to
         START also matches the prompt, which the whole group shares). confidence: per token, the
         probability where it was sampled (-1 unknown)."""
@@ -259,16 +259,22 @@ class SuffixProposer(Proposer):
         evidence = m - 1 + len(req.prompt_ids) if m == len(ctx) else m
         return Draft(tokens, self, evidence=evidence, confidence=confidence)
 
-    catches_up = True  # (while no step drafts, siblings see a member's tokens once it is asked or ends)
-
-    def observe(self, req: Request, draft: Optional[Draft], num_accepted: int, emitted: list[int]) -> None:
-        self._sync(req)  # siblings see the new tokens from now on
-
-    def finish(self, req: Request) -> None:
-        st = req.proposer_state.get(self.name)
-        if st is not None and st.key is not None and self._groups.get(st.key) is st.index:
-            self._sync(req)  # the group keeps the request's whole response
-        req.proposer_state.pop(self.name, None)
+    def on_step(self, result: StepResult) -> tuple:
+        """Siblings see a member's new tokens from now on, but only in steps the budget let this
+        proposer draft (a member's tokens are indexed too when it is asked or leaves), so a
+        budget that has switched it off costs no bookkeeping per token. A group's index keeps
+        the whole response of a member that leaves."""
+        if self in result.drafting:
+            for row in result.rows:
+                self._sync(row.req)
+        for req in result.left:
+            st = req.proposer_state.get(self.name)
+            if st is not None and st.key is not None and self._groups.get(st.key) is st.index:
+                self._sync(req)
+            req.proposer_state.pop(self.name, None)
+        for group in result.dropped:
+            self._groups.pop(("group", group), None)
+        return ()
 
 
 def _newest_known(live: list[tuple[list, list, int]], offset: int) -> float:

@@ -11,11 +11,12 @@ from drafter.export import export, head_state
 from drafter.features import SavedRollout, sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.head_cache import Rows
-from drafter.proposer import DrafterProposer, _State
+from drafter.proposer import DrafterProposer
 from drafter.simulate import chain_runs
 from drafter.warm_start import warm_start
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import DrafterSpec
+from rollout.proposers.base import StepResult, Verified
 from tests.drafter.conftest import VOCAB, sharp_policy
 
 PARAMS = [SamplingParams(temperature=1.0, max_tokens=30, stop_token_ids=[0]),
@@ -67,7 +68,7 @@ def test_outputs_are_identical_with_the_drafter_on_and_off(dtype, policy, policy
     while any(r.finish_reason is None for r in reqs):
         eng.run(reqs, max_new_tokens=4)
     assert [r.output_ids for r in reqs] == [o.token_ids for o in ref]
-    assert eng.state_sizes() == {}
+    assert eng.state_sizes() == {"drafter.requests": 0}  # every request's state left with it
 
 
 class EngineOracle(DraftHead):
@@ -95,16 +96,16 @@ def test_an_oracle_head_is_accepted_everywhere(policy64):
     prompts, params, seeds = workload(8, seed=3)
     eng = engine(policy64, head=oracle, batch=4)
     dp, moved = DrafterProposer.of(eng), []
-    slots_moved = dp.slots_moved
+    move = dp._move
 
-    def follow(src, dst, length):  # the oracle's rows are kept per slot too: they move along
+    def follow(src, dst):  # the oracle's rows are kept per slot too: they move along
         seqs = oracle.__dict__.setdefault("seqs", {})
         rows = [seqs.pop(s, {}) for s in src]
         seqs.update(zip(dst, rows))
         moved.append(len(src))
-        slots_moved(src, dst, length)
+        move(src, dst)
 
-    dp.slots_moved = follow
+    dp._move = follow
     out = eng.generate(prompts, params, seeds)
     assert moved  # requests changed slots mid-run
     proposed = sum(o.stats["proposed"]["drafter"] for o in out)
@@ -121,14 +122,15 @@ def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts, window
     prompts, params, seeds = workload(10, seed=5)
     eng = engine(policy64, head=head, batch=4)
     dp = DrafterProposer.of(eng)
-    seen, observe = [], dp.observe
+    seen, on_step = [], dp.on_step
 
-    def record(req, draft, accepted, emitted):
-        if draft is not None:
-            seen.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens), accepted))
-        observe(req, draft, accepted, emitted)
+    def record(result):
+        for req, draft, accepted, emitted, _, _ in result.rows:
+            if draft is not None and draft.proposer is dp:
+                seen.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens), accepted))
+        return on_step(result)
 
-    dp.observe = record
+    dp.on_step = record
     out = eng.generate(prompts, params, seeds)
     saved = [SavedRollout(p, o.token_ids, s, q.temperature, q.top_k, q.top_p)
              for p, o, s, q in zip(prompts, out, seeds, params)]
@@ -199,16 +201,24 @@ def test_a_head_from_an_export_folder_drafts(policy, tmp_path):
     assert sum(o.stats["proposed"].get("drafter", 0) for o in eng.generate(prompts, params, seeds)) > 0
 
 
-def test_propose_hands_out_the_prepared_draft_with_its_evidence(policy):
+def test_propose_drafts_with_its_run_as_evidence_and_forgets_a_request_that_leaves(policy, monkeypatch):
     eng = engine(policy, head=DraftHead.for_policy(policy, HeadConfig(), seed=3))
     dp = DrafterProposer.of(eng)
     (req,) = eng.make_requests([[1, 5, 6]], SamplingParams(max_tokens=9))
-    req.output_ids = [7]
-    st = req.proposer_state["drafter"] = _State(run=6)
-    assert dp.propose(req, 3) is None  # nothing prepared for this position
-    st.draft, st.draft_at = ChainDraft([4, 5, 6, 7], [0.0, 1.0, 3.0, 9.0]), 1
-    d = dp.propose(req, 3)
+    req.output_ids, req.slot = [7], 0
+    assert dp.propose([req], 3) == [None]  # no features kept for it: nothing to draft from
+    hidden = torch.zeros(3, policy.cfg.hidden_size, dtype=policy.lm_head.weight.dtype)
+    dp.on_step(StepResult(hidden=hidden, spans=[(req, 0, 0, 3)]))  # positions 0 .. 2: the pending token's context
+    req.proposer_state["drafter"].run = 6
+    monkeypatch.setattr("drafter.proposer.draft_chains", lambda head, model, cache, chains, margins: [
+        ChainDraft([4, 5, 6, 7][:c.k], [0.0, 1.0, 3.0, 9.0][:c.k]) for c in chains])
+    (d,) = dp.propose([req], 3)
     assert d.tokens == [4, 5, 6] and d.evidence == 6 and d.confidence == pytest.approx(
         [0.0, 1 - 2.718281828 ** -1, 1 - 2.718281828 ** -3], rel=1e-6)
-    dp.observe(req, d, 1, [4, 9])
-    assert st.run == 0 and st.draft is None
+    dp.on_step(StepResult(rows=[Verified(req, d, 2, [4, 5], [4, 5, 6, 1], [0.0] * 4)]))
+    assert req.proposer_state["drafter"].run == 8  # the request ended inside the draft: nothing rejected
+    dp.on_step(StepResult(rows=[Verified(req, d, 1, [4, 9], [4, 9, 1, 1], [0.0] * 4)]))
+    assert req.proposer_state["drafter"].run == 0  # rejected: the run starts over
+    assert dp.state_sizes() == {"requests": 1}
+    dp.on_step(StepResult(left=[req]))
+    assert "drafter" not in req.proposer_state and dp.state_sizes() == {"requests": 0}

@@ -20,12 +20,13 @@ DEAR = {"tokens": [1, 64, 512], "seconds": [0.001, 0.064, 0.512]}  # a fed token
 class Fixed(Proposer):
     """Drafts `tokens` (up to k) with the given prior."""
 
-    def __init__(self, name="fixed", prior=0.7, tokens=tuple(range(3, 20)), batched=False, position_s=0.0):
-        self.name, self.prior, self.tokens = name, prior, list(tokens)
-        self.batched, self.position_s = batched, position_s
+    def __init__(self, name="fixed", prior=0.7, tokens=tuple(range(3, 20)), position_s=0.0):
+        self.name, self.prior, self.tokens, self.position_s = name, prior, list(tokens), position_s
+        self.asked = []  # (requests, k) of each call
 
-    def propose(self, req, k):
-        return Draft(self.tokens[:k], self) if k > 0 and self.tokens else None
+    def propose(self, requests, k):
+        self.asked.append((list(requests), k))
+        return [Draft(self.tokens[:k], self) if k > 0 and self.tokens else None for _ in requests]
 
     def position_cost(self, n):
         return self.position_s
@@ -40,7 +41,7 @@ def lengths(b, proposer, batch, context=0):
     plan = b.plan_step([proposer], batch, 1.0, context=context * batch)
     if plan is None:
         return None
-    chosen = [b.choose(None, b.max_draft_tokens, plan) for _ in range(batch)]
+    chosen = b.choose([None] * batch, [b.max_draft_tokens] * batch, plan)
     return b.allocate(plan, [c[1] if c else () for c in chosen], [context] * batch, spare=10 ** 6)
 
 
@@ -82,7 +83,7 @@ def test_a_fixed_floor_drafts_every_token_worth_it_and_spare_tokens_bound_the_st
 
 
 def test_a_proposer_with_a_position_cost_runs_the_positions_that_pay():
-    cheap, dear = Fixed(batched=True, position_s=1e-6), Fixed(batched=True, position_s=0.5)
+    cheap, dear = Fixed(position_s=1e-6), Fixed(position_s=0.5)
     assert budget(CHEAP).plan_step([cheap], 4, 1.0).offers[0].most == 8
     assert budget(CHEAP).plan_step([dear], 4, 1.0).offers[0].most == 0
     assert budget(cost=None, min_draft_prob=0.0).plan_step([dear], 4, 1.0).offers[0].most == 8  # unpriced
@@ -92,10 +93,20 @@ def test_each_request_takes_the_proposer_with_the_longest_expected_run():
     b = budget(CHEAP)
     short_sure, long_unsure = Fixed("a", 0.95, tokens=[1, 2]), Fixed("b", 0.6, tokens=range(8))
     plan = b.plan_step([short_sure, long_unsure], 1, 1.0)
-    draft, values = b.choose(None, 8, plan)
+    ((draft, values),) = b.choose([None], [8], plan)
     assert draft.proposer is short_sure and values == pytest.approx([0.95, 0.95 ** 2])  # 1.85 > 0.6 / 0.4 x ...
-    draft, _ = b.choose(None, 8, b.plan_step([Fixed("a", 0.95, tokens=[1]), long_unsure], 1, 1.0))
+    ((draft, _),) = b.choose([None], [8], b.plan_step([Fixed("a", 0.95, tokens=[1]), long_unsure], 1, 1.0))
     assert draft.proposer is long_unsure  # 0.95 < 0.6 + 0.36 + ...
+
+
+def test_each_proposer_is_asked_once_per_step_for_the_requests_it_could_win():
+    b = budget(cost=None, min_draft_prob=0.0)
+    sure, unsure = Fixed("a", 0.99, tokens=range(8)), Fixed("b", 0.5, tokens=range(100, 108))
+    plan = b.plan_step([sure, unsure], 3, 1.0)
+    chosen = b.choose(["r0", "r1", "r2"], [8, 0, 3], plan)
+    assert sure.asked == [(["r0", "r2"], 8)]  # r1 has no room; k: the most any of them may take
+    assert unsure.asked == []  # its best rate could not beat the sure drafts in hand
+    assert [c and c[0].tokens for c in chosen] == [list(range(8)), None, [0, 1, 2]]  # cut to each one's room
 
 
 def test_acceptance_is_learnt_per_level_and_confidence_bin_from_counts():

@@ -21,7 +21,10 @@ class OracleProposer(Proposer):
     def __init__(self, references, corrupt_every=5):
         self.references, self.corrupt_every = references, corrupt_every
 
-    def propose(self, req, k):
+    def propose(self, requests, k):
+        return [self._draft(req, k) for req in requests]
+
+    def _draft(self, req, k):
         ref = self.references[tuple(req.prompt_ids)]
         t = len(req.output_ids)
         draft = list(ref[t:t + k])

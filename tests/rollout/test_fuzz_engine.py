@@ -179,11 +179,11 @@ def test_a_failed_run_leaves_no_proposer_state(engines, monkeypatch):
     ngram = next(p for p in eng.proposers if p.name == "ngram")
     calls = []
 
-    def fail_on_the_third(req, k):
+    def fail_on_the_third(requests, k):
         calls.append(k)
         if len(calls) == 3:
             raise RuntimeError("a proposer failed")
-        return None
+        return [None] * len(requests)
 
     monkeypatch.setattr(ngram, "propose", fail_on_the_third)
     with pytest.raises(RuntimeError):

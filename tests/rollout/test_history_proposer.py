@@ -3,11 +3,12 @@ import random
 
 import pytest
 
+from rollout import lenient
 from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.history import HistoryProposer
 from rollout.request import Request
-from tests.rollout.proposer_sim import drafted, run
+from tests.rollout.proposer_sim import drafted, finish, observe, propose, run
 
 
 def make_req(history, index=0, prompt=(1, 2, 3)):
@@ -40,7 +41,7 @@ def test_never_more_than_k_and_chunks_follow_the_pointer():
     assert drafted(prop, req, 3) == [0, 1, 2]  # deterministic without new tokens
     assert drafted(prop, req, 0) == []
     req.output_ids.extend([0, 1, 2, 3])
-    prop.observe(req, None, 0, [0, 1, 2, 3])
+    observe(prop, req, None, 0, [0, 1, 2, 3])
     assert drafted(prop, req, 5) == [4, 5, 6, 7, 8]
     assert req.proposer_state["history"].index is None  # aligned: no n-gram index built
     req.output_ids = list(hist)
@@ -53,9 +54,9 @@ def test_no_history_no_draft():
         req = make_req(h)
         assert drafted(prop, req, 4) == []
         req.output_ids.append(7)
-        prop.observe(req, None, 0, [7])
+        observe(prop, req, None, 0, [7])
         assert drafted(prop, req, 4) == []
-        prop.finish(req)
+        finish(prop, req)
         assert req.proposer_state == {}
 
 
@@ -150,11 +151,11 @@ def test_state_is_per_request_and_cleaned():
     assert drafted(prop, a, 2) == [1, 2]
     assert drafted(prop, b, 2) == [9, 8]
     a.output_ids.append(1)
-    prop.observe(a, None, 0, [1])
+    observe(prop, a, None, 0, [1])
     assert drafted(prop, a, 2) == [2, 3] and drafted(prop, b, 2) == [9, 8]
-    prop.finish(a)
-    prop.finish(b)
-    prop.finish(b)  # idempotent
+    finish(prop, a)
+    finish(prop, b)
+    finish(prop, b)  # idempotent
     assert a.proposer_state == {} and b.proposer_state == {}
 
 
@@ -163,7 +164,7 @@ def test_tokens_from_other_proposers_are_followed():
     hist = list(range(100, 200))
     prop, req = HistoryProposer(), make_req(hist)
     req.output_ids.extend(hist[:37])
-    prop.observe(req, None, 0, hist[:37])
+    observe(prop, req, None, 0, hist[:37])
     assert drafted(prop, req, 4) == hist[37:41]
 
 
@@ -189,13 +190,13 @@ def test_random_edits_never_break_and_reuse_a_lot(seed):
 def test_evidence_is_the_agreement_behind_the_alignment():
     hist = list(range(100, 160))
     prop, req = HistoryProposer(), make_req(hist, prompt=(1, 2, 3))
-    assert prop.propose(req, 4).evidence == 3  # the prompt: the old response was drawn from the same one
+    assert propose(prop, req, 4).evidence == 3  # the prompt: the old response was drawn from the same one
     req.output_ids = hist[:10]
-    prop.observe(req, None, 0, [])
-    assert prop.propose(req, 4).evidence == 13  # + ten old tokens followed from the start
+    observe(prop, req)
+    assert propose(prop, req, 4).evidence == 13  # + ten old tokens followed from the start
     req.output_ids = hist[:10] + [7, 7] + hist[30:35]  # an edit: re-aligned on hist[30:35]
-    prop.observe(req, None, 0, [])
-    d = prop.propose(req, 2)
+    observe(prop, req)
+    d = propose(prop, req, 2)
     assert d.tokens == hist[35:37]
     assert d.evidence == 5  # only the re-alignment's match backs the draft now
 
@@ -205,15 +206,15 @@ def test_confidence_is_the_old_policy_probability_of_each_draft_token():
 
     r = Request(0, [1], SamplingParams(), 0, history=[5, 6, 7, 8], history_logprobs=[-0.1, -0.2, -0.3, -0.4])
     h = HistoryProposer()
-    d = h.propose(r, 2)
+    d = propose(h, r, 2)
     assert d.tokens == [5, 6]
     assert d.confidence == pytest.approx([math.exp(-0.1), math.exp(-0.2)])
     r.output_ids = [5, 6]
-    h.observe(r, d, 2, [5, 6])
-    d = h.propose(r, 5)
+    observe(h, r, d, 2, [5, 6])
+    d = propose(h, r, 5)
     assert d.tokens == [7, 8]
     assert d.confidence == pytest.approx([math.exp(-0.3), math.exp(-0.4)])
-    assert HistoryProposer().propose(Request(1, [1], SamplingParams(), 0, history=[5]), 1).confidence is None
+    assert propose(HistoryProposer(), Request(1, [1], SamplingParams(), 0, history=[5]), 1).confidence is None
 
 
 def test_old_logprobs_only_where_the_draft_sits_at_the_old_position():
@@ -223,11 +224,11 @@ def test_old_logprobs_only_where_the_draft_sits_at_the_old_position():
         return Request(0, [1], SamplingParams(), 0, history=[5, 6, 7, 8], history_logprobs=[-0.1, -0.2, -0.3, -0.4])
 
     h, r = HistoryProposer(), req()
-    assert h.old_logprobs(r, h.propose(r, 3)) == pytest.approx([-0.1, -0.2, -0.3])
+    assert lenient.old_logprobs(r, propose(h, r, 3)) == pytest.approx([-0.1, -0.2, -0.3])
     r = req()
     r.output_ids = [6]  # the old first token was deleted: the draft [7, 8] sits one position early
-    h.observe(r, None, 0, [6])
-    d = h.propose(r, 2)
-    assert d.tokens == [7, 8] and all(math.isnan(x) for x in h.old_logprobs(r, d))
+    observe(h, r, None, 0, [6])
+    d = propose(h, r, 2)
+    assert d.tokens == [7, 8] and all(math.isnan(x) for x in lenient.old_logprobs(r, d))
     r = Request(1, [1], SamplingParams(), 0, history=[5])
-    assert h.old_logprobs(r, h.propose(r, 1)) is None  # no old logprobs known
+    assert lenient.old_logprobs(r, propose(h, r, 1)) is None  # no old logprobs known

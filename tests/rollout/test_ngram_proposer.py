@@ -3,6 +3,7 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.ngram import NgramProposer
 from rollout.request import Request
+from tests.rollout.proposer_sim import propose
 
 
 def make_req(prompt, output=()):
@@ -14,11 +15,11 @@ def make_req(prompt, output=()):
 def test_longest_ngram_wins_and_evidence_is_its_length():
     prop = NgramProposer((3, 2, 1))
     assert isinstance(prop, Proposer) and prop.name == "ngram"
-    d = prop.propose(make_req([5, 6, 7, 8, 9, 1, 6, 7], [8]), 2)  # "6 7 8" occurred before, then 9 1
+    d = propose(prop, make_req([5, 6, 7, 8, 9, 1, 6, 7], [8]), 2)  # "6 7 8" occurred before, then 9 1
     assert d.tokens == [9, 1] and d.evidence == 3 and d.proposer is prop
-    d = prop.propose(make_req([5, 6, 7, 8, 9, 1, 2], [7]), 3)  # only "7" recurs: a unigram match
+    d = propose(prop, make_req([5, 6, 7, 8, 9, 1, 2], [7]), 3)  # only "7" recurs: a unigram match
     assert d.tokens == [8, 9, 1] and d.evidence == 1
-    assert prop.propose(make_req([5, 6], [7]), 3) is None  # nothing recurs: no draft
+    assert propose(prop, make_req([5, 6], [7]), 3) is None  # nothing recurs: no draft
 
 
 def test_a_hit_must_sit_on_a_token_boundary():
@@ -27,4 +28,4 @@ def test_a_hit_must_sit_on_a_token_boundary():
     prop = NgramProposer((1,))
     req = make_req([256, 0, 4], [1])
     assert bytes(__import__("array").array("i", [256, 0]))[1:5] == bytes(__import__("array").array("i", [1]))
-    assert prop.propose(req, 2) is None
+    assert propose(prop, req, 2) is None

@@ -3,6 +3,7 @@ import json
 
 from benchmarks.soak import PROPOSERS, SoakConfig, growth, growth_failures, leftover_state, main, run_soak
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.proposers.base import StepResult
 from rollout.proposers.suffix import SuffixIndex
 from tests.conftest import tiny_hf_model
 
@@ -33,11 +34,11 @@ def test_leftover_state_sees_tables_a_request_left_behind():
     req = eng.make_requests([[1, 2, 1, 2, 1]], SamplingParams(max_tokens=4), seeds=[3], drafts=[[2, 1, 2]],
                             groups=[5])[0]
     for p in eng.proposers:  # proposed for, never finished, group never released
-        p.propose(req, 4)
+        p.propose([req], 4)
     assert leftover_state(eng) == {"suffix.groups": 1}  # the group's index, until it is released
     assert set(req.proposer_state) == {"history", "suffix"}  # the request's own state goes with it
     for p in eng.proposers:
-        p.finish(req)
+        p.on_step(StepResult(left=[req]))
     assert req.proposer_state == {}
     eng.release_groups({5})
     assert leftover_state(eng) == {}

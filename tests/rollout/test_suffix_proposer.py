@@ -7,7 +7,7 @@ from rollout.config import SamplingParams
 from rollout.proposers.base import Proposer
 from rollout.proposers.suffix import SuffixIndex, SuffixProposer
 from rollout.request import Request
-from tests.rollout.proposer_sim import drafted, run, step
+from tests.rollout.proposer_sim import drafted, drop_group, finish, observe, propose, run, step
 
 
 def make_req(index=0, group=0, history=None, prompt=(1, 2, 3)):
@@ -20,8 +20,8 @@ def add_finished(prop, group, responses):
     for i, resp in enumerate(responses):
         r = make_req(1000 + i, group=group)
         r.output_ids = list(resp)
-        prop.observe(r, None, 0, [])
-        prop.finish(r)
+        observe(prop, r)
+        finish(prop, r)
 
 
 def group_index(prop, group):
@@ -119,9 +119,9 @@ def test_groups_are_separate_and_finish_keeps_the_group():
     assert drafted(prop, make_req(1, group=2), 4) == []
     assert group_index(prop, 1) is not None  # finish() kept it
     assert drafted(prop, make_req(2, group=1), 4) == [10, 11, 12, 13]
-    prop.drop_group(1)
+    drop_group(prop, 1)
     assert group_index(prop, 1) is None
-    prop.drop_group(1)  # idempotent
+    drop_group(prop, 1)  # idempotent
 
 
 def test_a_dropped_group_is_rebuilt_for_a_live_request():
@@ -129,10 +129,10 @@ def test_a_dropped_group_is_rebuilt_for_a_live_request():
     req = make_req(0, group=1)
     req.output_ids = [1, 2, 1]
     assert drafted(prop, req, 4) == [2, 1]
-    prop.drop_group(1)
+    drop_group(prop, 1)
     assert drafted(prop, req, 4) == [2, 1]  # re-registered with its full output
     # the id is reused by a new group (dropped, then fed again): still consistent
-    prop.drop_group(1)
+    drop_group(prop, 1)
     add_finished(prop, 1, [[7, 7, 7, 8]])
     req.output_ids.append(2)
     assert drafted(prop, req, 4) == [1, 2]
@@ -180,7 +180,7 @@ def test_group_of_similar_siblings_reuses_a_lot(seed):
             if len(r.output_ids) < len(t):
                 steps[i].append(step(prop, r, t, k=8))
     for r in reqs:
-        prop.finish(r)
+        finish(prop, r)
         assert r.proposer_state == {}
     total_steps = sum(len(s) for s in steps.values())
     assert total_steps < sum(map(len, targets)) / 3
@@ -190,16 +190,16 @@ def test_evidence_is_the_match_length_and_a_match_from_start_counts_the_prompt()
     prop = SuffixProposer()
     add_finished(prop, 0, [list(range(100, 140))])
     req = make_req(group=0, prompt=(1, 2, 3, 4))
-    d = prop.propose(req, 3)
+    d = propose(prop, req, 3)
     assert d.tokens == [100, 101, 102]
     assert d.evidence == 4  # [START] matched: the shared prompt backs the draft
     req.output_ids = [9, 9, 120, 121, 122]
-    d = prop.propose(req, 2)
+    d = propose(prop, req, 2)
     assert d.tokens == [123, 124]
     assert d.evidence == 3  # 120 121 122
     other = make_req(index=1, group=0)
     other.output_ids = [5, 6, 7, 8]  # occurs nowhere else
-    assert prop.propose(other, 2) is None
+    assert propose(prop, other, 2) is None
 
 
 def test_drafts_carry_the_confidence_of_their_source_tokens():
@@ -211,25 +211,25 @@ def test_drafts_carry_the_confidence_of_their_source_tokens():
         return r
 
     sfx = SuffixProposer()
-    sfx.observe(req(0, [3, 4, 9], [-0.2, -0.3, -1.5]), None, 0, [])
+    observe(sfx, req(0, [3, 4, 9], [-0.2, -0.3, -1.5]))
     b = req(1, history=[3, 4, 5, 6], history_logprobs=[0.0, -0.1, -2.0, -0.5])
     # b's old response is indexed after the sibling, so it is the newest source of 3 and 4; at the
     # fork (5 or 9, one each) the smaller id wins; then only the old response goes on
-    d = sfx.propose(b, 4)
+    d = propose(sfx, b, 4)
     assert d.tokens == [3, 4, 5, 6]
     assert d.confidence == pytest.approx([1.0, math.exp(-0.1), math.exp(-2.0), math.exp(-0.5)])
-    sfx.observe(req(2, [3, 4], [-0.7, -0.8]), None, 0, [])  # a newer sibling speaks for 3 and 4
-    d = sfx.propose(b, 2)
+    observe(sfx, req(2, [3, 4], [-0.7, -0.8]))  # a newer sibling speaks for 3 and 4
+    d = propose(sfx, b, 2)
     assert d.tokens == [3, 4]
     assert d.confidence == pytest.approx([math.exp(-0.7), math.exp(-0.8)])
     nan = float("nan")
-    sfx.observe(req(3, [3], [nan]), None, 0, [])  # continued from elsewhere: its logprob is unknown
-    d = sfx.propose(b, 1)
+    observe(sfx, req(3, [3], [nan]))  # continued from elsewhere: its logprob is unknown
+    d = propose(sfx, b, 1)
     assert d.tokens == [3]
     assert d.confidence == pytest.approx([math.exp(-0.7)])  # the newest that knows it
     solo, other = SuffixProposer(), req(5)
-    solo.observe(req(4, [3], [nan]), None, 0, [])
-    d = solo.propose(other, 1)
+    observe(solo, req(4, [3], [nan]))
+    d = propose(solo, other, 1)
     assert d.tokens == [3] and math.isnan(d.confidence[0])  # none knows it
 
 
