@@ -136,68 +136,86 @@ class RolloutScheduler:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], rollout_id=None) -> dict:
-        import ray
-        from ray.exceptions import GetTimeoutError
-
-        cfg = self.config
+        """Run the requests to the end (they are updated in place); returns the rollout's metrics."""
         self.start(requests, rollout_id)
         if self.drafter is not None:
             self.drafter.new_rollout()
-        idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
-
         while unfinished:
-            self._dispatch(idle_told)
-            if self.drafter is not None:
-                self.drafter.give_slices(self.pool, self._busy_workers())
-            if self.on_idle is not None:
-                for w in self.pool.ready():
-                    if w not in self._busy_workers() and w not in idle_told:
-                        idle_told.add(w)
-                        self.on_idle(w)
-            waits = list(self.inflight) + list(self.pool.starting())
-            if not waits:
-                raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
-                                   f"last worker error: {self.pool.last_error}")
-            slices = list(self.drafter.inflight) if self.drafter is not None else []
-            ready, _ = ray.wait(waits + slices, num_returns=1, timeout=cfg.poll_s)
+            self._dispatch(self.idle_told)
+            self._use_idle_workers()
+            ready = self._wait(unfinished)
             now = time.perf_counter()
-            for ref in ready:
-                if self.drafter is not None and self.drafter.owns(ref):
-                    self.drafter.receive(ref)
-                    continue
-                if ref not in self.inflight:
-                    self.pool.started(ref)  # a replacement is up (or failed to start)
-                    continue
-                w, ids, _ = self.inflight.pop(ref)
-                try:
-                    results = ray.get(ref, timeout=max(cfg.poll_s, 10.0))
-                except Exception as e:  # noqa: BLE001 -- sorted below
-                    if not _is_worker_loss(e) and not isinstance(e, GetTimeoutError):
-                        raise  # the worker ran and raised: a bug or bad input, not a lost worker
-                    self._lose(w, ids, e)
-                    continue
-                unfinished -= self._receive(w, ids, results, now - t0)
-            for ref, (w, ids, since) in list(self.inflight.items()):
-                if now - since > cfg.chunk_timeout_s:
-                    del self.inflight[ref]
-                    self._lose(w, ids, TimeoutError(f"worker {w} did not return a chunk within "
-                                                    f"chunk_timeout_s={cfg.chunk_timeout_s}"))
-
+            unfinished -= self._collect(ready, now - t0)
+            self._expire(now)
         elapsed = time.perf_counter() - t0
         if self.drafter is not None:
             self.drafter.end_rollout(self.pool)
         if self.on_idle is not None:
             for w in self.pool.ready():
-                if w not in idle_told:
+                if w not in self.idle_told:
                     self.on_idle(w)
         return self._metrics(elapsed, list(self.finish_times.values()))
+
+    def _use_idle_workers(self) -> None:
+        """Drafter training slices, and on_idle once per worker that has nothing in flight."""
+        if self.drafter is not None:
+            self.drafter.give_slices(self.pool, self._busy_workers())
+        if self.on_idle is not None:
+            for w in self.pool.ready():
+                if w not in self._busy_workers() and w not in self.idle_told:
+                    self.idle_told.add(w)
+                    self.on_idle(w)
+
+    def _wait(self, unfinished: int) -> list:
+        """What came back (chunks, replacements starting, slices) within poll_s."""
+        import ray
+
+        waits = list(self.inflight) + list(self.pool.starting())
+        if not waits:
+            raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
+                               f"last worker error: {self.pool.last_error}")
+        slices = list(self.drafter.inflight) if self.drafter is not None else []
+        return ray.wait(waits + slices, num_returns=1, timeout=self.config.poll_s)[0]
+
+    def _collect(self, ready: list, now: float) -> int:
+        """Fold in what came back; returns how many requests finished. `now`: seconds since the start."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        done = 0
+        for ref in ready:
+            if self.drafter is not None and self.drafter.owns(ref):
+                self.drafter.receive(ref)
+                continue
+            if ref not in self.inflight:
+                self.pool.started(ref)  # a replacement is up (or failed to start)
+                continue
+            w, ids, _ = self.inflight.pop(ref)
+            try:
+                results = ray.get(ref, timeout=max(self.config.poll_s, 10.0))
+            except Exception as e:  # noqa: BLE001 -- sorted below
+                if not _is_worker_loss(e) and not isinstance(e, GetTimeoutError):
+                    raise  # the worker ran and raised: a bug or bad input, not a lost worker
+                self._lose(w, ids, e)
+                continue
+            done += self._receive(w, ids, results, now)
+        return done
+
+    def _expire(self, now: float) -> None:
+        """A batch out longer than chunk_timeout_s counts as a lost worker."""
+        limit = self.config.chunk_timeout_s
+        for ref, (w, ids, since) in list(self.inflight.items()):
+            if now - since > limit:
+                del self.inflight[ref]
+                self._lose(w, ids, TimeoutError(f"worker {w} did not return a chunk within chunk_timeout_s={limit}"))
 
     def start(self, requests: list[Request], rollout_id=None) -> None:
         """A new rollout's state: nothing kept, nothing in flight, every unfinished request queued."""
         self.reqs = {i: r for i, r in enumerate(requests)}
         self.rollout_id = rollout_id
+        self.idle_told: set = set()  # workers told on_idle since their last batch
         self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
         self.probe = {}  # group -> request id of its probe
         for i in self.reqs:
