@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from rollout import threads
+from scheduler.history_store import restore_files
 
 from . import metrics as M
 from . import online_drafter, real_model, resume
@@ -180,8 +181,8 @@ class Run:
         """The drafter, the rollout client (and --compare's plain one), the history as saved."""
         cfg, progress = self.cfg, self.progress
         history_dir = cfg.rollout.history.dir or os.path.join(cfg.output.dir, "history")
-        if ckpt is not None:
-            resume.restore_history(ckpt, history_dir)
+        if ckpt is not None:  # the store as it was at the checkpoint (a killed run's later files go)
+            restore_files(history_dir, ckpt.history)
         # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
         source = self.model if cfg.rollout.backend == "local" or folder is None else folder
         saved_head = resume.saved_drafter(ckpt, cfg, self.model)  # before start(): it replaces rollout.drafter.path

@@ -1,9 +1,10 @@
-"""Writing a file so that readers see the old version or the new one, never half of one:
-write a temporary file in the same folder, fsync it, then rename it over the target."""
+"""Files that readers see whole or not at all: a temporary file in the same folder, fsynced,
+renamed over the target; and the folder-level pieces the checkpoint and history writers share."""
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from typing import Iterator
 
@@ -34,3 +35,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a folder's renames and unlinks durable (best effort: not every file system can)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """A hard link (free, and immune to the source's name being replaced or deleted later); a copy
+    where src sits on another file system."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
