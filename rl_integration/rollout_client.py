@@ -1,8 +1,6 @@
-"""RolloutClient: what a trainer calls to get rollouts. One facade over an in-process engine
-("local") or Ray workers ("ray"), adding what a trainer needs around the engine: n samples per
-prompt with a group index, the sampling seed of every sample, history reuse across steps, and
-per-call / per-step metrics. A step is one rollout plus the optimizer updates made from it (an
-epoch, one pass over a data set, is the trainer's business).
+"""RolloutClient: what a trainer calls to get rollouts, over any RolloutBackend (in-process
+engine, Ray workers, vLLM): n samples per prompt with a group index, every sample's seed,
+history reuse across steps, and per-call / per-step metrics.
 
     client = RolloutClient(cfg.rollout, model_or_folder, seed=0, stop_token_ids=[eos])
     batch = client.generate(prompts, n=8)          # RolloutBatch, one row per sample
@@ -10,32 +8,13 @@ epoch, one pass over a data set, is the trainer's business).
     client.update_weights(model)                   # after the step's optimizer updates
     metrics = client.end_step()                    # the step's aggregate; history written; step += 1
 
-Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, step]), where key(p) is
-`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_step" (the
-default) the step enters the hash: every step draws fresh noise, as a trainer without
-spectail would, and the previous response still agrees with the new one wherever the policy is
-confident. With noise="per_sample" the seed is fixed across steps: sample s of p is drawn with
-the same Gumbel noise every time, so where the policy barely moved it reproduces the previous
-response's tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
-draws, so given the weights the noise is no longer fresh: the samples lean towards what was
-rewarded before, the training reward over-states the policy, and the noise study
-(benchmarks/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
-per_sample is an opt-in trade of learning for speed; train() warns when it is on.
-
-History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
-newest stored response to the same (prompt, sample index) from an earlier step, however long
-ago (scheduler.history_store.HistoryStore, bounded by rollout.history.max_bytes and, if set,
-max_age_steps); `history_found` in the metrics counts the requests that had one. `end_step`
-writes this step's responses (tokens, logprobs, seed, step, reward when recorded). Drafts only
-cost or save forwards: the engine verifies every token, so history never changes what is sampled.
-
-Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
-proposer lets siblings draft for each other; the engine forgets the groups after the call.
-
-Lenient mode (rollout.engine.spec.lenience = l, off by default) is SPEC-RL's: a history token is accepted when
-its new probability is at least 1/l of its old one. It is BIASED — samples are no longer exact
-samples of the policy — so every step that used it reports `lenient_tokens` > 0, and each such
-sample's stats["lenient"] counts its leniently accepted tokens.
+Seeds: sample s of prompt p gets `sample_seed(run seed, key(p), s, step)`; with
+noise="per_sample" the step is left out, which makes history reuse accept far more but trains
+the weights on the same draws (docs/noise-study.md; train() warns). History: with the "history"
+proposer each sample drafts from the newest stored response to the same (prompt, sample index)
+(scheduler/history_store.py); the engine verifies every token, so drafts only cost or save
+forwards. Each prompt of a call is a fresh group, so the "suffix" proposer lets siblings draft
+for each other. The lenient mode (spec.lenience) is biased: it reports `lenient_tokens`.
 """
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """The Ray worker that holds a vLLM engine instead of spectail's, behind the same chunk protocol
-(scheduler/worker.py's docstring: work items in, results out), so the rollout scheduler's
-divided rollout, context-aware order, balancing and recovery run unchanged over vLLM workers.
+(scheduler/worker.py), so divided rollout, ordering, balancing and recovery run over vLLM too.
 
-A chunk continues each request from its prompt and output so far: vLLM prefills that context
-again, which its prefix cache makes cheap on the worker that ran the request's last chunk, and
-the scheduler keeps a GRPO group on the worker that ran it first (group affinity), so a
-continued chunk lands where its prefix is cached. Each continued chunk draws fresh noise
-(rollout/vllm_backend.py, `chunk_seed`). What a vLLM worker cannot promise is what vLLM cannot:
-a request's tokens depend on where its chunks ended and on the batch (docs/guarantees.md).
-
-The actor runs the Python that has vLLM (`make venv-vllm` makes .venv-vllm): Ray starts it with
-runtime_env {"py_executable": ...}, "the executable used for running the Ray workers"
-(ray/_private/runtime_env/py_executable.py, PyExecutablePlugin; ray.runtime_env.RuntimeEnv's
-py_executable: "Path or command to the Python executable that Ray uses to launch worker
-processes"). That Python needs the driver's Ray version (tools/venv-vllm.sh installs it);
-`actor_options` checks that before any actor is made.
-
-A result carries, beside what a spectail worker's does, prefix_cached_tokens: the context tokens
-of the call that vLLM found in its prefix cache (what affinity saved).
+A continued chunk prefills its context again, which vLLM's prefix cache makes cheap where the
+request ran before (group affinity keeps it there), and draws fresh noise: a request's tokens
+depend on where its chunks ended and on the batch (docs/guarantees.md). The actors run the
+Python that has vLLM (`make venv-vllm`), through runtime_env py_executable; it needs the
+driver's Ray and Python versions, which `actor_options` checks before any actor is made.
+A result also carries prefix_cached_tokens (what affinity saved).
 """
 from __future__ import annotations
 
