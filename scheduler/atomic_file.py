@@ -6,7 +6,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 TMP_SUFFIX = ".tmp"
 
@@ -54,3 +55,41 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def new_folder(target: str, prefix: str, complete: Callable[[str], bool]) -> Iterator[str]:
+    """Yields a temporary folder beside `target` to fill; on success it is renamed into place (if
+    another writer finished `target` first, `complete(target)` says so and theirs stays), and in
+    any case the temporary goes: an interrupted writer leaves nothing half-written."""
+    parent = os.path.dirname(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=prefix)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp made it private; the result is an ordinary folder
+        try:
+            os.rename(tmp, target)  # replaces an empty target folder too
+        except OSError:
+            if not complete(target):
+                raise
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale(root: str | os.PathLike, matches: Callable[[str], bool], max_age_s: float) -> None:
+    """Delete the files and folders of `root` whose name matches and that nobody touched for
+    max_age_s: a killed writer's leftovers (a fresh one may belong to a writer still running)."""
+    now = time.time()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if matches(entry.name) and now - entry.stat(follow_symlinks=False).st_mtime > max_age_s:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)

@@ -64,10 +64,3 @@ class HistoryIndex:
 
     def row(self, step: int, key: Key) -> Optional[int]:
         return self._rows.get(step, {}).get(key)
-
-    def live(self, step: int) -> int:
-        return self._live.get(step, 0)
-
-    def __len__(self) -> int:
-        """How many keys have a record."""
-        return len(self._steps_of)

@@ -24,7 +24,6 @@ import collections
 import logging
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
@@ -34,7 +33,7 @@ import pyarrow.parquet as pq
 
 from rollout.seeds import prompt_key
 
-from .atomic_file import TMP_SUFFIX, atomic_path, fsync_dir, link_or_copy
+from .atomic_file import TMP_SUFFIX, atomic_path, fsync_dir, link_or_copy, remove_stale
 from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of
 from .history_index import HistoryIndex, Key
 
@@ -240,17 +239,11 @@ class HistoryStore:
         if self._files is not None:
             return self._files
         self._files = {}
-        now = time.time()
+        remove_stale(self.root, _is_temporary, _STALE_TMP_SECONDS)  # writers that died mid-write
         for entry in _scandir(self.root):
             m = _FILE_RE.match(entry.name)
             if m:
                 self._index_file(int(m.group(1)), Path(entry.path))
-            elif entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX):
-                try:  # a writer that died mid-write
-                    if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
-                        os.unlink(entry.path)
-                except OSError:
-                    pass
         return self._files
 
     def _index_file(self, step: int, path: Path) -> None:
@@ -279,7 +272,7 @@ def restore_files(root_dir: Union[str, os.PathLike], files: Sequence[Union[str, 
         raise ValueError(f"not history store files: {bad}")
     root.mkdir(parents=True, exist_ok=True)
     for entry in _scandir(root):
-        ours = _FILE_RE.match(entry.name) or (entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX))
+        ours = _FILE_RE.match(entry.name) or _is_temporary(entry.name)
         if ours and not (entry.name in want and _same_file(entry.path, want[entry.name])):
             os.unlink(entry.path)
     for name, src in want.items():
@@ -290,6 +283,10 @@ def restore_files(root_dir: Union[str, os.PathLike], files: Sequence[Union[str, 
         link_or_copy(src, tmp)
         os.replace(tmp, dst)
     fsync_dir(root)
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".step-") and name.endswith(TMP_SUFFIX)
 
 
 def _same_file(a, b) -> bool:

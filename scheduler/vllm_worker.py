@@ -27,6 +27,7 @@ from rollout.request import Request
 from rollout.vllm_config import VllmConfig
 
 from .rollout_scheduler import WorkerLost
+from .worker import by_budget, chunk_results
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -92,11 +93,8 @@ class VllmRolloutWorker:
 
     def _run_chunk(self, work: list[dict]) -> list[dict]:
         t0 = time.perf_counter()
-        by_budget: dict[Optional[int], list[dict]] = {}
-        for w in work:
-            by_budget.setdefault(w.get("max_new_tokens"), []).append(w)
         results, steps, fed, cached = [], 0, 0, 0
-        for budget, items in by_budget.items():  # the scheduler sends one budget per batch
+        for budget, items in by_budget(work).items():
             part, info = self._run(items, budget, time.perf_counter() - t0)
             results += part
             steps, fed, cached = steps + info.engine_steps, fed + info.fed_tokens, cached + info.cached_tokens
@@ -113,12 +111,7 @@ class VllmRolloutWorker:
                 for i, w in enumerate(items)]
         starts = [len(r.output_ids) for r in reqs]
         info = b.run(reqs, max_new_tokens=budget)
-        out = []
-        for i, (r, w, n0) in enumerate(zip(reqs, items, starts)):
-            out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
-                        "finish_reason": r.finish_reason, "stats": r.stats(),
-                        "finished_at_s": offset + info.finished_at.get(i, info.seconds) if r.finish_reason else None})
-        return out, info
+        return chunk_results(reqs, items, starts, lambda i: offset + info.finished_at.get(i, info.seconds)), info
 
 
 # ---- which Python the actors run ----------------------------------------------------------------

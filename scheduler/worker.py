@@ -112,11 +112,8 @@ class RolloutWorker:
         dp = self._drafter()
         head_s = dp.stats["seconds"] if dp is not None else 0.0
         self._forget_other_rollouts({w.get("rollout") for w in work})
-        by_budget: dict[Optional[int], list[dict]] = {}
-        for w in work:
-            by_budget.setdefault(w.get("max_new_tokens"), []).append(w)
         results, done = [], RunStats()
-        for budget, items in by_budget.items():  # the scheduler sends one budget per batch
+        for budget, items in by_budget(work).items():
             part, run = self._run(items, budget, t0)
             results += part
             done = RunStats(done.steps + run.steps, done.spec_off_steps + run.spec_off_steps,
@@ -187,12 +184,7 @@ class RolloutWorker:
         run = eng.run(reqs, max_new_tokens=budget,
                       on_finish=lambda r: finished_at.__setitem__(r.index, time.perf_counter() - t0),
                       keep=keep if eng.kept.capacity else None, max_steps=items[0].get("max_steps"))
-        out = []
-        for r, w, n0 in zip(reqs, items, starts):
-            out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
-                        "finish_reason": r.finish_reason, "stats": r.stats(),
-                        "finished_at_s": finished_at.get(r.index, 0.0) if r.finish_reason else None})
-        return out, run
+        return chunk_results(reqs, items, starts, lambda i: finished_at.get(i, 0.0)), run
 
     def _group_key(self, group, rollout):
         if group is None or rollout is None:
@@ -205,3 +197,19 @@ class RolloutWorker:
         self.engine.kept.drop(lambda key: key[0] not in current)
         for rollout in [r for r in self._rollout_groups if r not in current]:
             self.engine.release_groups(self._rollout_groups.pop(rollout))
+
+
+def by_budget(work: list[dict]) -> dict[Optional[int], list[dict]]:
+    """A chunk's work items by max_new_tokens (the scheduler sends one budget per batch)."""
+    out: dict[Optional[int], list[dict]] = {}
+    for w in work:
+        out.setdefault(w.get("max_new_tokens"), []).append(w)
+    return out
+
+
+def chunk_results(reqs: list[Request], items: list[dict], starts: list[int], finished_at) -> list[dict]:
+    """One result per request run (module docstring); finished_at(i): seconds to request i's end."""
+    return [{"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
+             "finish_reason": r.finish_reason, "stats": r.stats(),
+             "finished_at_s": finished_at(i) if r.finish_reason else None}
+            for i, (r, w, n0) in enumerate(zip(reqs, items, starts))]
