@@ -15,7 +15,6 @@ record, so a run killed later redoes the steps from N with the same tokens.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from scheduler.atomic_file import TMP_SUFFIX
+from scheduler.atomic_file import TMP_SUFFIX, remove_stale
 
 from . import checkpoint as C
 from .checkpoint import Checkpoint, checkpoints_dir
@@ -241,16 +240,9 @@ OUTPUT_FILES = ("metrics.jsonl", "metrics.png", "config.yaml")  # what the loop 
 
 
 def remove_output_temporaries(out_dir: str) -> None:
-    """A killed run's temporaries of its output files (scheduler/atomic_file.py names them
-    `.<name>.<random>.tmp`); only one run writes an output folder at a time."""
-    try:
-        entries = list(os.scandir(out_dir))
-    except OSError:
-        return
-    for e in entries:
-        if e.name.endswith(TMP_SUFFIX) and any(e.name.startswith(f".{n}.") for n in OUTPUT_FILES) and e.is_file():
-            with contextlib.suppress(OSError):
-                os.unlink(e.path)
+    """A killed run's temporaries of its output files (`.<name>.<random>.tmp`, atomic_file.py),
+    whatever their age: only one run writes an output folder at a time."""
+    remove_stale(out_dir, lambda n: n.endswith(TMP_SUFFIX) and any(n.startswith(f".{f}.") for f in OUTPUT_FILES), -1)
 
 
 def restore_rng_last(ckpt: Optional[Checkpoint]) -> None:
