@@ -307,6 +307,14 @@ def default_kept_slots(engine_config: EngineConfig, mode: str, kept_slots: Optio
     return 2 * batch if torch.device(engine_config.device).type == "cpu" else batch
 
 
+def _scheduler_knob(name: str) -> property:
+    """A SchedulerConfig field as a backend attribute, checked when set (between rollouts)."""
+    def set_knob(self, value) -> None:
+        SchedulerConfig(**{name: value}).validate()
+        setattr(self.scheduler_config, name, value)
+    return property(lambda self: getattr(self.scheduler_config, name), set_knob)
+
+
 class RayRolloutBackend:
     """Engine.generate's contract, run by `num_workers` RolloutWorker actors.
 
@@ -374,23 +382,8 @@ class RayRolloutBackend:
 
     # -- scheduling knobs, changeable between rollouts --
 
-    @property
-    def mode(self) -> str:
-        return self.scheduler_config.mode
-
-    @mode.setter
-    def mode(self, value: str) -> None:
-        SchedulerConfig(mode=value).validate()
-        self.scheduler_config.mode = value
-
-    @property
-    def chunk_tokens(self) -> int:
-        return self.scheduler_config.chunk_tokens
-
-    @chunk_tokens.setter
-    def chunk_tokens(self, value: int) -> None:
-        SchedulerConfig(chunk_tokens=value).validate()
-        self.scheduler_config.chunk_tokens = value
+    mode = _scheduler_knob("mode")
+    chunk_tokens = _scheduler_knob("chunk_tokens")
 
     @property
     def idle_training_s(self) -> Optional[float]:
