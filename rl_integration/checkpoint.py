@@ -4,41 +4,20 @@
                            config=cfg, state={"client": {...}}, history=[...], metrics=records, keep=2)
     path = latest_complete("runs/demo/checkpoints")         # None when there is none
     ckpt = load_checkpoint(path)                             # pieces; ValueError saying what is wrong
-    AutoModelForCausalLM.from_pretrained(path)               # the policy, as any Hugging Face folder
-    Engine.from_pretrained(str(path))                        # the same for spectail's engine
+    AutoModelForCausalLM.from_pretrained(path)               # the policy: the folder is a Hugging Face one
 
-A checkpoint folder `step-N/` is the run after N steps (steps 0 .. N-1 done, as Hugging Face's
-`checkpoint-N` and verl's `global_step_N` count); a resumed run starts at step N. It holds:
-    config.json, model.safetensors, tokenizer files   the policy (`save_pretrained`): the folder IS a
-                                                      Hugging Face checkpoint
-    trainer.pt          {"optimizer": ..., "scheduler": ...} state dicts (either may be None)
-    value_head.pt       PPO's value head state dict (optional)
-    drafter/            the drafter head: a folder copied in (drafter.export), or drafter/state.pt (optional)
-    rng.pt              Python, NumPy and torch (CPU and CUDA) generator states
-    state.json          what the loop needs besides (step counters, fingerprints, ...): plain JSON
-    run.yaml            the run config
-    metrics.jsonl       the run's metrics records up to this step (optional)
-    history/            hard links to the history store's files at this step (optional; a copy
-                        where the store is on another file system)
-    manifest.json       written LAST: format, step, and every file's size and sha256
+`step-N/` is the run after N steps; its files are listed in docs/checkpoints.md. manifest.json,
+written last, records every file's size and sha256 (history files, the store's own immutable
+Parquet files, by size only: hashing them would read the whole store at every save). No extra
+file ends in .safetensors (the engine loads every one it finds at the top).
 
-No extra file of the folder ends in .safetensors (the engine loads every one it finds at the top).
-History files are recorded by size only: they are the store's own files (written atomically,
-never modified, with Parquet page checksums), and hashing them would read up to the store's
-whole size (rollout.history.max_bytes) at every save.
-
-Atomic: everything is written into a hidden temporary sibling (`.step-N.<host>.<pid>.<random>.tmp`),
-every file and folder fsynced, the manifest last, then the folder is renamed into place. A
-writer killed at any point leaves the earlier checkpoints as they were, plus a temporary folder
-that the next save removes (its writer is dead, or it is older than STALE_TMP_SECONDS).
-Re-saving an existing step moves the old folder aside first: a kill between the two renames
-loses that step's folder (the earlier steps stay), never leaves a half-written one. Pruning
-renames a folder to a temporary name before deleting it, so a killed prune leaves no
-half-deleted checkpoint either.
+Atomic: everything goes into a hidden temporary sibling (`.step-N.<host>.<pid>.<random>.tmp`),
+fsynced, manifest last, then renamed into place; a killed writer leaves the earlier checkpoints
+and a temporary that the next save removes. Re-saving a step moves the old folder aside first,
+and pruning renames a folder aside before deleting it: never a half-written or half-deleted one.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -57,7 +36,7 @@ import numpy as np
 import torch
 import yaml
 
-from scheduler.atomic_file import TMP_SUFFIX
+from scheduler.atomic_file import TMP_SUFFIX, fsync_dir, link_or_copy
 
 FORMAT, VERSION = "spectail-checkpoint", 1
 MANIFEST = "manifest.json"
@@ -107,11 +86,9 @@ def save_checkpoint(root, step: int, model, *, tokenizer=None, optimizer=None, s
                     history: Sequence = (), metrics: Optional[Sequence[dict]] = None,
                     keep: Optional[int] = None) -> Path:
     """Write `root/step-N` atomically and return its path; then keep the newest `keep` checkpoints
-    (None: all). model: a transformers model; optimizer / scheduler: objects with state_dict() or
-    state dicts; value_head: a module or a state dict; drafter: a module, a state dict, or a
-    folder to copy; config: a RunConfig (or a plain mapping); state: JSON-serialisable; history:
-    files to link into history/; metrics: records for metrics.jsonl. Bad arguments raise
-    ValueError before anything is written."""
+    (None: all). optimizer, scheduler, value_head, drafter: objects with state_dict() or state
+    dicts (drafter also: a folder to copy); config: a RunConfig or a mapping; state: plain JSON;
+    history: files to link. Bad arguments raise ValueError before anything is written."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"checkpoint step must be an integer >= 0, got {step!r}")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -137,7 +114,10 @@ def save_checkpoint(root, step: int, model, *, tokenizer=None, optimizer=None, s
             (tmp / "run.yaml").write_text(config_text, encoding="utf-8")
         if metrics_text is not None:
             (tmp / METRICS).write_text(metrics_text, encoding="utf-8")
-        _link_history(tmp / HISTORY, history)
+        if history:
+            (tmp / HISTORY).mkdir()
+        for h in history:
+            link_or_copy(h, tmp / HISTORY / h.name)
         _write_manifest(tmp, step)
         _fsync_tree(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp made it private; a checkpoint is an ordinary folder
@@ -167,19 +147,6 @@ def _write_pieces(folder: Path, model, tokenizer, optimizer, scheduler, value_he
         else:
             (folder / "drafter").mkdir()
             torch.save(_state_dict(drafter, "drafter"), folder / "drafter" / "state.pt")
-
-
-def _link_history(folder: Path, files: Sequence[Path]) -> None:
-    """Hard links (free, and immune to the store replacing or deleting its files later: both make
-    a new inode or drop a name); a copy where the store sits on another file system."""
-    if not files:
-        return
-    folder.mkdir()
-    for f in files:
-        try:
-            os.link(f, folder / f.name)
-        except OSError:
-            shutil.copy2(f, folder / f.name)
 
 
 def _state_dict(obj, what: str) -> dict:
@@ -215,16 +182,8 @@ def _config_text(config) -> str:
         raise ValueError(f"checkpoint config must be a RunConfig or a plain mapping: {e}") from None
 
 
-def capture_rng() -> dict:
-    """The generators a run draws from: Python's, NumPy's global one, torch's (CPU and CUDA)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
 def restore_rng(rng: dict) -> None:
-    """Put the generators back as capture_rng found them (CUDA's only where there is CUDA)."""
+    """Put the generators back as _write_rng saved them (CUDA's only where there is CUDA)."""
     version, internal, gauss = rng["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = rng["numpy"]
@@ -235,7 +194,11 @@ def restore_rng(rng: dict) -> None:
 
 
 def _write_rng(path: Path) -> None:
-    torch.save(capture_rng(), path)
+    """The generators a run draws from: Python's, NumPy's global one, torch's (CPU and CUDA)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    torch.save({"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path)
 
 
 def _write_manifest(folder: Path, step: int) -> None:
@@ -255,7 +218,7 @@ def _publish(tmp: Path, final: Path) -> Path:
                                     suffix=TMP_SUFFIX))
         os.rename(final, old / final.name)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -415,14 +378,12 @@ def remove_stale_temporaries(root) -> None:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # someone else's process
+        pass
     return True
 
 
@@ -443,13 +404,4 @@ def _fsync_tree(folder: Path) -> None:
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(Path(dirpath))

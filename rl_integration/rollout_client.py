@@ -1,8 +1,6 @@
-"""RolloutClient: what a trainer calls to get rollouts. One facade over an in-process engine
-("local") or Ray workers ("ray"), adding what a trainer needs around the engine: n samples per
-prompt with a group index, the sampling seed of every sample, history reuse across steps, and
-per-call / per-step metrics. A step is one rollout plus the optimizer updates made from it (an
-epoch, one pass over a data set, is the trainer's business).
+"""RolloutClient: what a trainer calls to get rollouts, over any RolloutBackend (in-process
+engine, Ray workers, vLLM): n samples per prompt with a group index, every sample's seed,
+history reuse across steps, and per-call / per-step metrics.
 
     client = RolloutClient(cfg.rollout, model_or_folder, seed=0, stop_token_ids=[eos])
     batch = client.generate(prompts, n=8)          # RolloutBatch, one row per sample
@@ -10,32 +8,13 @@ epoch, one pass over a data set, is the trainer's business).
     client.update_weights(model)                   # after the step's optimizer updates
     metrics = client.end_step()                    # the step's aggregate; history written; step += 1
 
-Seeds. Sample s of prompt p gets seed = hash(run seed, key(p), s[, step]), where key(p) is
-`prompt_key(prompt ids)` unless the caller passes its own keys. With noise="per_step" (the
-default) the step enters the hash: every step draws fresh noise, as a trainer without
-spectail would, and the previous response still agrees with the new one wherever the policy is
-confident. With noise="per_sample" the seed is fixed across steps: sample s of p is drawn with
-the same Gumbel noise every time, so where the policy barely moved it reproduces the previous
-response's tokens and history reuse accepts far longer runs. But the weights were trained on exactly those
-draws, so given the weights the noise is no longer fresh: the samples lean towards what was
-rewarded before, the training reward over-states the policy, and the noise study
-(benchmarks/noise_study.py, docs/noise-study.md) measured a lower reward on fresh noise.
-per_sample is an opt-in trade of learning for speed; train() warns when it is on.
-
-History. When rollout.history.enabled and "history" is a proposer, each sample's draft is the
-newest stored response to the same (prompt, sample index) from an earlier step, however long
-ago (scheduler.history_store.HistoryStore, bounded by rollout.history.max_bytes and, if set,
-max_age_steps); `history_found` in the metrics counts the requests that had one. `end_step`
-writes this step's responses (tokens, logprobs, seed, step, reward when recorded). Drafts only
-cost or save forwards: the engine verifies every token, so history never changes what is sampled.
-
-Groups. Each prompt of a call gets a fresh group id, passed to the engine so the "suffix"
-proposer lets siblings draft for each other; the engine forgets the groups after the call.
-
-Lenient mode (rollout.engine.spec.lenience = l, off by default) is SPEC-RL's: a history token is accepted when
-its new probability is at least 1/l of its old one. It is BIASED — samples are no longer exact
-samples of the policy — so every step that used it reports `lenient_tokens` > 0, and each such
-sample's stats["lenient"] counts its leniently accepted tokens.
+Seeds: sample s of prompt p gets `sample_seed(run seed, key(p), s, step)`; with
+noise="per_sample" the step is left out, which makes history reuse accept far more but trains
+the weights on the same draws (docs/noise-study.md; train() warns). History: with the "history"
+proposer each sample drafts from the newest stored response to the same (prompt, sample index)
+(scheduler/history_store.py); the engine verifies every token, so drafts only cost or save
+forwards. Each prompt of a call is a fresh group, so the "suffix" proposer lets siblings draft
+for each other. The lenient mode (spec.lenience) is biased: it reports `lenient_tokens`.
 """
 from __future__ import annotations
 
@@ -134,16 +113,27 @@ class RolloutClient:
         """n samples of each prompt (token id lists). step: which step this rollout belongs to
         (default: the current one; a later one ends the current step first). keys: one identity
         per prompt for the seeds (default: a hash of its token ids)."""
-        n = self.cfg.n if n is None else n
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {n!r}")
-        prompts = [list(p) for p in prompts]
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
-        if keys is None:
-            keys = [prompt_key(p) for p in prompts]
-        elif len(keys) != len(prompts):
-            raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
+        n, prompts, keys = _checked(self.cfg.n if n is None else n, prompts, keys)
+        step = self._advance_to(step)
+        rows = [(g, s) for g, first in enumerate(_first_samples(keys, n)) for s in range(first, first + n)]
+        prompt_ids = [prompts[g] for g, _ in rows]
+        seed_step = step if self.cfg.noise == "per_step" else None
+        seeds = [sample_seed(self.seed, keys[g], s, seed_step) for g, s in rows]
+        groups = [self._next_group + g for g, _ in rows]
+        self._next_group += len(prompts)
+        found = self._history_drafts(prompt_ids, [s for _, s in rows], step)
+        completions, record = self._run(prompt_ids, seeds, groups, found, step)
+        batch = RolloutBatch(
+            prompt_ids=prompt_ids, completion_ids=[list(c.token_ids) for c in completions],
+            logprobs=[list(c.logprobs) for c in completions], seeds=seeds,
+            group_index=[g for g, _ in rows], sample_index=[s for _, s in rows],
+            finish_reasons=[c.finish_reason for c in completions], sample_stats=[dict(c.stats) for c in completions],
+            step_stats=record, step=step, n=n, keys=[keys[g] for g, _ in rows])
+        self._pend_history(batch)
+        return batch
+
+    def _advance_to(self, step: Optional[int]) -> int:
+        """End steps until `step` is the current one (None: stay); returns it."""
         if step is not None:
             if isinstance(step, bool) or not isinstance(step, int):
                 raise ValueError(f"step must be an integer, got {step!r}")
@@ -151,47 +141,42 @@ class RolloutClient:
                 raise ValueError(f"step {step} is before the client's current step {self.step}")
             while self.step < step:
                 self.end_step()
-        step = self.step
-        seed_step = step if self.cfg.noise == "per_step" else None
+        return self.step
 
-        rows = [(g, s) for g, first in enumerate(_first_samples(keys, n)) for s in range(first, first + n)]
-        prompt_ids = [prompts[g] for g, _ in rows]
-        seeds = [sample_seed(self.seed, keys[g], s, seed_step) for g, s in rows]
-        groups = [self._next_group + g for g, _ in rows]
-        self._next_group += len(prompts)
-        drafts = draft_lps = None
-        found = []
-        if self.history is not None:
-            # The old logprobs travel with the drafts: they say how sure the old policy was of
-            # each token, which the engine's budget reads (and the lenient mode compares with).
-            found = self.history.records_for(prompt_ids, [s for _, s in rows], before_step=step)
-            drafts = [None if h is None else h.token_ids for h in found]
-            draft_lps = [None if h is None else h.logprobs for h in found]
+    def _history_drafts(self, prompt_ids, sample_indices, step: int) -> list:
+        """Each sample's newest history record from an earlier step (None where there is none)."""
+        if self.history is None:
+            return []
+        return self.history.records_for(prompt_ids, sample_indices, before_step=step)
 
+    def _run(self, prompt_ids, seeds, groups, found, step: int):
+        """The backend's completions and this call's metrics record. The old logprobs travel with
+        the drafts: they say how sure the old policy was of each token, which the engine's budget
+        reads (and the lenient mode compares with)."""
+        drafts = [None if h is None else h.token_ids for h in found] if found else None
+        draft_lps = [None if h is None else h.logprobs for h in found] if found else None
         start = time.perf_counter()
         completions = self.backend.generate(prompt_ids, self.params, seeds, drafts=drafts, groups=groups,
                                             draft_logprobs=draft_lps)
         seconds = time.perf_counter() - start
-        if len(completions) != len(rows):
-            raise RuntimeError(f"the rollout backend returned {len(completions)} completions for {len(rows)} requests")
+        if len(completions) != len(prompt_ids):
+            raise RuntimeError(f"the rollout backend returned {len(completions)} completions for "
+                               f"{len(prompt_ids)} requests")
         record = M.step_metrics(completions, seconds, self.backend.metrics())
         record["step"] = step
         record["history_found"] = sum(h is not None for h in found)
         self._calls.setdefault(step, []).append(record)
+        return completions, record
 
-        batch = RolloutBatch(
-            prompt_ids=prompt_ids, completion_ids=[list(c.token_ids) for c in completions],
-            logprobs=[list(c.logprobs) for c in completions], seeds=seeds,
-            group_index=[g for g, _ in rows], sample_index=[s for _, s in rows],
-            finish_reasons=[c.finish_reason for c in completions], sample_stats=[dict(c.stats) for c in completions],
-            step_stats=record, step=step, n=n, keys=[keys[g] for g, _ in rows])
-        if self.history is not None:
-            pending = self._pending.setdefault(step, {})
-            for i in range(len(batch)):
-                pending[(prompt_key(prompt_ids[i]), batch.sample_index[i])] = HistoryRecord(
-                    prompt_ids=prompt_ids[i], sample_index=batch.sample_index[i],
-                    token_ids=batch.completion_ids[i], logprobs=batch.logprobs[i], seed=seeds[i])
-        return batch
+    def _pend_history(self, batch: RolloutBatch) -> None:
+        """The batch's responses, to be written to the history store when the step ends."""
+        if self.history is None:
+            return
+        pending = self._pending.setdefault(batch.step, {})
+        for i in range(len(batch)):
+            pending[(prompt_key(batch.prompt_ids[i]), batch.sample_index[i])] = HistoryRecord(
+                prompt_ids=batch.prompt_ids[i], sample_index=batch.sample_index[i],
+                token_ids=batch.completion_ids[i], logprobs=batch.logprobs[i], seed=batch.seeds[i])
 
     def record_rewards(self, batch: RolloutBatch, rewards: Sequence[float]) -> None:
         """Attach one finite reward per sample: to the batch, the call's reward_mean and the
@@ -220,10 +205,6 @@ class RolloutClient:
         updates = self._update_seconds.get(step, [])
         out["weight_update_seconds"] = sum(updates) / len(updates) if updates else None  # per update, mean
         return out
-
-    def call_records(self, step: Optional[int] = None) -> list[dict]:
-        """The metrics record of each generate call of a step (default: the current step)."""
-        return list(self._calls.get(self.step if step is None else step, []))
 
     def end_step(self) -> dict:
         """Write this step's responses to the history store; return its metrics; next step."""
@@ -273,6 +254,20 @@ class RolloutClient:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _checked(n, prompts, keys):
+    """(n, prompts as lists, one key per prompt), or ValueError naming what is wrong."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {n!r}")
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise ValueError("generate needs at least one prompt")
+    if keys is None:
+        keys = [prompt_key(p) for p in prompts]
+    elif len(keys) != len(prompts):
+        raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
+    return n, prompts, keys
 
 
 def _budget(backend):

@@ -3,20 +3,12 @@ weights to the engine -> metrics, table row, plot.
 
     records = train(cfg)          # cfg: RunConfig; returns one metrics record per step
 
-Everything that can be checked is checked before the first rollout: the config, the data set
-(its columns and every row), the reward function's import and one probe call of it
-(rl_integration/rewards.py), the policy, every prompt's length (chat prompts through the chat
-template). A step's
-metrics record is written only once the step is complete (metrics.jsonl, metrics.png and
-config.yaml under output.dir, each replaced atomically), so a run that fails leaves the files
-of its last complete step — or, failing in the first step, the output folder as it was.
-
-Steps and epochs (the words TRL and verl use). A step is one rollout plus its optimizer
-updates: step s rolls out `trainer.prompts_per_step` prompts, the s-th window of the data set
-in a fixed, seeded order, wrapping around. An epoch is one pass over the data set; each record
-says the epoch its step's first prompt belongs to. With a data set of exactly prompts_per_step
-problems (the demo) every step revisits every prompt; with a larger one a prompt comes back
-once per epoch, every len(data) / prompts_per_step steps.
+Everything that can be checked is checked before the first rollout (the config, the data set,
+the reward function by one probe call, the policy, every prompt's length). A step's metrics
+record is written only once the step is complete (metrics.jsonl, metrics.png and config.yaml
+under output.dir, each replaced atomically), so a failed run leaves the files of its last
+complete step. Step s rolls out `trainer.prompts_per_step` prompts, the s-th window of the data
+set in a fixed, seeded order, wrapping around; an epoch is one pass over the data set.
 """
 from __future__ import annotations
 
@@ -31,6 +23,7 @@ import torch
 import yaml
 
 from rollout import threads
+from scheduler.history_store import restore_files
 
 from . import metrics as M
 from . import online_drafter, real_model, resume
@@ -116,115 +109,163 @@ def train(cfg: RunConfig, progress: Optional[bool] = None, echo: Callable[[str],
     per-step metrics records. on_step_end(step, model): called after the step's optimizer
     updates (an evaluation, ...); the dict it returns, if any, joins the step's metrics record."""
     validate(cfg)
-    run_config = to_dict(cfg)  # as given: config.yaml and each checkpoint's run.yaml
-    progress = cfg.output.progress if progress is None else progress
-    tr, out_dir = cfg.trainer, cfg.output.dir
-    train_threads = threads.trainer_threads(tr.num_threads)
-    threads.announce(f"optimizer steps use {train_threads} torch thread(s)")
-    problems = load_problems(cfg)
-    reward = resolve_reward(cfg.task)
-    check_reward(reward, problems[0])
-    fingerprint = resume.data_fingerprint(problems)
-    ckpt = resume.find(cfg, tr.resume)
-    resume.remove_output_temporaries(out_dir)
-    if ckpt is not None:
-        resume.check(ckpt, cfg, fingerprint)
-        model, tokenizer, reference = resume.load_models(ckpt, cfg, lambda: load_policy(cfg, progress))
-        folder = None
-    else:
-        model, tokenizer, folder = load_policy(cfg, progress)
-        reference = None
-    model = model.to(tr.device)
-    reference = reference.to(tr.device) if reference is not None else None
-    saved_state = {"data_sha256": fingerprint, "reference_sha256": ckpt.state.get("reference_sha256") if ckpt else (
-        resume.weights_sha256(model) if tr.kl_coef > 0 else None)}
-    torch.manual_seed(tr.seed)
-    prompts = encode_prompts(tokenizer, problems, cfg.policy.chat_template)
-    for i, ids in enumerate(prompts):
-        if not 0 < len(ids) < cfg.rollout.engine.max_model_len:
-            raise ValueError(f"problem {i}'s prompt has {len(ids)} tokens; rollout.engine.max_model_len is "
-                             f"{cfg.rollout.engine.max_model_len}")
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    history_dir = cfg.rollout.history.dir or os.path.join(out_dir, "history")
-    if ckpt is not None:
-        resume.restore_history(ckpt, history_dir)
-    # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
-    source = model if cfg.rollout.backend == "local" or folder is None else folder
-    saved_head = resume.saved_drafter(ckpt, cfg, model)  # before start(): it replaces rollout.drafter.path
-    # the drafter's first head, in cfg.rollout.engine (a checkpoint's warm start samples these prompts)
-    drafter = online_drafter.start(cfg, folder, progress, prompts, eos)
-
-    client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
-    online_drafter.restore(drafter, client, saved_head)  # the saved head and version, on every engine
-    plain = (RolloutClient(same_threads(cfg, client), source, stop_token_ids=eos, progress=progress, plain=True)
-             if cfg.output.compare else None)
-    trainer = make_trainer(cfg, model, pad_id, reference)
-    order = list(range(len(problems)))
-    random.Random(tr.seed).shuffle(order)
-    log = M.MetricsLog(out_dir)
-    compare = cfg.output.compare
-    first = 0
-    if ckpt is not None:
-        first = resume.restore(ckpt, trainer, client, log, cfg)
-        if plain is not None:
-            plain.load_state_dict({"step": first, "next_group": 0})
-        echo(f"resuming from {ckpt.folder}: {first} step(s) done, {max(tr.steps - first, 0)} to go")
-    _warn(cfg, echo)
-    echo(M.table_header(compare, drafter is not None))
-    resume.restore_rng_last(ckpt)
+    run = Run(cfg, cfg.output.progress if progress is None else progress, echo)
     try:
-        for step in range(first, tr.steps):
-            start = step * tr.prompts_per_step
-            idx = [order[(start + j) % len(order)] for j in range(tr.prompts_per_step)]
-            _label(client, f"step {step} rollout")
-            batch = client.generate([prompts[i] for i in idx], step=step)
-            rewards = compute_rewards(reward, tokenizer, batch, [problems[i] for i in idx])
-            client.record_rewards(batch, rewards)
-            drafter_stats = online_drafter.after_rollout(drafter, client, batch, rewards)
-            extra = {}
-            if plain is not None:
-                _label(plain, f"step {step} plain")
-                ref = plain.generate([prompts[i] for i in idx], step=step)
-                extra = _compare_record(batch, ref, echo, exact=cfg.rollout.name == "spectail")
-            with threads.using(train_threads):
-                stats = trainer.step(batch, rewards)
-            client.update_weights(model)
-            drafter_stats.update(online_drafter.between_steps(drafter, client))  # trains on the new weights
-            if plain is not None:
-                plain.update_weights(model)
-                plain.end_step()
-            if step == 0 and client.history is not None and cfg.rollout.history.dir is None:
-                client.history.clear()  # an earlier run's files in this output folder: its step numbers are ours
-            record = client.end_step()
-            record["epoch"] = start // len(order)
-            record.update(stats)
-            record.update(extra)
-            record.update(drafter_stats)
-            record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
-            record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
-            record["num_samples"] = len(batch)
-            record["rollout_sha256"] = M.rollout_digest(batch.completion_ids, rewards)
-            record["memory_rss_mb"] = M.resident_mb()
-            if on_step_end is not None:
-                record.update(on_step_end(step, model) or {})
-            log.append(record)
-            if step == first:
-                M.atomic_write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(run_config, sort_keys=False))
-            if resume.due(tr, step):
-                resume.save(cfg, run_config, step + 1, model, tokenizer, trainer, client, log.records, saved_state,
-                            drafter=drafter)
-            if cfg.output.plot:
-                from .plots import plot_metrics
-                plot_metrics(log.records, os.path.join(out_dir, "metrics.png"))
-            echo(M.table_row(record, compare, drafter is not None))
+        run.start()
+        for step in range(run.first, cfg.trainer.steps):
+            run.step(step, on_step_end)
     finally:
-        client.shutdown()
-        if plain is not None:
-            plain.shutdown()
-    return log.records
+        run.shutdown()
+    return run.log.records
 
 
+class Run:
+    """One training run: set up by start(), then step() per step."""
+
+    def __init__(self, cfg: RunConfig, progress: bool, echo: Callable[[str], None]):
+        self.cfg, self.progress, self.echo = cfg, progress, echo
+        self.run_config = to_dict(cfg)  # as given: config.yaml and each checkpoint's run.yaml
+        self.client = self.plain = None
+
+    def start(self) -> None:
+        cfg, tr = self.cfg, self.cfg.trainer
+        self.train_threads = threads.trainer_threads(tr.num_threads)
+        threads.announce(f"optimizer steps use {self.train_threads} torch thread(s)")
+        self.problems = load_problems(cfg)
+        self.reward = resolve_reward(cfg.task)
+        check_reward(self.reward, self.problems[0])
+        fingerprint = resume.data_fingerprint(self.problems)
+        ckpt = resume.find(cfg, tr.resume)
+        resume.remove_output_temporaries(cfg.output.dir)
+        folder, reference = self._load_models(ckpt, fingerprint)
+        torch.manual_seed(tr.seed)
+        self.prompts = self._encode_prompts()
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+        self._start_clients(ckpt, folder, eos)
+        self.trainer = make_trainer(cfg, self.model, pad_id, reference)
+        self.order = list(range(len(self.problems)))
+        random.Random(tr.seed).shuffle(self.order)
+        self.log = M.MetricsLog(cfg.output.dir)
+        self.first = 0 if ckpt is None else self._resume(ckpt)
+        _warn(cfg, self.echo)
+        self.echo(M.table_header(cfg.output.compare, self.drafter is not None))
+        resume.restore_rng_last(ckpt)
+
+    def _load_models(self, ckpt, fingerprint: str):
+        """The policy (and KL reference) on the trainer's device; returns (policy folder or None,
+        reference or None). A resumed run's policy comes from its checkpoint."""
+        cfg, tr = self.cfg, self.cfg.trainer
+        if ckpt is not None:
+            resume.check(ckpt, cfg, fingerprint)
+            model, self.tokenizer, reference = resume.load_models(ckpt, cfg, lambda: load_policy(cfg, self.progress))
+            folder = None
+        else:
+            model, self.tokenizer, folder = load_policy(cfg, self.progress)
+            reference = None
+        self.model = model.to(tr.device)
+        reference = reference.to(tr.device) if reference is not None else None
+        self.saved_state = {"data_sha256": fingerprint, "reference_sha256": ckpt.state.get("reference_sha256") if ckpt
+                            else (resume.weights_sha256(self.model) if tr.kl_coef > 0 else None)}
+        return folder, reference
+
+    def _encode_prompts(self) -> list[list[int]]:
+        prompts = encode_prompts(self.tokenizer, self.problems, self.cfg.policy.chat_template)
+        limit = self.cfg.rollout.engine.max_model_len
+        for i, ids in enumerate(prompts):
+            if not 0 < len(ids) < limit:
+                raise ValueError(f"problem {i}'s prompt has {len(ids)} tokens; rollout.engine.max_model_len is {limit}")
+        return prompts
+
+    def _start_clients(self, ckpt, folder: Optional[str], eos: list[int]) -> None:
+        """The drafter, the rollout client (and --compare's plain one), the history as saved."""
+        cfg, progress = self.cfg, self.progress
+        history_dir = cfg.rollout.history.dir or os.path.join(cfg.output.dir, "history")
+        if ckpt is not None:  # the store as it was at the checkpoint (a killed run's later files go)
+            restore_files(history_dir, ckpt.history)
+        # Ray workers load a folder; a resumed run's weights go in memory (a checkpoint may be pruned)
+        source = self.model if cfg.rollout.backend == "local" or folder is None else folder
+        saved_head = resume.saved_drafter(ckpt, cfg, self.model)  # before start(): it replaces rollout.drafter.path
+        # the drafter's first head, in cfg.rollout.engine (a checkpoint's warm start samples these prompts)
+        self.drafter = online_drafter.start(cfg, folder, progress, self.prompts, eos)
+        self.client = RolloutClient(cfg, source, stop_token_ids=eos, history_dir=history_dir, progress=progress)
+        online_drafter.restore(self.drafter, self.client, saved_head)  # the saved head and version, on every engine
+        if cfg.output.compare:
+            self.plain = RolloutClient(same_threads(cfg, self.client), source, stop_token_ids=eos, progress=progress,
+                                       plain=True)
+
+    def _resume(self, ckpt) -> int:
+        first = resume.restore(ckpt, self.trainer, self.client, self.log, self.cfg)
+        if self.plain is not None:
+            self.plain.load_state_dict({"step": first, "next_group": 0})
+        self.echo(f"resuming from {ckpt.folder}: {first} step(s) done, {max(self.cfg.trainer.steps - first, 0)} to go")
+        return first
+
+    def step(self, step: int, on_step_end=None) -> None:
+        """Rollout, rewards, optimizer updates, new weights to the engines; then the step's record."""
+        cfg = self.cfg
+        idx = self._prompt_indices(step)
+        batch, rewards, drafter_stats = self._rollout(step, idx)
+        extra = self._compare(step, idx, batch) if self.plain is not None else {}
+        with threads.using(self.train_threads):
+            stats = self.trainer.step(batch, rewards)
+        self.client.update_weights(self.model)
+        drafter_stats.update(online_drafter.between_steps(self.drafter, self.client))  # trains on the new weights
+        if self.plain is not None:
+            self.plain.update_weights(self.model)
+            self.plain.end_step()
+        if step == 0 and self.client.history is not None and cfg.rollout.history.dir is None:
+            self.client.history.clear()  # an earlier run's files in this output folder: its step numbers are ours
+        record = self._record(step, batch, rewards, {**stats, **extra, **drafter_stats})
+        if on_step_end is not None:
+            record.update(on_step_end(step, self.model) or {})
+        self._write(step, record)
+
+    def _prompt_indices(self, step: int) -> list[int]:
+        start = step * self.cfg.trainer.prompts_per_step
+        return [self.order[(start + j) % len(self.order)] for j in range(self.cfg.trainer.prompts_per_step)]
+
+    def _rollout(self, step: int, idx: list[int]):
+        _label(self.client, f"step {step} rollout")
+        batch = self.client.generate([self.prompts[i] for i in idx], step=step)
+        rewards = compute_rewards(self.reward, self.tokenizer, batch, [self.problems[i] for i in idx])
+        self.client.record_rewards(batch, rewards)
+        return batch, rewards, online_drafter.after_rollout(self.drafter, self.client, batch, rewards)
+
+    def _compare(self, step: int, idx: list[int], batch) -> dict:
+        _label(self.plain, f"step {step} plain")
+        ref = self.plain.generate([self.prompts[i] for i in idx], step=step)
+        return _compare_record(batch, ref, self.echo, exact=self.cfg.rollout.name == "spectail")
+
+    def _record(self, step: int, batch, rewards, stats: dict) -> dict:
+        record = self.client.end_step()
+        record["epoch"] = step * self.cfg.trainer.prompts_per_step // len(self.order)
+        record.update(stats)
+        record["response_length_mean"] = M.mean(len(c) for c in batch.completion_ids)
+        record["truncated_fraction"] = M.mean(f == "length" for f in batch.finish_reasons)
+        record["num_samples"] = len(batch)
+        record["rollout_sha256"] = M.rollout_digest(batch.completion_ids, rewards)
+        record["memory_rss_mb"] = M.resident_mb()
+        return record
+
+    def _write(self, step: int, record: dict) -> None:
+        """metrics.jsonl (config.yaml with the first), the checkpoint when due, the plot, the table row."""
+        cfg, out_dir = self.cfg, self.cfg.output.dir
+        self.log.append(record)
+        if step == self.first:
+            M.atomic_write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(self.run_config, sort_keys=False))
+        if resume.due(cfg.trainer, step):
+            resume.save(cfg, self.run_config, step + 1, self.model, self.tokenizer, self.trainer, self.client,
+                        self.log.records, self.saved_state, drafter=self.drafter)
+        if cfg.output.plot:
+            from .plots import plot_metrics
+            plot_metrics(self.log.records, os.path.join(out_dir, "metrics.png"))
+        self.echo(M.table_row(record, cfg.output.compare, self.drafter is not None))
+
+    def shutdown(self) -> None:
+        for client in (self.client, self.plain):
+            if client is not None:
+                client.shutdown()
 def _warn(cfg: RunConfig, echo) -> None:
     if cfg.rollout.noise == "per_sample" and cfg.trainer.steps > 1:
         echo("WARNING: rollout.noise=per_sample: every step reuses each sample's noise, and the weights are "

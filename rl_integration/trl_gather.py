@@ -1,13 +1,7 @@
-"""Multi-process TRL: each process holds its own slice of the generation batch, and a GRPO group
-may span processes. Rollouts run where the engine is, on the main process, for every process's
-prompts at once, as TRL does for its vLLM server mode (trl 1.16, trl/generation/vllm_generation.py,
-`VLLMGeneration.generate`, mode "server"): `gather_object` the prompts of all processes, generate
-on the main process, `broadcast_object_list` the result, and each process keeps its slice
-[rank * len(local), (rank + 1) * len(local)). TRL hands every process the same number of prompts,
-so the slices line up.
-
-An error on the main process is broadcast too and raised on every process, so none is left
-waiting in a collective.
+"""Multi-process TRL: rollouts run on the main process for every process's prompts, as TRL's
+vLLM server mode does (trl/generation/vllm_generation.py): gather the prompts, generate, broadcast,
+each process keeps its slice (TRL hands every process as many prompts). An error on the main
+process is broadcast too and raised everywhere, so none is left waiting in a collective.
 """
 from __future__ import annotations
 

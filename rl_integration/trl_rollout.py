@@ -1,41 +1,11 @@
 """SpectailRollout: spectail's exact speculative rollouts inside TRL's GRPOTrainer, through its
-`rollout_func` hook. The one line to add to a TRL GRPO script:
+`rollout_func` hook (docs/trl.md):
 
     trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
                           rollout_func=SpectailRollout())
 
-What TRL 1.16 does with it (trl/trainer/grpo_trainer.py, `GRPOTrainer._generate`): once per
-generation it calls `rollout_func(prompts, trainer)` with this process's raw prompts (strings or
-chat message lists), each repeated num_generations times in a row by TRL's RepeatSampler
-(`_get_train_sampler`, mini_repeat_count), and takes one completion per entry from the returned
-{"prompt_ids", "completion_ids", "logprobs"} (one list per entry); every other key reaches the
-reward functions as a keyword argument, one value per completion
-(`_generate_and_score_completions`, "Merge extra_fields"). This adapter adds `spectail_seed`,
-`finish_reason` ("stop" | "length"), `spectail_accepted_tokens` (draft tokens the engine accepted
-for that completion) and `spectail_forward_passes`.
-
-- Prompts are tokenized by the trainer's own `_tokenize_prompts` (chat prompts through the chat
-  template with add_generation_prompt=True, TRL's chat_template_kwargs), so the prompt ids are
-  the ones TRL trains on.
-- The G copies of a prompt form one GRPO group: siblings draft for each other (suffix drafts).
-- Seeds: sample s of prompt p in this adapter's k-th rollout has seed
-  `sample_seed(run seed, prompt_key(p's ids), s, k)`: fresh noise every generation, reproducible.
-  The run seed is GRPOConfig.seed unless `seed=` is given.
-- History: each (prompt, sample) keeps its newest response in a store under
-  `<output_dir>/spectail-history`; it drafts the next rollout of the same prompt (history drafts).
-- Weights: the engine starts from the trainer's policy and is re-synced whenever
-  `trainer.state.global_step` has changed (PEFT adapters merged in, rl_integration/trl_weights.py).
-- Sampling: temperature, top_p, top_k, max_completion_length and num_generations come from
-  GRPOConfig. TRL computes its training logprobs with temperature only (trl/trainer/utils.py,
-  `add_fused_lm_head(temperature=...)`): with top_p < 1 or top_k > 0 the engine's logprobs (of the
-  truncated distribution the samples come from) differ from TRL's, and a warning says so.
-- Multi-process: rollouts run on the main process for every process's prompts
-  (rl_integration/trl_gather.py), as TRL's own vLLM server mode does.
-
-`config` holds the rollout settings in the run config's `rollout:` layout (backend, num_workers,
-engine: {max_batch_size, max_model_len, dtype, device, spec, ...}, history, noise, ...); the
-sampling keys above are refused there, since GRPOConfig owns them. `rollout_section` is the one
-function that knows that layout.
+`config` holds the rollout settings in the run config's `rollout:` layout; the sampling keys are
+GRPOConfig's and refused there. `rollout_section` is the one function that knows that layout.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """The policy's weights as TRL's GRPOTrainer holds them, under the Hugging Face names spectail's
-engine loads: unwrapped from accelerate's wrappers, PEFT adapters merged in.
+engine loads: unwrapped from accelerate's wrappers, PEFT adapters merged in, as TRL pushes them to
+vLLM (trl/generation/vllm_generation.py, `_iter_named_params`). Sharded models (FSDP, ZeRO-3)
+are refused up front: every process would have to gather each parameter in step.
 
     config, weights = policy_weights(trainer)       # on the process that owns the engine
-
-TRL itself pushes weights to vLLM the same way (trl 1.16, trl/generation/vllm_generation.py,
-`VLLMGeneration._iter_named_params`): `merge_adapter()`, read every base parameter under its
-original name (drop "base_model.model." and ".base_layer", skip the adapter's own tensors and
-modules_to_save's "original_module"), then `unmerge_adapter()`. Sharded models (FSDP,
-DeepSpeed ZeRO-3) would need every process to gather each parameter in step; this adapter does not
-do that and refuses them up front (`check_not_sharded`).
 """
 from __future__ import annotations
 

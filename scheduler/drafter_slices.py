@@ -1,25 +1,16 @@
 """The drafter's spot trainer: training slices on workers the long tail leaves idle (TLT).
 
-While a rollout runs, a worker with no chunk in flight is given a training slice instead of
-nothing: `RolloutWorker.train_drafter(seconds)` trains its engine's draft head for about
-`idle_slice_s` on the responses it ran in this rollout (its own buffer: no features travel).
-One worker at a time is the writer; the others only read (when the writer is running a chunk
-and another worker is idle, that one takes over from the last published version).
-
-A slice only uses a worker's idle time: it runs in the worker's own Ray concurrency group, so a
-chunk (or a weight update) sent to the writer while it trains is not queued behind it; the
-chunk takes the engine from the slice at the slice's next optimizer step (scheduler/
-engine_turns.py), and the slice returns what it trained until then (`stopped`). Its thread runs
-at low CPU priority, so where workers share cores it does not slow the ones still running
-chunks. When the rollout is over, the slices still running are stopped the same way and counted
-in it (`end_rollout`), so no training spills into the trainer's time between rollouts.
+An idle worker is given `RolloutWorker.train_drafter(idle_slice_s)`: it trains its engine's draft
+head on the responses it ran in this rollout (no features travel). One worker at a time is the
+writer; when it runs a chunk, the next idle worker takes over from the last published version.
+A slice runs in the worker's own concurrency group at low CPU priority, and a chunk sent meanwhile
+takes the engine back at the next optimizer step (engine_turns.py), so slices use idle time only;
+at the rollout's end the running slices are stopped the same way and counted in it.
 
 Every slice that made progress is published: the driver puts the head's state in the object
-store once (so it owns it: the version outlives a dying writer) and sends (version, [ref]) with
-each chunk; a worker loads a newer version before running its chunk (drafter/proposer.py: one
-that does not load switches that worker's drafter off, with a warning). If the writer dies, the
-last published version stays, and the next idle worker becomes the writer, starting from it.
-Drafts never change tokens, so none of this can change an output.
+store once (so the version outlives a dying writer) and sends (version, [ref]) with each chunk;
+a worker loads a newer version before its chunk. Drafts never change tokens, so none of this
+can change an output.
 """
 from __future__ import annotations
 

@@ -1,34 +1,19 @@
 """Whose turn it is on a Ray worker's engine: a chunk takes it from a training slice.
 
-A worker's drafter training slice (scheduler/drafter_slices.py) runs in its own Ray concurrency
-group, so the worker accepts a chunk while a slice runs instead of queueing the chunk behind it.
-The engine, its proposers and the draft head must still never be used by two calls at once: a
-chunk reads the head the slice is training, and the slice reads the policy the chunk runs (and
-that a weight update replaces). `EngineTurns` gives the engine to one call at a time, with
-priority to the chunk side:
+A drafter training slice runs in its own concurrency group, so the worker accepts a chunk while
+it trains; but a chunk reads the head the slice trains, and the slice the policy the chunk runs,
+so the engine goes to one call at a time, the chunk side first:
+- `chunk_turn()` (run_chunk, update_weights) raises the stop flag and waits for the engine; the
+  slice sees the flag between optimizer steps, so a chunk waits for one step at most;
+- `slice_turn()` (train_drafter) waits for the engine and yields `should_stop`.
+Both hold `_engine` (one lock) for as long as they touch anything; the flag is only a request,
+lowered by the chunk side once it holds the engine (under `_chunk_side`, so two chunk-side calls
+never interleave their raise and lower).
 
-- `chunk_turn()` (run_chunk, update_weights: everything that uses the engine for outputs) raises
-  the stop flag, then waits for the engine. The slice sees the flag between two optimizer
-  steps and gives the engine back, so a chunk waits for at most one step, not a whole slice.
-- `slice_turn()` (train_drafter) waits for the engine, then yields `should_stop`, a function the
-  trainer calls before each optimizer step (drafter/trainer.py `train`).
-
-The slice also takes only idle CPU: while it holds the engine its thread runs at nice
-`slice_nice` (Linux: a thread's own nice value, set through its thread id). Where workers share
-cores with each other -- more workers than cores, or a machine shared with other jobs -- a slice
-at the default priority takes its share from the workers still running chunks, which are the
-rollout's tail. When a chunk raises the stop flag it puts the slice's thread back to its old
-priority, so the step it waits for is not starved in turn (that takes the right to raise a
-priority: root or RLIMIT_NICE; without it the step finishes at low priority). Threads that the
-trainer's own thread pool starts inherit the low priority and keep it.
-
-Why the two calls can never hold the engine together: both take `_engine` (one lock) before they
-touch anything, and release it only after their last use. The stop flag is only a request; it
-is never what keeps them apart. The flag is lowered by the chunk side once it holds the engine
-(under `_chunk_side`, so two chunk-side calls -- which Ray's default group runs one at a time
-anyway -- never interleave their raise and lower): a slice that gets the engine after that
-chunk trains until the next chunk-side call raises the flag again, and one that was waiting
-behind a raised flag stops before its first step.
+A slice takes only idle CPU: its thread runs at nice `slice_nice` (Linux, per thread), so where
+workers share cores it does not slow the ones running the tail; a chunk raising the flag puts
+it back to its old priority so the step it waits for is not starved (that needs root or
+RLIMIT_NICE; without, the step ends at low priority).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The history store's file format: one Parquet table per step, a row per (prompt, sample index)
-record, with page checksums; what a record may hold, and what a read file must prove before any
-of its rows is served (this store's schema version, its columns, the step it claims).
-
-    rec = coerce(record_or_dict, step)              # a HistoryRecord, or ValueError naming what is wrong
-    table = read_file(path, step)                    # verified; read_file(path, step, KEY_COLUMNS) for keys
-    rows = rows_of(table)                            # (prompt key, sample index) -> row
-    rec = record_at(table, row)                      # None for a row no writer of ours made
+record, with page checksums; what a record may hold (`coerce`), and what a read file must prove
+before any row is served (`read_file`: this store's schema version, its columns, its step).
 """
 from __future__ import annotations
 

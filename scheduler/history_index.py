@@ -1,14 +1,7 @@
 """The history store's in-memory index: for each (prompt key, sample index), the steps whose
-files hold a record of it, and for each step's file how many of its records are still the
-newest of their key (its live count; a file at zero holds nothing a lookup would pick first).
-
-    index = HistoryIndex()
-    dead = index.put(3, {("9a..", 0): 0, ("9a..", 1): 1})    # step 3's file: key -> row
-    index.candidates(("9a..", 0))                            # [.., 3]: steps holding it, ascending
-    index.drop(3)                                            # its file went away
-
-Every operation costs O(records it names) dictionary work (plus, per key, a list as long as the
-number of files holding that key), so a lookup never walks the files.
+files hold a record of it; for each step's file, how many of its records are still the newest of
+their key (a file at zero holds nothing a lookup would pick first, so `put` reports it dead).
+Every operation costs O(records it names): a lookup never walks the files.
 """
 from __future__ import annotations
 
@@ -64,10 +57,3 @@ class HistoryIndex:
 
     def row(self, step: int, key: Key) -> Optional[int]:
         return self._rows.get(step, {}).get(key)
-
-    def live(self, step: int) -> int:
-        return self._live.get(step, 0)
-
-    def __len__(self) -> int:
-        """How many keys have a record."""
-        return len(self._steps_of)

@@ -5,34 +5,18 @@ wrote, to draft the next rollout of that sample (history reuse), on a data set o
     found = store.records_for(prompt_ids, sample_indices, before_step=12)   # HistoryRecord or None
     store.write_step(12, records)
 
-A prompt is identified by `prompt_key(prompt_ids)`, a blake2b hash of its token ids as int32
-little-endian bytes — never the decoded text, which different token sequences can share. The
-prompt ids themselves are stored too and compared on every lookup, so a hash collision or a
-damaged row can only cost reuse, never hand out another prompt's response.
+A prompt is keyed by `prompt_key(prompt_ids)` (a hash of its token ids, never the decoded text);
+the ids are stored too and compared on every lookup, so a collision or a damaged row costs
+reuse, never another prompt's response. One Parquet file per step (history_file.py), written
+atomically and never modified; an in-memory index (history_index.py), built from the files' key
+columns on first use, makes a lookup O(requests). One process writes a folder.
 
-Layout. One Parquet file per step that wrote records, `step-NNNNNNNNN.parquet`, never modified
-(writing a step again replaces its file). An in-memory index (scheduler/history_index.py) says
-which files hold each (prompt, sample); it is built once, from the files' key columns, when the
-store is first used, and kept current by this store's writes, so a lookup costs O(requests)
-dictionary probes plus reading the files its records live in (recently read files stay in an
-LRU cache). One process writes a folder; a file changed under it is re-read and re-indexed.
-
-Bounds, checked after each write:
-- A file whose every record has a newer one is deleted: on a data set revisited every epoch the
-  store holds about one response per (prompt, sample), whatever the data set's size.
-- max_age_steps (default None): a record drafts only steps at most this many after the step
-  that wrote it; older files are deleted.
-- max_bytes (default 8 GiB): while the files take more, the newest files other than the one
-  just written are deleted (then that one too, if it alone is too big). Dropping the newest is
-  on purpose: on a data set visited in a fixed order, the oldest records are the next ones
-  needed, so this keeps a fixed share of the data set drafting (about max_bytes / one epoch's
-  history) where dropping the oldest would delete each record just before its prompt returns.
-
-Files are written atomically (a temporary file in the same folder, fsync, os.replace). Reading
-is forgiving: a missing, truncated, garbled or foreign file logs one warning and serves nothing
-(older records of the same keys serve instead). Parquet page checksums are written and
-verified, so damaged pages are detected rather than decoded into wrong tokens — and a wrong
-draft would still only cost speed: the engine verifies every drafted token.
+Bounds, after each write: a file whose every record has a newer one is deleted (so a data set
+revisited every epoch keeps about one response per sample); max_age_steps drops older files;
+while the files exceed max_bytes the *newest* other files go first: on a data set visited in a
+fixed order the oldest records are the next ones needed. Reading is forgiving: an unreadable
+file logs one warning and serves nothing (Parquet page checksums catch damage), and a wrong
+draft would still only cost speed: the engine verifies every token.
 """
 from __future__ import annotations
 
@@ -40,8 +24,6 @@ import collections
 import logging
 import os
 import re
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
@@ -51,7 +33,7 @@ import pyarrow.parquet as pq
 
 from rollout.seeds import prompt_key
 
-from .atomic_file import TMP_SUFFIX, atomic_path
+from .atomic_file import TMP_SUFFIX, atomic_path, fsync_dir, link_or_copy, remove_stale
 from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of
 from .history_index import HistoryIndex, Key
 
@@ -120,7 +102,7 @@ class HistoryStore:
         self.root.mkdir(parents=True, exist_ok=True)
         with atomic_path(final) as tmp:
             pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         signature = _signature(final) or (None, 0)
         files[step] = _File(final, signature, signature[1])
         self._bad.pop(step, None)
@@ -145,7 +127,7 @@ class HistoryStore:
                     break
                 total -= files[step].size
                 self._delete(step)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def _delete(self, step: int) -> None:
         f = self._files.pop(step, None)
@@ -257,17 +239,11 @@ class HistoryStore:
         if self._files is not None:
             return self._files
         self._files = {}
-        now = time.time()
+        remove_stale(self.root, _is_temporary, _STALE_TMP_SECONDS)  # writers that died mid-write
         for entry in _scandir(self.root):
             m = _FILE_RE.match(entry.name)
             if m:
                 self._index_file(int(m.group(1)), Path(entry.path))
-            elif entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX):
-                try:  # a writer that died mid-write
-                    if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
-                        os.unlink(entry.path)
-                except OSError:
-                    pass
         return self._files
 
     def _index_file(self, step: int, path: Path) -> None:
@@ -296,7 +272,7 @@ def restore_files(root_dir: Union[str, os.PathLike], files: Sequence[Union[str, 
         raise ValueError(f"not history store files: {bad}")
     root.mkdir(parents=True, exist_ok=True)
     for entry in _scandir(root):
-        ours = _FILE_RE.match(entry.name) or (entry.name.startswith(".step-") and entry.name.endswith(TMP_SUFFIX))
+        ours = _FILE_RE.match(entry.name) or _is_temporary(entry.name)
         if ours and not (entry.name in want and _same_file(entry.path, want[entry.name])):
             os.unlink(entry.path)
     for name, src in want.items():
@@ -304,12 +280,13 @@ def restore_files(root_dir: Union[str, os.PathLike], files: Sequence[Union[str, 
         if dst.exists():
             continue
         tmp = root / f".{name}.{os.getpid()}.restore{TMP_SUFFIX}"
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copy2(src, tmp)
+        link_or_copy(src, tmp)
         os.replace(tmp, dst)
-    _fsync_dir(root)
+    fsync_dir(root)
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".step-") and name.endswith(TMP_SUFFIX)
 
 
 def _same_file(a, b) -> bool:
@@ -336,16 +313,3 @@ def _scandir(root: Path):
     except OSError as e:
         logger.warning("history store: cannot list %s (%s); no reuse", root, e)
         return []
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,21 +1,13 @@
-"""Rollouts on Ray workers, with the same contract as `Engine.generate`.
+"""Rollouts on Ray workers, with the same contract as `Engine.generate` (docs/cluster.md).
 
-    backend = RayRolloutBackend("ckpt/", EngineConfig(max_batch_size=32), num_workers=4,
-                                num_gpus_per_worker=1)
+    backend = RayRolloutBackend("ckpt/", EngineConfig(max_batch_size=32), num_workers=4)
     outs = backend.generate(prompt_ids, SamplingParams(max_tokens=512), seeds=seeds, groups=groups)
     backend.update_weights(model)          # after each optimizer step: one ray.put, every worker
-    backend.metrics()                      # rollout_seconds, tail_seconds, worker_busy_fraction...
-    backend.shutdown()
 
-Where Ray runs: `address` (or the RAY_ADDRESS variable, which `ray job submit` sets) names a
-running cluster; inside a Ray job whose driver already called `ray.init`, that connection is
-used; otherwise a local Ray is started with enough CPUs for the workers (and stopped by
-`shutdown`). A cluster address is probed with a plain TCP connection first, so a dead address
-fails in seconds with a clear message instead of letting `ray.init` retry for minutes.
-
-Model sources: a checkpoint folder path (it must exist on every worker's node), a
-transformers model, a (Hugging Face config, state dict) pair, or an ObjectRef of such a pair.
-In-memory weights are put in the object store once and every worker reads that one copy.
+Ray: `address`, else RAY_ADDRESS (which `ray job submit` sets), else the connection of a driver
+that already called `ray.init`, else a local Ray (stopped by `shutdown`). A cluster address is
+probed with a TCP connection first: a dead one fails in seconds, not after minutes of retries.
+In-memory weights go into the object store once, and every worker reads that copy.
 """
 from __future__ import annotations
 
@@ -175,16 +167,8 @@ class WorkerPool:
         ray = _ray()
         deadline = time.perf_counter() + self.start_timeout_s
         while self._starting:
-            left = deadline - time.perf_counter()
-            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=max(0.0, min(left, 1.0)))
-            for ref in ready:
-                i, actor, _ = self._starting.pop(ref)
-                try:
-                    self.info[i] = ray.get(ref, timeout=30)
-                except Exception as e:  # noqa: BLE001
-                    self.kill_all()
-                    raise _start_error(i, e) from None
-                self.actors[i] = actor
+            for ref in self._answered(deadline):
+                self.started(ref, first=True)
             if self._starting and time.perf_counter() >= deadline:
                 waiting = sorted(i for i, _, _ in self._starting.values())
                 self.kill_all()
@@ -229,30 +213,36 @@ class WorkerPool:
                 self._kill(actor)
         return {ref: i for ref, (i, _, _) in self._starting.items()}
 
-    def started(self, ref) -> None:
-        ray = _ray()
+    def started(self, ref, first: bool = False) -> None:
+        """A worker answered its ping (or failed to start). first: the pool's first start, where a
+        failure stops everything; a replacement that cannot start is given up."""
         if ref not in self._starting:
             return  # (expired meanwhile)
-        i, actor, since = self._starting.pop(ref)
+        i, actor, _ = self._starting.pop(ref)
         try:
-            self.info[i] = ray.get(ref, timeout=30)
+            self.info[i] = _ray().get(ref, timeout=30)
             self.actors[i] = actor
-        except Exception as e:  # noqa: BLE001 -- a replacement that cannot start: give up on it
+        except Exception as e:  # noqa: BLE001
+            if first:
+                self.kill_all()
+                raise _start_error(i, e) from None
             self.last_error = str(_start_error(i, e))
             self._kill(actor)
 
     def await_starting(self, timeout_s: float) -> int:
         """Wait up to timeout_s for replacements still starting; returns the live worker count."""
-        ray = _ray()
         deadline = time.perf_counter() + timeout_s
         while self.starting():
-            left = deadline - time.perf_counter()
-            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=max(0.0, min(left, 1.0)))
-            for ref in ready:
+            for ref in self._answered(deadline):
                 self.started(ref)
-            if left <= 0:
+            if time.perf_counter() >= deadline:
                 break
         return len(self.actors)
+
+    def _answered(self, deadline: float) -> list:
+        """The pings of starting workers that answer within a second (or by the deadline)."""
+        left = deadline - time.perf_counter()
+        return _ray().wait(list(self._starting), num_returns=1, timeout=max(0.0, min(left, 1.0)))[0]
 
     def fail(self, i: int, error: BaseException) -> None:
         self.last_error = f"worker {i}: {type(error).__name__}: {error}"
@@ -303,13 +293,10 @@ class WorkerPool:
 # ---- the backend -----------------------------------------------------------------------------
 
 def default_kept_slots(engine_config: EngineConfig, mode: str, kept_slots: Optional[int] = None) -> int:
-    """The kept KV slots of a worker's engine (rollout/kept_slots.py). An explicit `kept_slots`
-    wins, then a nonzero EngineConfig.kept_slots. Otherwise the divided modes keep KV: the
-    scheduler continues a paused request where its KV is kept, and displaces a running request
-    for a clearly longer one (rollout_scheduler._ranked); two batches hold what runs and what
-    was displaced, where a single batch would evict displaced requests and prefill them again.
-    Off the CPU, KV memory is what bounds the batch, so one batch. The static split has no chunks
-    and keeps none."""
+    """The kept KV slots of a worker's engine: `kept_slots`, else a nonzero EngineConfig.kept_slots,
+    else in the divided modes two batches on a CPU (what runs, and what longer requests displaced:
+    one batch would evict those and prefill them again) and one elsewhere (KV memory bounds the
+    batch); the static split keeps none."""
     if kept_slots is not None:
         if isinstance(kept_slots, bool) or not isinstance(kept_slots, int) or kept_slots < 0:
             raise ValueError(f"kept_slots must be None or an integer >= 0, got {kept_slots!r}")
@@ -320,32 +307,31 @@ def default_kept_slots(engine_config: EngineConfig, mode: str, kept_slots: Optio
     return 2 * batch if torch.device(engine_config.device).type == "cpu" else batch
 
 
+def _scheduler_knob(name: str) -> property:
+    """A SchedulerConfig field as a backend attribute, checked when set (between rollouts)."""
+    def set_knob(self, value) -> None:
+        SchedulerConfig(**{name: value}).validate()
+        setattr(self.scheduler_config, name, value)
+    return property(lambda self: getattr(self.scheduler_config, name), set_knob)
+
+
 class RayRolloutBackend:
     """Engine.generate's contract, run by `num_workers` RolloutWorker actors.
 
-    model_source: checkpoint folder (on every worker node), transformers model, (HF config, state
-        dict) pair, or an ObjectRef of such a pair.
-    engine_config: each worker's engine; its max_batch_size is the most requests a worker batches.
-    num_cpus_per_worker / num_gpus_per_worker: the actors' Ray resources (a CPU worker also uses
-        that many torch threads). Set engine_config.device="cuda" with GPUs.
-    chunk_tokens, chunk_growth, mode: the scheduler (see rollout_scheduler); `mode` and
-        `chunk_tokens` may be changed between rollouts, `scheduler_config` holds the rest.
-    kept_slots: KV slots each worker keeps for the requests it paused (EngineConfig.kept_slots),
-        so a divided rollout continues them there without prefill. None (default): the engine
-        config's value if it sets one, else, for spectail's workers in a divided mode, 2 x
-        max_batch_size on a CPU (a batch running and a batch displaced by longer requests) and
-        max_batch_size on other devices (where KV memory bounds the batch); 0 keeps none. See
-        `default_kept_slots`.
-    address: a running cluster (else RAY_ADDRESS, else the current connection, else a local Ray).
-    start_timeout_s: how long workers may take to load (and to be placed) before TimeoutError.
-    on_idle(worker_index): called when a worker has no work (during and at the end of a rollout).
-    on_chunk(worker_index, results): called with each chunk a worker returns.
-    restart_workers / max_restarts: replace a worker that died, at most max_restarts per rollout.
-    call_timeout_s: limit for update_weights; chunk_timeout_s: a chunk not back by then counts as
-        a dead worker. connect_timeout_s: the TCP probe of a cluster address.
-    actor_options: extra Ray actor options (runtime_env, scheduling_strategy, resources, ...).
-    worker_cls, worker_kwargs: the actor class (default RolloutWorker, spectail's engine) and its
-        extra constructor arguments; scheduler/vllm_worker.py's VllmRolloutWorker holds vLLM.
+    model_source: a checkpoint folder (on every worker's node), a transformers model, a (Hugging
+        Face config, state dict) pair, or an ObjectRef of such a pair.
+    engine_config: each worker's engine (its max_batch_size: the most requests a worker batches).
+    num_cpus_per_worker / num_gpus_per_worker: the actors' Ray resources (a CPU worker uses that
+        many torch threads).
+    chunk_tokens, chunk_growth, mode: the scheduler's (rollout_scheduler.py); `mode` and
+        `chunk_tokens` may change between rollouts, `scheduler_config` holds the rest.
+    kept_slots: KV slots each worker keeps for the requests it paused (default_kept_slots).
+    on_idle(worker) / on_chunk(worker, results): called when a worker has no work / returns a chunk.
+    restart_workers / max_restarts: replace a dead worker, at most max_restarts per rollout.
+    start_timeout_s, call_timeout_s (update_weights), chunk_timeout_s (a chunk not back by then
+        counts as a dead worker), connect_timeout_s (the probe of a cluster address).
+    actor_options: extra Ray actor options; worker_cls, worker_kwargs: the actor class and its
+        extra arguments (vllm_worker.py's VllmRolloutWorker holds vLLM).
     """
 
     def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,
@@ -396,23 +382,8 @@ class RayRolloutBackend:
 
     # -- scheduling knobs, changeable between rollouts --
 
-    @property
-    def mode(self) -> str:
-        return self.scheduler_config.mode
-
-    @mode.setter
-    def mode(self, value: str) -> None:
-        SchedulerConfig(mode=value).validate()
-        self.scheduler_config.mode = value
-
-    @property
-    def chunk_tokens(self) -> int:
-        return self.scheduler_config.chunk_tokens
-
-    @chunk_tokens.setter
-    def chunk_tokens(self, value: int) -> None:
-        SchedulerConfig(chunk_tokens=value).validate()
-        self.scheduler_config.chunk_tokens = value
+    mode = _scheduler_knob("mode")
+    chunk_tokens = _scheduler_knob("chunk_tokens")
 
     @property
     def idle_training_s(self) -> Optional[float]:

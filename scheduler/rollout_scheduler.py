@@ -1,77 +1,41 @@
 """The long-tail scheduler: divided rollout, context-aware order, balancing, recovery.
 
-Requests run in chunks. A chunk ends with the request paused and back in one global queue, so
-any worker can continue it: every token is a pure function of (weights, prompt, seed, position),
-so where and in how many pieces a request runs never changes a token. A worker whose engine has
-`kept_slots` keeps the KV of the requests it paused (rollout/kept_slots.py) and reports them with
-each chunk; a request sent back there resumes without prefill, anywhere else it prefills its
-context again. On such workers a chunk is `chunk_tokens` engine steps (Engine.run's max_steps:
-every running request pauses at the same step) and may carry requests beyond the worker's slots,
-which the engine admits as slots free inside the chunk, so no slot waits for the chunk's end. On
-workers that keep nothing a chunk is `chunk_tokens` new tokens per request, and at least
-`chunk_growth` times the longest context it prefills again, to keep that cost a bounded fraction
-of the decoding.
-
-The scheduler holds the only copy of each request's state (output so far, logprobs, stats); a
-worker's results are applied only when its whole chunk comes back, so a worker that dies loses
-nothing but time: its requests go back to the queue as they were (and prefill again elsewhere).
-
-Dispatch is asynchronous: each worker has at most one batch in flight -- as many requests as
-its engine's `max_batch_size` allows, so it batches them together, and where it keeps KV up to
-`extra_requests` x that many more from the queue's surplus (an even share of what the other
-workers' batches leave) -- and the loop waits on all of them at once (`ray.wait` with a timeout)
-and refills whichever worker returns first.
+Requests run in chunks and return paused to one global queue, so any worker can continue them:
+every token is a pure function of (weights, prompt, seed, position), so where and in how many
+pieces a request runs never changes a token. A worker whose engine has `kept_slots` keeps the KV
+of the requests it paused and reports them; sent back there a request resumes without prefill.
+On such workers a chunk is `chunk_tokens` engine steps and may carry `extra_requests` x its slots
+beyond them, admitted as slots free, so no slot waits for the chunk's end; elsewhere a chunk is
+`chunk_tokens` new tokens per request, and at least `chunk_growth` x the longest context it must
+prefill again, to bound that cost. The scheduler holds the only copy of each request's state and
+applies a chunk only when it is whole, so a dead worker costs time only: its requests are requeued
+as they were. Each worker has at most one batch in flight; the loop waits on all of them at once.
 
 Which requests go where:
-- affinity: a request whose KV a worker keeps goes back to that worker. In the context-aware
-  mode it ranks `preempt_margin` chunks higher there and as much lower on any other worker, so it
-  is displaced (paused, its KV still kept) only by a request estimated clearly longer, and moved
-  (prefilled again) only where another worker would run it much sooner -- typically a worker with
-  free slots while its holder runs longer ones. A request kept on an idle live worker within that
-  worker's next batch is left to it (it is dispatched next). In the divided (FIFO) mode a worker
-  takes back its own first (up to a batch), and others take a request kept elsewhere only beyond
-  its idle holder's batch, or while its holder is busy with a chunk;
-- balance: beyond the requests it keeps that rank among its slots, a worker takes at most its
-  fair share of the unfinished requests, ceil(unfinished / live workers), so the tail is spread
-  over every worker rather than left on the one that happened to return first; the requests
-  carried beyond its slots are a share of the queue's surplus, never its own displaced ones
-  (carried, they would wait for a slot there while another worker could run them);
-- groups: the members of a GRPO group (same `group` id) prefer the worker that ran the group
-  first, so its suffix index stays local; a worker whose own groups cannot fill its share takes
-  other groups' requests (they move). In the context-aware mode this only breaks ties between
-  equal estimates: the order comes first;
-- order ("divided+context", after Seer): one member of each group -- the probe -- runs first
-  (probes not yet started before those already running, so every group is measured early).
-  When a group's probe (or any member) finishes, its length estimates the other members'
-  lengths; while none has finished, a group whose furthest member has produced P tokens is
-  estimated at `probe_factor` x P (lengths are heavy-tailed: what has run long runs longer).
-  Then the longest estimated remaining goes first, so the long requests start early and end
-  with the short ones instead of after them: with kept KV, a running request is displaced for
-  one estimated longer by more than the margin, at no cost but a side slot. Every time a request
-  is passed over its priority grows by `aging * chunk_tokens` tokens, so nothing starves; the
-  ageing is slight, because every request of a rollout runs in the end anyway, and short
-  requests that aged past long ones would displace them and let them end last. The scheduler
-  never reads max_tokens: the estimates come only from what the rollout has produced.
+- affinity: a request goes back to the worker keeping its KV. In the context-aware mode it ranks
+  `preempt_margin` chunks higher there and as much lower elsewhere, so it is displaced (its KV
+  still kept) only by one clearly longer, and moved (prefilled again) only where it runs much
+  sooner; one kept on an idle worker within its next batch is left to it;
+- balance: a worker takes at most its fair share of the unfinished requests, so the tail spreads
+  over every worker; what it carries beyond its slots is a share of the surplus, never its own
+  displaced requests (they would wait there while another worker could run them);
+- groups: a GRPO group prefers the worker that ran it first (its suffix index is there); in the
+  context-aware mode this only breaks ties;
+- order ("divided+context", after Seer): one probe per group first; a finished member's length
+  estimates its group's, an unfinished group is estimated at `probe_factor` x its furthest
+  member's tokens (lengths are heavy-tailed); then longest estimated remaining first, so long
+  requests start early. Each pass-over ages a request by `aging * chunk_tokens` tokens (slightly:
+  short requests aged past long ones would displace them). max_tokens is never read.
 
-Modes (for the benchmark): "static" splits the requests evenly over the workers up front and
-runs each part to the end (no chunks); "divided" runs chunks in FIFO order; "divided+context"
-adds the probes and the longest-first order.
+Modes: "static" splits the requests evenly up front and runs each part to the end (the
+benchmark's baseline), "divided" runs chunks in FIFO order, "divided+context" adds the order.
 
-Metrics (`RolloutScheduler.run` returns them): rollout_seconds, tail_seconds (from the time 90%
-of the samples had finished to the time all had), worker_busy_fraction (time workers spent
-inside chunks over workers x rollout time), generated_tokens, tokens_per_second,
-forward_passes, chunks, group_moves, worker_failures, requeued_requests, engine_steps,
-spec_off_steps and fed_tokens (the work: target forwards summed over workers, and the tokens fed to them --
-re-prefills included; chunks lost with a worker are not counted), drafter_seconds (the draft head's
-time inside chunks) and, with a drafter trained on idle workers (scheduler/drafter_slices.py),
-drafter_train_steps, drafter_train_seconds, drafter_slices, drafter_stopped (slices a chunk or the
-rollout's end cut short), drafter_published, drafter_version, max_engine_wait_s (the longest a chunk
-waited for a slice to give its worker's engine back); max_worker_steps (the most any
-one worker ran: the rollout's critical path in forwards), worker_cpu_seconds and
-max_worker_cpu_seconds (the CPU seconds of each worker's chunks, and the most: the critical path
-in CPU time, which a machine shared with other jobs blurs far less than wall time), reprefills
-and reprefill_tokens (requests dispatched, with some output, where their KV is not kept, and their
-contexts: an upper bound, as a request carried beyond the slots and never admitted costs nothing).
+`run` returns rollout_seconds, tail_seconds (from 90% of the samples finished to all),
+worker_busy_fraction, generated_tokens, tokens_per_second, forward_passes, the counts (chunks,
+group_moves, worker_failures, requeued_requests, engine_steps, spec_off_steps, fed_tokens,
+drafter_seconds, reprefills and reprefill_tokens: an upper bound, max_engine_wait_s), per worker
+busy and CPU seconds, max_worker_steps and max_worker_cpu_seconds (the critical path, which a
+shared machine blurs less than wall time), and the idle-time drafter's figures (drafter_slices.py).
 """
 from __future__ import annotations
 
@@ -103,14 +67,9 @@ class SchedulerConfig:
             raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
         if int(self.chunk_tokens) != self.chunk_tokens or self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens}")
-        if not self.aging >= 0:
-            raise ValueError(f"aging must be >= 0, got {self.aging}")
-        if not self.preempt_margin >= 0:
-            raise ValueError(f"preempt_margin must be >= 0, got {self.preempt_margin}")
-        if not self.chunk_growth >= 0:
-            raise ValueError(f"chunk_growth must be >= 0, got {self.chunk_growth}")
-        if not self.extra_requests >= 0:
-            raise ValueError(f"extra_requests must be >= 0, got {self.extra_requests}")
+        for name in ("aging", "preempt_margin", "chunk_growth", "extra_requests"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.probe_factor >= 1:
             raise ValueError(f"probe_factor must be >= 1, got {self.probe_factor}")
         if not (self.poll_s > 0 and self.chunk_timeout_s > 0):
@@ -136,68 +95,86 @@ class RolloutScheduler:
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self, requests: list[Request], rollout_id=None) -> dict:
-        import ray
-        from ray.exceptions import GetTimeoutError
-
-        cfg = self.config
+        """Run the requests to the end (they are updated in place); returns the rollout's metrics."""
         self.start(requests, rollout_id)
         if self.drafter is not None:
             self.drafter.new_rollout()
-        idle_told: set = set()
         unfinished = len(self.pending)
         t0 = time.perf_counter()
-
         while unfinished:
-            self._dispatch(idle_told)
-            if self.drafter is not None:
-                self.drafter.give_slices(self.pool, self._busy_workers())
-            if self.on_idle is not None:
-                for w in self.pool.ready():
-                    if w not in self._busy_workers() and w not in idle_told:
-                        idle_told.add(w)
-                        self.on_idle(w)
-            waits = list(self.inflight) + list(self.pool.starting())
-            if not waits:
-                raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
-                                   f"last worker error: {self.pool.last_error}")
-            slices = list(self.drafter.inflight) if self.drafter is not None else []
-            ready, _ = ray.wait(waits + slices, num_returns=1, timeout=cfg.poll_s)
+            self._dispatch(self.idle_told)
+            self._use_idle_workers()
+            ready = self._wait(unfinished)
             now = time.perf_counter()
-            for ref in ready:
-                if self.drafter is not None and self.drafter.owns(ref):
-                    self.drafter.receive(ref)
-                    continue
-                if ref not in self.inflight:
-                    self.pool.started(ref)  # a replacement is up (or failed to start)
-                    continue
-                w, ids, _ = self.inflight.pop(ref)
-                try:
-                    results = ray.get(ref, timeout=max(cfg.poll_s, 10.0))
-                except Exception as e:  # noqa: BLE001 -- sorted below
-                    if not _is_worker_loss(e) and not isinstance(e, GetTimeoutError):
-                        raise  # the worker ran and raised: a bug or bad input, not a lost worker
-                    self._lose(w, ids, e)
-                    continue
-                unfinished -= self._receive(w, ids, results, now - t0)
-            for ref, (w, ids, since) in list(self.inflight.items()):
-                if now - since > cfg.chunk_timeout_s:
-                    del self.inflight[ref]
-                    self._lose(w, ids, TimeoutError(f"worker {w} did not return a chunk within "
-                                                    f"chunk_timeout_s={cfg.chunk_timeout_s}"))
-
+            unfinished -= self._collect(ready, now - t0)
+            self._expire(now)
         elapsed = time.perf_counter() - t0
         if self.drafter is not None:
             self.drafter.end_rollout(self.pool)
         if self.on_idle is not None:
             for w in self.pool.ready():
-                if w not in idle_told:
+                if w not in self.idle_told:
                     self.on_idle(w)
         return self._metrics(elapsed, list(self.finish_times.values()))
+
+    def _use_idle_workers(self) -> None:
+        """Drafter training slices, and on_idle once per worker that has nothing in flight."""
+        if self.drafter is not None:
+            self.drafter.give_slices(self.pool, self._busy_workers())
+        if self.on_idle is not None:
+            for w in self.pool.ready():
+                if w not in self._busy_workers() and w not in self.idle_told:
+                    self.idle_told.add(w)
+                    self.on_idle(w)
+
+    def _wait(self, unfinished: int) -> list:
+        """What came back (chunks, replacements starting, slices) within poll_s."""
+        import ray
+
+        waits = list(self.inflight) + list(self.pool.starting())
+        if not waits:
+            raise RuntimeError(f"no rollout worker left to run {unfinished} unfinished requests; "
+                               f"last worker error: {self.pool.last_error}")
+        slices = list(self.drafter.inflight) if self.drafter is not None else []
+        return ray.wait(waits + slices, num_returns=1, timeout=self.config.poll_s)[0]
+
+    def _collect(self, ready: list, now: float) -> int:
+        """Fold in what came back; returns how many requests finished. `now`: seconds since the start."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        done = 0
+        for ref in ready:
+            if self.drafter is not None and self.drafter.owns(ref):
+                self.drafter.receive(ref)
+                continue
+            if ref not in self.inflight:
+                self.pool.started(ref)  # a replacement is up (or failed to start)
+                continue
+            w, ids, _ = self.inflight.pop(ref)
+            try:
+                results = ray.get(ref, timeout=max(self.config.poll_s, 10.0))
+            except Exception as e:  # noqa: BLE001 -- sorted below
+                if not _is_worker_loss(e) and not isinstance(e, GetTimeoutError):
+                    raise  # the worker ran and raised: a bug or bad input, not a lost worker
+                self._lose(w, ids, e)
+                continue
+            done += self._receive(w, ids, results, now)
+        return done
+
+    def _expire(self, now: float) -> None:
+        """A batch out longer than chunk_timeout_s counts as a lost worker."""
+        limit = self.config.chunk_timeout_s
+        for ref, (w, ids, since) in list(self.inflight.items()):
+            if now - since > limit:
+                del self.inflight[ref]
+                self._lose(w, ids, TimeoutError(f"worker {w} did not return a chunk within chunk_timeout_s={limit}"))
 
     def start(self, requests: list[Request], rollout_id=None) -> None:
         """A new rollout's state: nothing kept, nothing in flight, every unfinished request queued."""
         self.reqs = {i: r for i, r in enumerate(requests)}
         self.rollout_id = rollout_id
+        self.idle_told: set = set()  # workers told on_idle since their last batch
         self.gkey = {i: (("g", r.group) if r.group is not None else ("solo", i)) for i, r in self.reqs.items()}
         self.probe = {}  # group -> request id of its probe
         for i in self.reqs:
@@ -228,11 +205,9 @@ class RolloutScheduler:
             first = results[0]  # per-call figures are repeated in every result
             self.busy_s[w] = self.busy_s.get(w, 0.0) + first["wall_s"]
             self.cpu_s[w] = self.cpu_s.get(w, 0.0) + first.get("cpu_s", 0.0)
-            self.counts["engine_steps"] += first.get("engine_steps", 0)
             self.worker_steps[w] = self.worker_steps.get(w, 0) + first.get("engine_steps", 0)
-            self.counts["fed_tokens"] += first.get("fed_tokens", 0)
-            self.counts["spec_off_steps"] += first.get("spec_off_steps", 0)
-            self.counts["drafter_seconds"] += first.get("drafter_seconds", 0.0)
+            for key in ("engine_steps", "fed_tokens", "spec_off_steps", "drafter_seconds"):
+                self.counts[key] += first.get(key, 0)
             self.counts["max_engine_wait_s"] = max(self.counts["max_engine_wait_s"], first.get("engine_wait_s", 0.0))
             self._note_kept(w, ids, first.get("kept", ()))
         back, done = set(ids), 0
@@ -350,22 +325,18 @@ class RolloutScheduler:
         return cands[:n] + rest[:extra]
 
     def _fifo(self, w: int, live: set) -> list[int]:
-        """Divided mode (no estimates): w's own (whose KV it keeps) first, then its groups', then
-        others', each in the queue's order. Its own go first: one left waiting would be taken by
-        another worker while this one is busy, and prefilled again there."""
+        """Divided mode: w's own (whose KV it keeps; left waiting, another worker would take and
+        re-prefill them) first, then its groups', then others', each in the queue's order."""
         own, free = self._affinity(w, list(self.pending), live)
         local = [i for i in free if self.home.get(self.gkey[i], w) == w or self.home[self.gkey[i]] not in live]
         mine = set(local)
         return own + local + [i for i in free if i not in mine]
 
     def _ranked(self, w: int, live: set) -> list[int]:
-        """Context-aware mode: w's candidates by priority (probes, then longest estimated remaining,
-        aged). A request whose KV w keeps ranks `preempt_margin` chunks higher, one kept on another
-        worker as much lower (taking it costs a prefill there), so a kept request is displaced
-        (paused, its KV kept) or moved only for one that is clearly longer: the long requests start
-        as soon as they are known to be long, without requests swapping at every chunk. A request
-        kept on an idle live worker within its batch is left to it: it is dispatched next. On equal
-        estimates, members of the groups w runs go first (their suffix index is here)."""
+        """Context-aware mode: w's candidates by priority, a request kept here `preempt_margin`
+        chunks higher and one kept elsewhere as much lower (so requests do not swap at every chunk),
+        those kept on an idle worker within its next batch left to it; on equal estimates, members
+        of the groups w runs first."""
         margin = self.config.preempt_margin * self.config.chunk_tokens
         busy, theirs = self._busy_workers(), {}
         for i in self.pending:
@@ -383,12 +354,9 @@ class RolloutScheduler:
         return sorted((i for i in self.pending if i not in left), key=key, reverse=True)
 
     def _affinity(self, w: int, order: list[int], live: set) -> tuple[list[int], list[int]]:
-        """(own, free): the queue's requests whose KV worker w keeps, at most a batch of them, and
-        those it may take besides. A request kept on another live worker stays for it while that
-        worker is idle (it is dispatched next) and keeps no more of the queue than one batch: moving
-        costs a re-prefill and buys nothing while the holder has a slot for it, whereas a request
-        beyond the holder's batch, or held by a worker busy with a chunk, would wait while w has a
-        free slot, stretching the tail."""
+        """(own, free): the queue's requests whose KV w keeps (a batch at most), and those it may
+        take besides. A request kept on an idle live worker within that worker's next batch stays
+        for it (moving costs a re-prefill); one beyond it, or held by a busy worker, is free."""
         own, free, theirs = [], [], {}
         for i in order:
             h = self.holder.get(i)
@@ -429,12 +397,9 @@ class RolloutScheduler:
         return getattr(self.pool, "info", {}).get(w, {}).get("kept_slots", 0) > 0
 
     def _budget(self, w: int, ids: list[int]) -> Optional[int]:
-        """The chunk. On a worker that keeps KV, chunk_tokens engine steps (each gives every running
-        request at least one token): only a request moved to it prefills again, once, and the
-        scheduler moves one only where that pays, so the chunk does not grow for it (a longer chunk
-        would only delay the next rebalancing). Elsewhere every request prefills its context again
-        in every chunk, so the chunk is new tokens per request, at least chunk_growth x the longest
-        context, to keep re-prefill a bounded fraction of the decoding."""
+        """The chunk: chunk_tokens engine steps on a worker that keeps KV (only a moved request
+        prefills again, once); elsewhere every chunk re-prefills, so new tokens per request, at
+        least chunk_growth x the longest context."""
         cfg = self.config
         if cfg.mode == "static":
             return None

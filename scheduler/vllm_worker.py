@@ -1,23 +1,12 @@
 """The Ray worker that holds a vLLM engine instead of spectail's, behind the same chunk protocol
-(scheduler/worker.py's docstring: work items in, results out), so the rollout scheduler's
-divided rollout, context-aware order, balancing and recovery run unchanged over vLLM workers.
+(scheduler/worker.py), so divided rollout, ordering, balancing and recovery run over vLLM too.
 
-A chunk continues each request from its prompt and output so far: vLLM prefills that context
-again, which its prefix cache makes cheap on the worker that ran the request's last chunk, and
-the scheduler keeps a GRPO group on the worker that ran it first (group affinity), so a
-continued chunk lands where its prefix is cached. Each continued chunk draws fresh noise
-(rollout/vllm_backend.py, `chunk_seed`). What a vLLM worker cannot promise is what vLLM cannot:
-a request's tokens depend on where its chunks ended and on the batch (docs/guarantees.md).
-
-The actor runs the Python that has vLLM (`make venv-vllm` makes .venv-vllm): Ray starts it with
-runtime_env {"py_executable": ...}, "the executable used for running the Ray workers"
-(ray/_private/runtime_env/py_executable.py, PyExecutablePlugin; ray.runtime_env.RuntimeEnv's
-py_executable: "Path or command to the Python executable that Ray uses to launch worker
-processes"). That Python needs the driver's Ray version (tools/venv-vllm.sh installs it);
-`actor_options` checks that before any actor is made.
-
-A result carries, beside what a spectail worker's does, prefix_cached_tokens: the context tokens
-of the call that vLLM found in its prefix cache (what affinity saved).
+A continued chunk prefills its context again, which vLLM's prefix cache makes cheap where the
+request ran before (group affinity keeps it there), and draws fresh noise: a request's tokens
+depend on where its chunks ended and on the batch (docs/guarantees.md). The actors run the
+Python that has vLLM (`make venv-vllm`), through runtime_env py_executable; it needs the
+driver's Ray and Python versions, which `actor_options` checks before any actor is made.
+A result also carries prefix_cached_tokens (what affinity saved).
 """
 from __future__ import annotations
 
@@ -38,6 +27,7 @@ from rollout.request import Request
 from rollout.vllm_config import VllmConfig
 
 from .rollout_scheduler import WorkerLost
+from .worker import by_budget, chunk_results
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -103,11 +93,8 @@ class VllmRolloutWorker:
 
     def _run_chunk(self, work: list[dict]) -> list[dict]:
         t0 = time.perf_counter()
-        by_budget: dict[Optional[int], list[dict]] = {}
-        for w in work:
-            by_budget.setdefault(w.get("max_new_tokens"), []).append(w)
         results, steps, fed, cached = [], 0, 0, 0
-        for budget, items in by_budget.items():  # the scheduler sends one budget per batch
+        for budget, items in by_budget(work).items():
             part, info = self._run(items, budget, time.perf_counter() - t0)
             results += part
             steps, fed, cached = steps + info.engine_steps, fed + info.fed_tokens, cached + info.cached_tokens
@@ -124,12 +111,7 @@ class VllmRolloutWorker:
                 for i, w in enumerate(items)]
         starts = [len(r.output_ids) for r in reqs]
         info = b.run(reqs, max_new_tokens=budget)
-        out = []
-        for i, (r, w, n0) in enumerate(zip(reqs, items, starts)):
-            out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
-                        "finish_reason": r.finish_reason, "stats": r.stats(),
-                        "finished_at_s": offset + info.finished_at.get(i, info.seconds) if r.finish_reason else None})
-        return out, info
+        return chunk_results(reqs, items, starts, lambda i: offset + info.finished_at.get(i, info.seconds)), info
 
 
 # ---- which Python the actors run ----------------------------------------------------------------

@@ -1,43 +1,26 @@
 """The Ray worker: one engine per actor, running chunks of a divided rollout.
 
-A worker keeps nothing between chunks that the output depends on. Every token is a pure
-function of (weights, prompt, seed, position), so a work item carries the whole state of its
-request -- prompt, output so far, seed, sampling params, draft -- and any worker holding the
-same weights continues it with the same tokens. What a worker does keep is only speed: the
-proposers' indexes (a GRPO group's suffix index grows while its members run here), and, when its
-engine has `kept_slots`, the KV of the requests it paused, under (rollout id, scheduler id): the
-same request sent back here resumes without prefill (rollout/kept_slots.py checks that its
-context still begins with the kept tokens; weight updates drop them, and so does a chunk of
-another rollout).
+A worker keeps nothing between chunks that the output depends on: a work item carries its
+request's whole state, so any worker with the same weights continues it with the same tokens.
+What it keeps is speed only: a GRPO group's suffix index, and (with `kept_slots`) the KV of the
+requests it paused, under (rollout id, scheduler id), so the same request sent back resumes
+without prefill (weight updates and a chunk of another rollout drop them). `RolloutWorker` is a
+plain class (the backend wraps it with `ray.remote`), so this module imports without Ray.
 
-`RolloutWorker` is a plain class; the backend wraps it with `ray.remote` and the resources it
-was given, so this module imports without Ray.
+A work item: id (the scheduler's), rollout (GRPO group ids are scoped by it), max_new_tokens
+(pause after this many new tokens; None: to the end), max_steps (the same in every item: after
+this many engine steps every running request pauses, those never admitted come back untouched)
+and request (`Request.to_wire()`). A result: id, token_ids and logprobs (this call's only),
+finish_reason (None: paused), stats (cumulative), finished_at_s; and for the whole call: wall_s,
+cpu_s, engine_steps, spec_off_steps, fed_tokens (the work, independent of the machine's load),
+drafter_seconds, engine_wait_s (waiting for a training slice) and kept (this rollout's scheduler
+ids whose KV the worker keeps).
 
-A work item (dict): id (the scheduler's request id, returned as is), rollout (the id of the
-rollout it belongs to: GRPO group ids are scoped by it), max_new_tokens (the chunk: pause after
-this many new tokens; None = run to the end), max_steps (optional, the same in every item of a
-call: after this many engine steps every running request pauses and those never admitted come
-back untouched, so a call may carry more requests than slots) and request (`Request.to_wire()`: prompt, output so
-far, its logprobs, seed, sampling params, the old response and its logprobs, group, counters).
-
-A result (dict): id; token_ids and logprobs (the tokens generated in this call only);
-finish_reason ("stop" | "length", or None when paused at the end of the chunk); stats (the
-counters, cumulative); finished_at_s (seconds from the start of the call to this request's last
-token, None if paused); for the whole call (same in every result): wall_s, cpu_s (this process's
-CPU seconds: what the call cost, which other processes on the machine blur less), engine_steps (target
-forwards), spec_off_steps (those without drafts) and fed_tokens (tokens fed to them, prefill
-included) -- the work the call took, independent of how busy the machine was --,
-drafter_seconds (the draft head's share of it), engine_wait_s (how long the call waited for a
-training slice to give the engine back, before wall_s began) and kept (the scheduler ids of this rollout whose
-KV this worker keeps after the call).
-
-The draft head (drafter/proposer.py, when the engine's spec names "drafter"): a chunk may carry
-the newest published version, (version, [ObjectRef of its state]), loaded before the chunk runs;
-`train_drafter` is a training slice on what this worker ran (scheduler/drafter_slices.py). It
-runs in the concurrency group `DRAFTER_GROUP` (the backend declares it and sends slices there),
-so a chunk or a weight update arriving during a slice runs at once: it takes the engine from
-the slice at its next optimizer step (scheduler/engine_turns.py). Every other call stays in
-Ray's default group, one at a time and in the order sent.
+The draft head: a chunk may carry the newest published version, loaded before it runs;
+`train_drafter` is a training slice (drafter_slices.py) in the concurrency group DRAFTER_GROUP,
+so a chunk or weight update arriving meanwhile runs at once and takes the engine from the slice
+at its next optimizer step (engine_turns.py). Every other call runs in Ray's default group, one
+at a time and in order.
 """
 from __future__ import annotations
 
@@ -52,13 +35,8 @@ from rollout.request import Request
 
 from .engine_turns import EngineTurns
 
-# The Ray concurrency group of `train_drafter` (one slice at a time, beside the default group's
-# one call at a time). Groups are declared with ray.remote(concurrency_groups=...) and a call is
-# sent to one with .options(concurrency_group=...): ray/actor.py (ActorClass._remote reads
-# concurrency_groups; ActorMethod.options takes concurrency_group), Ray 2.60. With max_concurrency
-# 1 the actor still executes each group's calls in order (allow_out_of_order_execution defaults
-# to False; src/ray/core_worker/task_execution/ordered_actor_task_execution_queue.cc keeps a
-# sequence per group and posts each group's calls to that group's own thread pool).
+# `train_drafter`'s Ray concurrency group (declared with ray.remote(concurrency_groups=...), chosen
+# per call with .options(concurrency_group=...)); each group still runs its calls in order.
 DRAFTER_GROUP = "drafter"
 
 
@@ -134,11 +112,8 @@ class RolloutWorker:
         dp = self._drafter()
         head_s = dp.stats["seconds"] if dp is not None else 0.0
         self._forget_other_rollouts({w.get("rollout") for w in work})
-        by_budget: dict[Optional[int], list[dict]] = {}
-        for w in work:
-            by_budget.setdefault(w.get("max_new_tokens"), []).append(w)
         results, done = [], RunStats()
-        for budget, items in by_budget.items():  # the scheduler sends one budget per batch
+        for budget, items in by_budget(work).items():
             part, run = self._run(items, budget, t0)
             results += part
             done = RunStats(done.steps + run.steps, done.spec_off_steps + run.spec_off_steps,
@@ -209,12 +184,7 @@ class RolloutWorker:
         run = eng.run(reqs, max_new_tokens=budget,
                       on_finish=lambda r: finished_at.__setitem__(r.index, time.perf_counter() - t0),
                       keep=keep if eng.kept.capacity else None, max_steps=items[0].get("max_steps"))
-        out = []
-        for r, w, n0 in zip(reqs, items, starts):
-            out.append({"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
-                        "finish_reason": r.finish_reason, "stats": r.stats(),
-                        "finished_at_s": finished_at.get(r.index, 0.0) if r.finish_reason else None})
-        return out, run
+        return chunk_results(reqs, items, starts, lambda i: finished_at.get(i, 0.0)), run
 
     def _group_key(self, group, rollout):
         if group is None or rollout is None:
@@ -227,3 +197,19 @@ class RolloutWorker:
         self.engine.kept.drop(lambda key: key[0] not in current)
         for rollout in [r for r in self._rollout_groups if r not in current]:
             self.engine.release_groups(self._rollout_groups.pop(rollout))
+
+
+def by_budget(work: list[dict]) -> dict[Optional[int], list[dict]]:
+    """A chunk's work items by max_new_tokens (the scheduler sends one budget per batch)."""
+    out: dict[Optional[int], list[dict]] = {}
+    for w in work:
+        out.setdefault(w.get("max_new_tokens"), []).append(w)
+    return out
+
+
+def chunk_results(reqs: list[Request], items: list[dict], starts: list[int], finished_at) -> list[dict]:
+    """One result per request run (module docstring); finished_at(i): seconds to request i's end."""
+    return [{"id": w["id"], "token_ids": r.output_ids[n0:], "logprobs": r.logprobs[n0:],
+             "finish_reason": r.finish_reason, "stats": r.stats(),
+             "finished_at_s": finished_at(i) if r.finish_reason else None}
+            for i, (r, w, n0) in enumerate(zip(reqs, items, starts))]

@@ -3,21 +3,12 @@ worked solutions, cached on disk as a normal Hugging Face checkpoint.
 
     model, tok, folder = load_or_train_policy(TaskConfig(), PolicyConfig())
 
-The first call trains (1800 steps with the defaults; about a minute on one CPU core) into a
-temporary folder beside the cache entry and renames it into place, so an interrupted run leaves
-no half-written entry; later calls load `folder` in about a second.
-`folder` holds config.json, model.safetensors, the tokenizer files and `spectail_sft.json` (what
-training did), and loads with `AutoModelForCausalLM.from_pretrained` /
-`AutoTokenizer.from_pretrained`.
-
-The cache root is `cache_dir`, else $SPECTAIL_CACHE, else ~/.cache/spectail; the entry is
-`policy-<hash>` of the policy config and of the task config's problem distribution (its
-`num_problems` and `seed` do not change what the policy is trained on, so they are not in it).
-
-Sampled at temperature 1.0 the warm-started policy answers part of the problems right: most
-short chains, few long ones. It has learnt the format and the
-counting, and also the occasional slip its training data carries (`sft_slip_rate`): RL has to
-train the slips away, and the longer the chain the more there is to gain.
+The first call trains (about a minute on one CPU core) into a temporary folder renamed into
+place, so an interrupted run leaves no half-written entry; later calls load in a second. The
+entry is `policy-<hash>` of the policy config and the task's problem distribution under
+`cache_dir`, else $SPECTAIL_CACHE, else ~/.cache/spectail. The training data carries slips
+(`sft_slip_rate`), so at T = 1 the policy is right on part of the problems, mostly the short
+ones: RL has slips to train away, the more the longer the chain.
 """
 from __future__ import annotations
 
@@ -27,12 +18,12 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from typing import Optional, Sequence
 
 import torch
+
+from scheduler.atomic_file import new_folder, remove_stale
 
 from ..config import PolicyConfig, TaskConfig
 from ..dataset import Problem
@@ -207,10 +198,9 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
     root = os.fspath(cache_dir) if cache_dir is not None else default_cache_root()
     folder = os.path.join(root, f"policy-{cache_key(task_cfg, policy_cfg)}")
     remove_stale_temporaries(root)
-    if not os.path.isfile(os.path.join(folder, META_FILE)):  # written last: its presence means complete
-        os.makedirs(root, exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-policy-")
-        try:
+    done = lambda f: os.path.isfile(os.path.join(f, META_FILE))  # noqa: E731 -- META_FILE is written last
+    if not done(folder):
+        with new_folder(folder, ".tmp-policy-", done) as tmp:
             tokenizer = build_tokenizer(tmp)
             model = make_model(policy_cfg, tokenizer)
             info = train_sft(model, tokenizer, sft_examples(task_cfg, policy_cfg), policy_cfg, progress=progress)
@@ -218,15 +208,6 @@ def load_or_train_policy(task_cfg: TaskConfig, policy_cfg: PolicyConfig, cache_d
             info.update(task=dataclasses.asdict(task_cfg), policy=dataclasses.asdict(policy_cfg))
             with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as f:
                 json.dump(info, f, indent=2)
-            os.chmod(tmp, 0o755)  # mkdtemp made it private; the entry is an ordinary folder
-            try:
-                os.rename(tmp, folder)
-            except OSError:  # another process finished the same entry first: keep theirs
-                if not os.path.isfile(os.path.join(folder, META_FILE)):
-                    raise
-        finally:
-            if os.path.isdir(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
     model, tokenizer = load_checkpoint(folder)
     return model, tokenizer, folder
 
@@ -235,20 +216,8 @@ STALE_TMP_SECONDS = 6 * 3600.0  # far longer than any warm start: its trainer is
 
 
 def remove_stale_temporaries(root: str, prefix: str = ".tmp-policy-") -> None:
-    """Delete `<prefix>*` folders that no trainer has touched for STALE_TMP_SECONDS (a killed
-    run's leftovers); a fresh one may belong to a trainer still running."""
-    now = time.time()
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if (entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)
-                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS):
-                shutil.rmtree(entry.path, ignore_errors=True)
-        except OSError:
-            pass
+    """Delete `<prefix>*` folders untouched for STALE_TMP_SECONDS (a killed run's leftovers)."""
+    remove_stale(root, lambda name: name.startswith(prefix), STALE_TMP_SECONDS)
 
 
 # ------------------------------------------------------------------------------ the drafter's warm start

@@ -4,32 +4,13 @@
     solution:  "039+03\n040+02\n041+01\n042+00\nanswer 042"     (the policy then emits </s>)
     answer:    "42"
 
-Each line moves one unit from the count on the right to the running total on the left, until
-the count is 0; then the answer line. Numbers are zero-padded to a fixed width (3 digits for the
-total, 2 for the count with the defaults), so every line has the same length and each digit sits
-exactly one line below the digit it comes from: a tiny transformer learns the chain in a minute
-of CPU, where variable-width numbers took several times longer and sometimes not at all.
-
-The count is heavy-tailed (P(count) ~ count^-tail_alpha on [min_count, max_count]), so most
-responses are short and a few are very long: with the defaults the 99th percentile of the
-response length in tokens is many times the median (tests/rl_integration/test_task.py checks it).
-That is the long tail spectail is about.
-
-Every running total is a chance for an arithmetic slip (see `format_solution`): the warm-started
-policy sampled at T=1 is right on some prompts and not on others — the longer the chain the
-likelier a slip — and RL has something to improve. The worked solution is a pure function of
-the prompt, so a policy that has learnt it answers the same prompt with (nearly) the same text
-every epoch, which history reuse drafts from.
-
-The reward is verifiable: 1.0 when the first `answer <int>` in the response equals the ground
-truth (leading zeros ignored), else 0.0 — never an exception, whatever the response holds.
-
-API (the generator's knobs are rl_integration.config.TaskConfig; problems are
-rl_integration.dataset.Problem):
-    make_problems(cfg) -> list[Problem]          deterministic given cfg (seed included)
-    parse_prompt(prompt) -> (start, count, widths);  format_solution(prompt, slip_rate=0, rng=None)
-    extract_answer(text) -> str | None
-    reward_fn(response, answer, tokenizer=None) -> float
+Numbers are zero-padded to a fixed width, so every line has the same length and each digit
+sits exactly below the one it comes from: a tiny transformer learns the chain in a minute of
+CPU. The count is heavy-tailed (P(count) ~ count^-tail_alpha), so most responses are short and
+a few very long: the long tail spectail is about. The worked solution is a pure function of the
+prompt, so a policy that learnt it answers a prompt with nearly the same text every epoch,
+which history reuse drafts from. The reward is verifiable: 1.0 when the first `answer <int>`
+equals the ground truth, else 0.0, never an exception.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The embedded task's tokenizer, built locally with the `tokenizers` library.
-
-One token per printable ASCII character, newline and tab (so any such text round-trips and garbage
-never needs <unk>), plus the few words the task uses as whole tokens and four special tokens.
-The vocabulary is fixed (no training): ids are the same on every machine, 102 in all.
-
-    tok = build_tokenizer(folder)                  # saves, then returns a PreTrainedTokenizerFast
-    AutoTokenizer.from_pretrained(folder)          # loads the same tokenizer
-
-`tok(text)` prepends <s>; responses end with </s>; <pad> pads. Decoding with
-`skip_special_tokens=True` gives back the exact text (no spaces are added or removed).
+"""The embedded task's tokenizer, built locally with the `tokenizers` library: one token per
+printable ASCII character, newline and tab (any such text round-trips, nothing needs <unk>),
+the word "answer", and four special tokens; a fixed vocabulary of 102 ids on every machine.
+`tok(text)` prepends <s>; responses end with </s>; decoding with skip_special_tokens=True gives
+back the exact text.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""The worker side: verl's BaseRollout for spectail (verl/workers/rollout/base.py).
-
-Every trainer worker of a hybrid engine (verl/workers/engine_workers.py, `update_weights`), and
-every checkpoint-engine worker of a standalone rollout (verl/checkpoint_engine/base.py,
-`CheckpointEngineWorker`), holds one of these. verl calls:
-  - `resume(tags)` / `release()` around a weight sync: wake the server's weights / KV cache, or
-    free both for training (skipped when rollout.free_cache_engine is off, as for vLLM);
-  - `update_weights(weights, global_steps=..., peft_config=..., ...)`: a generator of
-    (Hugging Face name, tensor). Every worker iterates it (FSDP gathers each full tensor
-    collectively); the replica's leader rank collects the tensors on the host and sends them
-    to its server through Ray's object store, which loads them all or nothing. LoRA adapters
-    must come merged (actor_rollout_ref.model.lora.merge=True).
-The server is found by name (`spectail_server_<replica>_<node>`, replica.py), as verl's vLLM
-adapter finds its server (verl/workers/rollout/vllm_rollout/vllm_rollout.py, `ServerAdapter`).
+"""The worker side: verl's BaseRollout for spectail (verl/workers/rollout/base.py), held by every
+trainer worker of a hybrid engine and every checkpoint-engine worker. `resume(tags)` / `release()`
+wake or free the server's weights and KV cache around a weight sync; `update_weights` iterates
+verl's (name, tensor) generator on every rank (FSDP's gathers are collective) and the replica's
+leader sends the tensors to its server, found by name as verl's vLLM adapter finds its own.
 """
 from __future__ import annotations
 

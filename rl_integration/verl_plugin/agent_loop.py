@@ -1,18 +1,10 @@
-"""The agent loop "spectail_agent": verl's single-turn loop, with each request routed by its GRPO group.
+"""The agent loop "spectail_agent": verl's single-turn loop, each request routed by its GRPO group.
 
-verl's default single-turn loop (verl/experimental/agent_loop/single_turn_agent_loop.py) sends
-every sample with a fresh uuid as request id, so verl's load balancer
-(verl/workers/rollout/router.py, `GlobalRequestLoadBalancer`: sticky by request id, else least
-loaded) scatters a group's siblings over the servers, and the server cannot tell which
-requests are siblings. This loop is the same loop with its server client wrapped: every
-request of a sample carries its group's `uid` (the trainer sets one per prompt before
-repeating it n times, verl/trainer/ppo/ray_trainer.py) as request id, so the sticky session
-sends the whole group to one server, and as `spectail_group`, which verl's client passes on to
-the server's `generate` (verl/workers/rollout/llm_server.py, `LLMServerClient.generate`
-forwards extra keywords). There the group meets in one engine run: siblings draft for each
-other, and their seeds are sample indices 0..n-1 wherever the group lands.
-
-    actor_rollout_ref.rollout.agent.default_agent_loop=spectail_agent
+verl's own loop gives every sample a fresh request id, so its sticky load balancer scatters a
+group over the servers. Here every request of a sample carries its group's `uid` as request id
+(so the whole group reaches one server) and as `spectail_group`, which verl's client passes on to
+the server: the group meets in one engine run, siblings draft for each other, and their seeds
+are sample indices 0..n-1 wherever the group lands.
 """
 from __future__ import annotations
 

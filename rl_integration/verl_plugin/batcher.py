@@ -1,18 +1,11 @@
 """Concurrent requests into one engine run.
 
-verl sends one request per sample, each an awaited actor call; an engine that ran them one by
-one would decode one sequence at a time, and siblings of a GRPO group would never see each
-other (the suffix proposer drafts for a request from its siblings' tokens). The batcher queues
-requests as they arrive and starts a batch once none has arrived for `window_s` (or `max_wait_s`
-after the batch's first request): verl's agent-loop workers send a whole batch at once, so a
-group's requests arrive within milliseconds of each other and meet in one engine run. Requests
-arriving while a batch runs wait for the next one.
-
-The batch runs on one dedicated thread (`run_batch(items, stopping) -> results`), so the actor's
-event loop keeps taking requests and control calls meanwhile; `call(fn)` gives a control call
-(weights, memory) the engine between batches. `abort()` fails nothing: queued requests are
-answered with `aborted(item)` at once, and the running batch is asked to stop (`stopping()`
-turns true) and answers with what it has.
+verl sends one awaited request per sample; run one by one they would decode one sequence at a
+time, and GRPO siblings would never draft for each other. The batcher starts a batch once no
+request arrived for `window_s` (or `max_wait_s` after its first): verl's agent loops send a
+batch at once, so a group meets in one run. The batch runs on a dedicated thread, so the actor
+keeps taking requests and control calls (`call(fn)`, between batches); `abort()` answers the
+queued requests at once and asks the running batch to stop with what it has.
 """
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The spectail server's settings: verl's rollout config plus `engine_kwargs.spectail`.
-
-    actor_rollout_ref.rollout.engine_kwargs.spectail:
-        proposers: [suffix, lookahead]     # draft sources (history needs a store; not in verl yet)
-        max_draft_tokens: 24
-        max_batch_size: 128                # KV-cache slots of one server's engine
-        dtype: null                        # null: the rollout config's dtype
-        device: null                       # null: cuda when the server sees a GPU, else cpu
-        gather_window_s: 0.05              # a batch starts once no request arrived for this long
-        max_gather_s: 2.0                  # ... or this long after its first request
-        abort_chunk_tokens: 512            # an abort takes effect within this many tokens
-        num_cpus: 1                        # the server actor's Ray CPUs
-
-Unknown keys and wrong types raise ValueError naming them (rl_integration.config.from_dict).
+"""The spectail server's settings: verl's rollout config plus `engine_kwargs.spectail`
+(`ServerOptions`' fields: proposers, max_draft_tokens, max_batch_size, dtype, device,
+gather_window_s, max_gather_s, abort_chunk_tokens, num_cpus, ...; docs/verl.md). Unknown keys and
+wrong types raise ValueError naming them.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The driver side: verl's RolloutReplica for spectail (verl/workers/rollout/replica.py).
 
-verl's LLMServerManager (verl/workers/rollout/llm_server.py) makes one replica per rollout world
-(tensor x data x pipeline parallel devices; spectail's engine runs on one device, so one device
-per replica) and calls `init_hybrid(worker_group)` (the rollout shares the trainer's devices) or
-`init_standalone()` (its own); both end in `launch_servers`, which starts one SpectailServer actor
-per replica node, named as verl's worker-side adapter looks it up
-(`spectail_server_<replica>_<node>`). In hybrid mode the server lands on its trainer worker's node
-and sees that worker's GPU (CUDA_VISIBLE_DEVICES, as verl's vLLM replica does); standalone, it
-asks Ray for a GPU when the cluster has any, else runs on a CPU. sleep / wake_up / abort /
-KV-cache release and resume are the base class's: each calls the same method on every server.
+One replica per device (spectail's engine runs on one). `launch_servers` starts one
+SpectailServer actor per replica node, named as the worker-side adapter looks it up. Hybrid:
+on its trainer worker's node, seeing that worker's GPU (as verl's vLLM replica does);
+standalone: a GPU from Ray when the cluster has any, else the CPU. sleep / wake_up / abort are
+the base class's: each calls the same method on every server.
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """verl's per-request sampling parameters as spectail's SamplingParams, and each request's seed.
 
-verl's agent loop worker sends {temperature, top_p, top_k (-1: off), repetition_penalty,
-logprobs} (verl/experimental/agent_loop/agent_loop.py, `AgentLoopWorker.generate_sequences`),
-sometimes max_tokens / max_new_tokens. Like verl's vLLM server
-(verl/workers/rollout/vllm_rollout/vllm_async_server.py, `vLLMHttpServer.generate`) the response
-budget defaults to min(response_length, prompt_length + response_length - prompt) and is capped by
-max_model_len. A setting the engine cannot honour (repetition_penalty != 1, min_p, ...) is
-refused by name: it would make the samples something other than samples of the policy.
-
-Seeds: the request's sample index is its arrival rank among this server's requests for the same
-prompt in this step. With the spectail agent loop a whole GRPO group reaches one server, so the
-indices are 0..n-1 wherever the group lands and the seed is
-`sample_seed(run seed, prompt_key(prompt ids), index, step)`, as in every spectail backend.
-Requests that name no group (verl's own agent loops spread siblings over servers) add the
-replica rank to the index, so siblings on different servers never share noise.
+As verl's vLLM server does, the response budget defaults to min(response_length, prompt_length +
+response_length - prompt) within max_model_len; a setting the engine cannot honour
+(repetition_penalty != 1, min_p, ...) is refused by name: the samples would not be the policy's.
+A request's sample index is its arrival rank among this server's requests for the same prompt
+in this step, and its seed `sample_seed(run seed, prompt_key(prompt ids), index, step)`, as in
+every spectail backend; a request that names no group adds the replica rank to the index, so
+siblings on different servers never share noise.
 """
 from __future__ import annotations
 

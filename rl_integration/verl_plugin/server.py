@@ -1,22 +1,10 @@
 """The spectail rollout server: one Ray actor per replica node, holding one spectail Engine.
 
-It answers what verl asks of a rollout server (the calls verl's vLLM server answers,
-verl/workers/rollout/vllm_rollout/vllm_async_server.py, `vLLMHttpServer`):
-  - `generate(prompt_ids, sampling_params, request_id, ...) -> TokenOutput`: token in, token out,
-    with the exact logprobs when asked (`logprobs`), and in extra_fields the per-request
-    speculation counts verl turns into its spec metrics (`spec_num_draft_tokens`,
-    `spec_num_accepted_tokens`, `spec_num_verify_steps`; verl/trainer/ppo/ray_trainer.py,
-    `compute_spec_decode_metrics`), plus `spectail_seed`, `spectail_replica` and
-    `spectail_batch` (which engine run it was part of);
-  - memory: `sleep` / `wake_up(tags)` (KV cache released; weights moved to the host while a
-    hybrid trainer trains), `release_kv_cache` / `resume_kv_cache`, `clear_kv_cache` (nothing to
-    clear: the engine keeps no prefix cache across batches);
-  - `abort_all_requests` (queued requests answered "aborted" at once, the running batch within
-    `abort_chunk_tokens`, each with what it has; new requests wait until `resume_generation`, or
-    are refused with reject_request=True), `abort_request(request_id)`;
-  - weights: `update_weights(named tensors, global_steps)`, called by SpectailServerAdapter.
-
-Requests are batched into engine runs by batcher.py; seeds come from sampling.py.
+It answers what verl asks of a rollout server (verl's `vLLMHttpServer`,
+verl/workers/rollout/vllm_rollout/vllm_async_server.py): `generate` (token in, token out, the
+exact logprobs when asked, verl's spec counts in extra_fields), memory (`sleep` / `wake_up`,
+KV-cache release and resume), aborts, and `update_weights` (docs/verl.md, "What the server does").
+Methods verl calls that have nothing to do here are kept as no-ops.
 """
 from __future__ import annotations
 
