@@ -39,7 +39,8 @@ from torch import nn
 
 from rollout import pointwise_kernel
 from rollout.linear import PackedLinear, bound
-from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
+from rollout.model import CausalLM, ModelConfig, RMSNorm
+from rollout.ops import rotate
 
 from .head_cache import HeadCache, Rows
 from .vocab import check_ids

@@ -98,7 +98,7 @@ class HeadCache:
 
 
 def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """rollout.model.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
+    """rollout.ops.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
     sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 

@@ -1,6 +1,6 @@
 """A decoder layer's row-wise operations through rollout/pointwise_kernel.c on the CPU, in
 float32 or bfloat16 and outside autograd: the rotary embedding with the same bits as
-`model.rotate`'s torch expression, and RMSNorm with a fixed order of its own (each row's result
+`ops.rotate`'s torch expression, and RMSNorm with a fixed order of its own (each row's result
 depends on that row alone, as the engine's batch invariance needs). torch takes several passes
 and as many temporary tensors for each (tests/rollout/test_pointwise_kernel.py)."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _applies(*tensors: torch.Tensor) -> bool:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[torch.Tensor]:
-    """`model.rotate(x, cos, sin)` for x [N, heads, D] and cos, sin [N, 1, D]; None where the
+    """`ops.rotate(x, cos, sin)` for x [N, heads, D] and cos, sin [N, 1, D]; None where the
     kernel does not apply (the caller runs torch's)."""
     if (x.dim() != 3 or x.shape[-1] % 2 or cos.shape != (x.shape[0], 1, x.shape[2]) or sin.shape != cos.shape
             or not _applies(x, cos, sin)):

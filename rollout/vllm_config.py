@@ -1,7 +1,5 @@
-"""What a run config says about vLLM, when `rollout.name` is "vllm" (verl calls the same choice
-`actor_rollout_ref.rollout.name`). The engine's shape (batch, lengths, dtype, device, threads)
-stays in `rollout.engine` (EngineConfig), whose `spec` must then be null: speculation inside
-vLLM is vLLM's own, chosen here.
+"""What a run config says about vLLM when `rollout.name` is "vllm". The engine's shape stays in
+`rollout.engine` (EngineConfig), whose `spec` must then be null: vLLM's speculation is chosen here.
 
     rollout:
       name: vllm
