@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import noise_kernel, sampling
+from rollout import noise_kernel, ops, sampling
 
 from .vocab import keys32, subset_gumbel
 
@@ -80,7 +80,7 @@ class CoupledSampler:
 
         z = logits if self.plain else sampling.process_logits(logits, pick(self.temperature), pick(self.top_k),
                                                               pick(self.top_p))
-        kernel = noise_kernel.load() if z.device.type == "cpu" and z.dtype == torch.float32 else None
+        kernel = ops.noise_library(z.device) if z.dtype == torch.float32 else None
         if kernel is not None and not any(self.greedy[i] for i in live):
             return self._fused(kernel, z, pick(self.seeds), pick(self.first) + step, margins)
         scores = z

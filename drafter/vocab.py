@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from rollout import sampling
+from rollout import noise_kernel, ops, sampling
 
 
 def frequent_tokens(token_lists: Iterable[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:
@@ -72,10 +72,8 @@ def subset_gumbel(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tenso
     if out.numel() == 0:
         return out
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
-    kernel = sampling._kernel() if device.type == "cpu" else None
+    kernel = ops.noise_library(device)
     if kernel is not None:
-        from rollout import noise_kernel
-
         return noise_kernel.gumbel(kernel, seeds, positions, keys32(ids, vocab_size), out)
     a, b = sampling._row_keys(seeds, positions)
     hv = sampling._vocab_keys(vocab_size, device)[:, ids.to(device)]
