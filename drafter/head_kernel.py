@@ -1,8 +1,6 @@
 """The draft head's attention on the CPU through drafter/head_kernel.c: rotate the new rows' keys,
-write them and their values into the head's cache, attend from each request's last row.
-
-HeadCache.attend_rows (drafter/head_cache.py) calls it where it can run (a float32 head on the
-CPU with a C compiler) and runs the same steps in torch elsewhere (CUDA, bfloat16, no compiler).
+write them and their values into the head's cache, attend from each request's last row (for a
+float32 head; HeadCache.attend_rows runs the same steps in torch elsewhere).
 """
 from __future__ import annotations
 
@@ -13,18 +11,11 @@ from typing import Optional
 import torch
 
 from rollout import c_kernels
+from rollout.c_kernels import FLOAT, I64, INT, PTR
 
 HERE = Path(__file__).parent
-
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.head_write_rows.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.head_write_rows.restype = None
-    library.head_attend_rows.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, ptr, ptr,
-                                         ptr, ptr, ptr, ptr]
-    library.head_attend_rows.restype = ctypes.c_int
-    return library
+_bind = c_kernels.binder(head_write_rows=(None, [I64] * 6 + [PTR] * 7),
+                         head_attend_rows=(INT, [I64] * 7 + [FLOAT] + [PTR] * 9))
 
 
 def load() -> Optional[ctypes.CDLL]:

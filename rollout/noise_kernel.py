@@ -1,9 +1,6 @@
-"""The CPU kernel for the coupled noise (rollout/noise_kernel.c), built on first use (rollout/c_kernels.py).
-
-In torch the noise takes about twenty passes over a [rows, vocabulary] block, two of them
-logarithms (docs/results.md has what that cost). The kernel makes one pass per row and keeps no
-[rows, vocabulary] scratch. It gives bit for bit what sampling.py's torch
-reference gives (tests/rollout/test_noise_kernel.py), so which path ran never shows in a token.
+"""The CPU kernel for the coupled noise (rollout/noise_kernel.c): one pass per row, no [rows,
+vocabulary] scratch, where torch takes about twenty passes; bit for bit sampling.py's torch
+reference (tests/rollout/test_noise_kernel.py).
 """
 from __future__ import annotations
 
@@ -13,15 +10,9 @@ from typing import Optional
 import torch
 
 from . import c_kernels
+from .c_kernels import I64, PTR
 
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.gumbel_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.gumbel_rows.restype = None
-    library.perturbed_argmax_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.perturbed_argmax_rows.restype = None
-    return library
+_bind = c_kernels.binder(gumbel_rows=(None, [I64] * 3 + [PTR] * 4), perturbed_argmax_rows=(None, [I64] * 3 + [PTR] * 6))
 
 
 def load() -> Optional[ctypes.CDLL]:
