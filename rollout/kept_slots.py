@@ -1,22 +1,14 @@
-"""Kept KV slots: a paused request's keys and values, held by the engine between runs, so the
-same request continues on this engine without prefilling its context again (divided rollout
-with affinity, scheduler/rollout_scheduler.py).
+"""Kept KV slots: a paused request's keys and values, held by the engine between runs, so the same
+request continues on this engine without prefilling its context again (divided rollout with
+affinity, scheduler/rollout_scheduler.py).
 
-When a run pauses a request (its chunk's budget or the run's step limit reached) and the caller
-gave it a key, the KV of the request's first `num_cached` context tokens is copied out of its
-engine slot into one of `capacity` slots of a side cache, with the tokens it was computed from.
-A later run that brings a request under the same key whose context begins with exactly those
-tokens gets the KV copied back into the slot it is admitted to, and feeds only the rest. The KV
-at position p is a function of the weights and of tokens 0..p alone, so any prefix of a kept
-context is valid for any request that shares it, and the tokens are those a re-prefill gives;
-what makes an entry stale is a weight change, so the engine drops every entry on update_weights.
-
-The entries live in a side cache rather than in extra engine slots so that running requests keep
-the lowest, contiguous slots (attention reads a run of consecutive slots in place): copying n
-positions is a memory copy, prefilling them is a forward over n tokens. The side cache is
-bounded: keeping a new entry evicts the least recently kept one when no side slot is free; an
-entry a run has claimed is that run's until its request is admitted (or the run ends, when an
-unadmitted claim goes back to the store).
+When a run pauses a request under a key, the KV of its first `num_cached` context tokens is
+copied into a side cache with those tokens; a later run whose request under the same key begins
+with exactly those tokens gets the KV copied back and feeds only the rest. The KV at position p
+depends on the weights and tokens 0..p alone, so only a weight change makes an entry stale
+(update_weights drops them all). A side cache rather than extra engine slots keeps running
+requests in the lowest, contiguous slots; it is bounded, evicting the least recently kept entry.
+A claimed entry is its run's until its request is admitted, or goes back when the run ends.
 """
 from __future__ import annotations
 
@@ -63,9 +55,8 @@ class KeptSlots:
 
     def begin(self, requests: Sequence[Request], keys: Sequence[Optional[Hashable]]) -> KeptRun:
         """One run's use of the store: each request's entry, if its context still begins with the
-        kept tokens, is claimed for it; an entry under its key that does not match is dropped.
-        Takes no error after the first claim (the keys are checked first): a claim is only given
-        back by the run's `close`."""
+        kept tokens, is claimed for it; one that does not match is dropped. The keys are checked
+        before the first claim, which only the run's `close` gives back."""
         check_keys(keys, len(requests))
         run = KeptRun(self)
         for req, key in zip(requests, keys):
