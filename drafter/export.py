@@ -1,23 +1,12 @@
 """Saving and loading a draft head: safetensors + config.json, in vLLM's EAGLE layout.
 
-The head's parameter names already are vLLM's EAGLE-1 names for a Llama draft
-(vllm/model_executor/models/llama_eagle.py, `LlamaModel`): `fc.weight` over cat(embeds, hidden),
-`embedding_layernorm.weight` / `hidden_states_layernorm.weight` (the HASS variant, switched on by
-the config key `add_para_norm`), and `layers.0.{self_attn,mlp}.*` + `layers.0.post_attention_layernorm`
-(layer 0 has no input_layernorm there, nor here). It has no `embed_tokens` or `lm_head` of its own:
-vLLM's loader skips a draft's embed_tokens and shares the target's, as this head reads the policy's.
-config.json is a Llama config with num_hidden_layers = 1 and architectures ["LlamaForCausalLM"],
-which vLLM's EAGLEConfig (vllm/transformers_utils/configs/eagle.py) renames to
-"EagleLlamaForCausalLM" for method "eagle". vLLM feeds such a draft the target's final hidden
-states paired with the next token at the same position, as this head is trained.
-
-A head with a draft vocabulary (drafter/vocab.py) also saves `draft_vocab`, its sorted int64
-token ids (EAGLE-3 keeps the same set as a `d2t` offset table; vLLM's EAGLE-1 loader does not
-read either).
-
-The "mlp" kind has no EAGLE counterpart: its config carries only the spectail section.
-Our own section, "spectail_drafter", records the kind, format, hidden size and vocabulary; `load`
-reads it and refuses a head made for another policy shape, or one with NaN/Inf weights.
+The head's parameter names are vLLM's EAGLE-1 names for a Llama draft (llama_eagle.py: `fc`,
+the HASS norms switched on by `add_para_norm`, layer 0 without input_layernorm), without an
+embed_tokens or lm_head of its own (vLLM shares the target's). config.json is a one-layer Llama
+config that vLLM's EAGLEConfig renames for method "eagle". A draft vocabulary is saved as
+`draft_vocab`, its sorted ids (vLLM's EAGLE-1 loader does not read it); the "mlp" kind has no
+EAGLE counterpart. Our own section, "spectail_drafter", records the kind, format and sizes;
+`load` refuses a head made for another policy shape, or one with NaN/Inf weights.
 """
 from __future__ import annotations
 
@@ -65,7 +54,7 @@ def _check_finite(tensors: dict, what: str) -> None:
 
 def export(head: DraftHead, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
     """Write the head to `folder` (replaced as a whole: written beside it, then renamed in).
-    version: the online trainer's version of it, kept in the config (`saved_version`)."""
+    version: the online trainer's version of it, kept in the config (`read_state`)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
@@ -98,16 +87,14 @@ def export_state(state: dict, folder: str | os.PathLike, version: Optional[int] 
 
 
 def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
-    """The head saved in `folder`, for this policy (dtype and device default to the policy's).
-    ValueError, naming the problem, for a folder that is not a spectail drafter export, a head made
-    for another hidden size or vocabulary, missing or unexpected weights, or NaN/Inf weights."""
+    """The head saved in `folder`, for this policy (dtype and device default to the policy's);
+    ValueError naming what does not fit (not an export, other sizes, weights missing or NaN)."""
     return from_state(read_state(folder)[0], policy, dtype, device, where=str(folder))
 
 
 def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
-    """(head_state, version) of an exported folder (version 0 when the export has none), read
-    without a policy to check against (`check_state`, `from_state` do that); ValueError for a
-    folder that is not a spectail drafter export."""
+    """(head_state, version) of an exported folder (version 0: none recorded), unchecked against a
+    policy (`check_state`, `from_state` do that); ValueError for a folder that is not an export."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -131,14 +118,9 @@ def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
             "vocab_size": meta.get("vocab_size"), "weights": weights}, version
 
 
-def saved_version(folder: str | os.PathLike) -> int:
-    """The version an export was written with (0: none recorded)."""
-    return read_state(folder)[1]
-
-
 def _head_config(meta: dict, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
-    """(head config, hidden size, vocabulary) that a folder's config or a head state describes,
-    checked against the policy's (hidden size, vocabulary) when given (ValueError naming `where`)."""
+    """(head config, hidden size, vocabulary) of a head state, checked against the policy's
+    (hidden size, vocabulary) when given."""
     try:
         hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
         cfg = HeadConfig(**meta["head"])
@@ -165,8 +147,8 @@ def _state_dict(state) -> dict:
 
 
 def check_state(state: dict, hidden_size: int, vocab_size: int) -> None:
-    """ValueError unless `state` is a head for a policy of this hidden size and vocabulary, with
-    the weights its config names, of their shapes, all finite (nothing is built)."""
+    """ValueError unless `state` is a head for a policy of these sizes, with the weights its config
+    names, of their shapes, all finite (nothing is built)."""
     cfg, hidden, vocab = _head_config(_state_dict(state), (hidden_size, vocab_size), "draft head state")
     _check_tensors(cfg, hidden, vocab, state["weights"], "draft head state")
 
@@ -199,8 +181,8 @@ def _check_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, wher
 
 def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, policy: Optional[CausalLM],
                       dtype: Optional[torch.dtype], device, where: str) -> DraftHead:
-    """A head of this config with these weights: names, shapes and finiteness checked first.
-    dtype and device default to the policy's (with no policy: the weights' own dtype)."""
+    """A head of this config with these weights, checked first; dtype and device default to the
+    policy's (with no policy: the weights' own)."""
     _check_tensors(cfg, hidden, vocab, tensors, where)
     with torch.device("meta"):
         head = DraftHead(cfg, hidden, vocab)

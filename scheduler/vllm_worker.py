@@ -1,23 +1,11 @@
 """The Ray worker that holds a vLLM engine instead of spectail's, behind the same chunk protocol
-(scheduler/worker.py's docstring: work items in, results out), so the rollout scheduler's
-divided rollout, context-aware order, balancing and recovery run unchanged over vLLM workers.
+(scheduler/worker.py), so the scheduler's divided rollout, balancing and recovery run unchanged.
 
-A chunk continues each request from its prompt and output so far: vLLM prefills that context
-again, which its prefix cache makes cheap on the worker that ran the request's last chunk, and
-the scheduler keeps a GRPO group on the worker that ran it first (group affinity), so a
-continued chunk lands where its prefix is cached. Each continued chunk draws fresh noise
-(rollout/vllm_backend.py, `chunk_seed`). What a vLLM worker cannot promise is what vLLM cannot:
-a request's tokens depend on where its chunks ended and on the batch (docs/guarantees.md).
-
-The actor runs the Python that has vLLM (`make venv-vllm` makes .venv-vllm): Ray starts it with
-runtime_env {"py_executable": ...}, "the executable used for running the Ray workers"
-(ray/_private/runtime_env/py_executable.py, PyExecutablePlugin; ray.runtime_env.RuntimeEnv's
-py_executable: "Path or command to the Python executable that Ray uses to launch worker
-processes"). That Python needs the driver's Ray version (tools/venv-vllm.sh installs it);
-`actor_options` checks that before any actor is made.
-
-A result carries, beside what a spectail worker's does, prefix_cached_tokens: the context tokens
-of the call that vLLM found in its prefix cache (what affinity saved).
+A continued chunk is prefilled again, cheaply where vLLM's prefix cache holds it (group affinity
+keeps it on the worker that ran it), and draws fresh noise (rollout/vllm_backend.py, `chunk_seed`):
+a request's tokens depend on where its chunks ended (docs/guarantees.md). The actor runs the
+Python that has vLLM (`make venv-vllm`) through Ray's runtime_env `py_executable`; that Python
+needs the driver's Ray version, which `actor_options` checks. Results carry prefix_cached_tokens.
 """
 from __future__ import annotations
 
@@ -72,16 +60,13 @@ class VllmRolloutWorker:
         return self._guarded(self.backend.update_weights, weights)
 
     def run_chunk(self, work: list[dict], drafter=None) -> list[dict]:
-        """drafter: the scheduler's newest draft-head version (scheduler/worker.py); spectail's
-        proposers do not run inside vLLM, so it is ignored (None unless a drafter is on)."""
+        """drafter: ignored (spectail's proposers do not run inside vLLM)."""
         return self._guarded(self._run_chunk, work)
 
     def _guarded(self, fn, *args):
-        """fn(*args), with errors the driver can read without vLLM installed: bad input stays a
-        ValueError, anything else becomes a RuntimeError naming it. A dead vLLM engine (the call
-        fails within a second of it: rollout/vllm_backend.py, `failing_fast`) makes this worker a
-        lost one: it shuts its backend down and raises WorkerLost, now and at every later call, so
-        the scheduler requeues its requests elsewhere and replaces it, as when the process dies."""
+        """fn(*args), with errors the driver can read without vLLM: ValueError stays, anything else
+        becomes a RuntimeError. A dead vLLM engine makes this worker lost: it shuts its backend down
+        and raises WorkerLost now and at every later call, so the scheduler replaces it."""
         if self.lost is not None:
             raise WorkerLost(self.lost)
         try:
@@ -136,7 +121,7 @@ class VllmRolloutWorker:
 
 def worker_python(vllm: VllmConfig) -> str:
     """The interpreter for vLLM actors: VllmConfig.python, else this one when it has vLLM, else
-    the repository's .venv-vllm. ValueError naming `make venv-vllm` when there is none."""
+    the repository's .venv-vllm (ValueError where there is none)."""
     if vllm.python:
         return vllm.python
     if importlib.util.find_spec("vllm") is not None:
@@ -173,8 +158,7 @@ def check_python(python: str, timeout_s: float = 120.0) -> None:
 
 
 def actor_options(vllm: VllmConfig) -> dict:
-    """Ray actor options for VllmRolloutWorker: runtime_env py_executable when the workers' Python
-    is not this one (checked first)."""
+    """Ray actor options: runtime_env py_executable when the workers' Python is not this one."""
     python = worker_python(vllm)
     # (not realpath: every venv's python links to the same interpreter, with other site-packages)
     if os.path.abspath(python) == os.path.abspath(sys.executable) and importlib.util.find_spec("vllm"):
