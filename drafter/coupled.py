@@ -15,7 +15,7 @@ import torch
 
 from rollout import noise_kernel, ops, sampling
 
-from .vocab import keys32, subset_gumbel
+from .vocab import keys32
 
 # Noise is made for this many draft positions of the live requests at a time, while that holds
 # at most NOISE_ELEMENTS elements (requests x positions x vocabulary).
@@ -110,8 +110,8 @@ class CoupledSampler:
                 steps = torch.arange(block, device=self.device).repeat(len(live))
                 positions = positions.repeat_interleave(block) + steps
             start, rows = step, {i: n for n, i in enumerate(live)}
-            noise = (sampling.gumbel_noise(seeds, positions, vocab) if self.ids is None
-                     else subset_gumbel(seeds, positions, self.ids, self.vocab_size)).view(len(live), block, vocab)
+            noise = sampling.gumbel_noise(seeds, positions, vocab if self.ids is None else self.vocab_size, self.ids)
+            noise = noise.view(len(live), block, vocab)
             self._block = (start, block, rows, noise)
         at = noise[:, step - start]
         if len(rows) == len(live):  # the same chains as at the block's start

@@ -28,7 +28,7 @@ from torch import nn
 
 from rollout import pointwise_kernel
 from rollout.linear import PackedLinear, bound
-from rollout.model import CausalLM, ModelConfig, RMSNorm
+from rollout.model import MLP, CausalLM, ModelConfig, RMSNorm
 from rollout.ops import rotate
 
 from .head_cache import HeadCache, Rows
@@ -104,17 +104,6 @@ class HeadAttention(nn.Module):
         self.o_proj = PackedLinear(cfg.num_heads * hd, d, bias=bias)
 
 
-class HeadMLP(nn.Module):
-    def __init__(self, d: int, inner: int):
-        super().__init__()
-        self.gate_proj = PackedLinear(d, inner, bias=False)
-        self.up_proj = PackedLinear(d, inner, bias=False)
-        self.down_proj = PackedLinear(inner, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class HeadLayer(nn.Module):
     """One Llama decoder layer without input_layernorm (EAGLE's layer 0; "mlp": no self_attn), apart
     from rollout.model's so the engine's layers can change without touching the head."""
@@ -123,7 +112,7 @@ class HeadLayer(nn.Module):
         super().__init__()
         if cfg.kind == "attention":
             self.self_attn = HeadAttention(cfg, d)
-        self.mlp = HeadMLP(d, cfg.intermediate_size)
+        self.mlp = MLP(d, cfg.intermediate_size, bias=False)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
     def feed_forward(self, x: torch.Tensor, gate_up: Optional[Callable] = None) -> torch.Tensor:

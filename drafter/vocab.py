@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from rollout import noise_kernel, ops, sampling
+from rollout import sampling
 
 
 def frequent_tokens(token_lists: Iterable[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:
@@ -53,24 +53,6 @@ def check_ids(ids: torch.Tensor, vocab_size: int, where: str = "draft vocabulary
 def keys32(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[|S|] int32 vocabulary keys of these ids for the CPU noise kernel (column i: G(seed, t, ids[i]))."""
     return sampling.vocab_keys32(vocab_size)[ids.cpu()].contiguous()
-
-
-def subset_gumbel(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """G(seed, t, ids[i]) of each row: [M, |S|] float32 on the seeds' device, the same bits as
-    sampling.gumbel_noise(seeds, positions, vocab_size)[:, ids] without making the other columns."""
-    seeds = torch.as_tensor(seeds, dtype=torch.int64)
-    device = seeds.device
-    out = torch.empty(seeds.shape[0], ids.numel(), dtype=torch.float32, device=device)
-    if out.numel() == 0:
-        return out
-    positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
-    kernel = ops.noise_library(device)
-    if kernel is not None:
-        return noise_kernel.gumbel(kernel, seeds, positions, keys32(ids, vocab_size), out)
-    a, b = sampling._row_keys(seeds, positions)
-    hv = sampling._vocab_keys(vocab_size, device)[:, ids.to(device)]
-    scratch = sampling._scratch(out.shape[0], ids.numel(), device)
-    return sampling._log_exponential_(a, b, hv, out, scratch).neg_()
 
 
 def expand(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -186,12 +186,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, d: int, inner: int, bias: bool):
         super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
-        self.up_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
-        self.down_proj = PackedLinear(i, d, bias=cfg.mlp_bias)
+        self.gate_proj = PackedLinear(d, inner, bias=bias)
+        self.up_proj = PackedLinear(d, inner, bias=bias)
+        self.down_proj = PackedLinear(inner, d, bias=bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -201,7 +200,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         self.self_attn = Attention(cfg, window)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -328,20 +327,27 @@ def checked_weights(named, shapes: dict, unknown: str) -> list[tuple[str, torch.
     return out
 
 
+def read_config(folder: Path) -> dict:
+    """A Hugging Face checkpoint folder's config.json (ValueError where there is none)."""
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
+    return json.loads((folder / "config.json").read_text())
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """A checkpoint folder's *.safetensors files (ValueError where there is none)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no *.safetensors weights")
+    return files
+
+
 def _read_checkpoint(folder: Path):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    model_type = read_config(folder).get("model_type")
     if model_type not in SUPPORTED:
         raise ValueError(f"unsupported architecture {model_type!r}; spectail's engine supports {list(SUPPORTED)}")
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights")
-    tensors = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    return hf_config, tensors
+    return hf_config, {name: t for f in weight_files(folder) for name, t in load_file(str(f)).items()}

@@ -1,7 +1,6 @@
-"""The engine's per-row operations behind one seam: each runs its CPU C kernel where that is built
-and applies (rollout/*_kernel.py, compiled on first use by rollout/c_kernels.py), else torch's
-code. The two give the same bits (tests/rollout/test_*_kernel.py), so which ran never shows in a
-token; torch is the default everywhere else (CUDA, autograd, other dtypes, no C compiler)."""
+"""The engine's operations behind one seam: each runs its CPU C kernel (rollout/*_kernel.py) where
+that is built and applies, else torch, the default (CUDA, autograd, other dtypes, no compiler).
+The two give the same bits, so which ran never shows in a token."""
 from __future__ import annotations
 
 import ctypes
@@ -38,12 +37,10 @@ def attention_in_kernel(device: torch.device, dtype: torch.dtype, heads: int, nu
 
 
 def attend(q, k_cache, v_cache, slots, positions, window: Optional[int]) -> torch.Tensor:
-    """The CPU kernel's attention (rollout/attention_kernel.py, `attend`); torch's runs on grids
-    (rollout/model.py), as a GPU wants them."""
+    """The CPU kernel's attention; torch's runs on grids (rollout/model.py), as a GPU wants them."""
     return attention_kernel.attend(q, k_cache, v_cache, slots, positions, window)
 
 
 def noise_library(device: torch.device) -> Optional[ctypes.CDLL]:
-    """The coupled noise's CPU kernel where `device` is the CPU and it is built, else None (the
-    torch code of rollout/sampling.py runs)."""
+    """The coupled noise's CPU kernel, else None (rollout/sampling.py's torch code runs)."""
     return noise_kernel.load() if device.type == "cpu" else None

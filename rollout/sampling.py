@@ -23,7 +23,7 @@ needs little memory beyond the logits. Every step is elementwise or a per-row re
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -177,23 +177,26 @@ def vocab_keys32(vocab_size: int) -> torch.Tensor:
     return _vocab_keys(vocab_size, torch.device("cpu"))[0].to(torch.int32).contiguous()
 
 
-def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int,
+                 ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """G(seed, t, v) ~ Gumbel(0, 1), i.i.d. over distinct (seed, t, v). [M], [M] -> [M, V] float32
-    on the seeds' device. seeds: int64 in [0, 2**63); positions: response positions t (0-based)."""
+    on the seeds' device. seeds: int64 in [0, 2**63); positions: response positions t (0-based).
+    ids: only these columns (a draft vocabulary's sorted ids: [M, |ids|], the same bits)."""
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     device = seeds.device
-    m = seeds.shape[0]
-    out = torch.empty(m, vocab_size, dtype=torch.float32, device=device)
-    if m == 0 or vocab_size == 0:
+    m, width = seeds.shape[0], vocab_size if ids is None else ids.numel()
+    out = torch.empty(m, width, dtype=torch.float32, device=device)
+    if out.numel() == 0:
         return out
     positions = torch.as_tensor(positions, device=device)
     kernel = ops.noise_library(device)
     if kernel is not None:
-        return noise_kernel.gumbel(kernel, seeds, positions, vocab_keys32(vocab_size), out)
+        keys = vocab_keys32(vocab_size) if ids is None else vocab_keys32(vocab_size)[ids.cpu()].contiguous()
+        return noise_kernel.gumbel(kernel, seeds, positions, keys, out)
     a, b = _row_keys(seeds, positions)
-    hv = _vocab_keys(vocab_size, device)
-    chunks = list(_row_chunks(m, vocab_size, device))
-    scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), vocab_size, device)
+    hv = _vocab_keys(vocab_size, device) if ids is None else _vocab_keys(vocab_size, device)[:, ids.to(device)]
+    chunks = list(_row_chunks(m, width, device))
+    scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), width, device)
     for r0, r1 in chunks:
         _log_exponential_(a[r0:r1], b[r0:r1], hv, out[r0:r1], scratch).neg_()
     return out

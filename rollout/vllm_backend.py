@@ -29,9 +29,10 @@ from typing import Iterator, Optional, Sequence
 from . import cpu_isa
 from .backend import tail_seconds
 from .config import Completion, EngineConfig, SamplingParams
+from .model import read_config
 from .request import Request, make_requests
 from .seeds import MAX_SEED
-from .vllm_checkpoint import check_architecture, check_head_size, cpu_head_sizes, materialise, read_config
+from .vllm_checkpoint import check_architecture, check_head_size, cpu_head_sizes, materialise
 from .vllm_config import SPECULATION_METHODS, VllmConfig
 from .vllm_weights import checked_update, checkpoint_layout, pack
 

@@ -5,7 +5,6 @@ fails late, inside its engine process)."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -13,11 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-
-def read_config(folder: Path) -> dict:
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
-    return json.loads((folder / "config.json").read_text())
+from .model import read_config
 
 
 def check_architecture(folder: Path, supported: Sequence[str]) -> None:

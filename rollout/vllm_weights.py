@@ -14,25 +14,22 @@ from typing import Iterable
 
 import torch
 
-from .model import checked_weights
+from .model import checked_weights, read_config, weight_files
 
 
 def checkpoint_layout(folder: str | Path) -> dict[str, tuple[int, ...]]:
     """name -> shape of every tensor in the folder's *.safetensors (headers only), plus
     lm_head.weight when tied to the embeddings (a trainer's state dict has it)."""
     folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights")
     layout: dict[str, tuple[int, ...]] = {}
-    for f in files:
+    for f in weight_files(folder):
         with open(f, "rb") as fh:
             (size,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(size))
         for name, meta in header.items():
             if name != "__metadata__":
                 layout[name] = tuple(meta["shape"])
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     embed = layout.get("model.embed_tokens.weight")
     if config.get("tie_word_embeddings") and embed is not None:
         layout.setdefault("lm_head.weight", embed)
