@@ -1,11 +1,8 @@
 """The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)),
-the token rollout.sampling.sample would pick from these logits, so the offline simulation
-(drafter/simulate.py) predicts the engine's drafts exactly. What differs is the work: temperature
-1 without top-k / top-p skips the processing, the margin (best minus second-best perturbed score)
-comes from the same scores, and no logprobs are made. On the CPU one pass of the noise kernel per
-row gives the token and the margin; elsewhere the noise (which depends on no logits) is made for
-a few draft positions of every live request at once. With a draft vocabulary (drafter/vocab.py)
-column i gets the noise of its real id vocab_ids[i], and the tokens returned are real ids.
+the token rollout.sampling.sample would pick, with less work: no processing at temperature 1
+without top-k / top-p, no logprobs, the margin (best minus second-best score) from the same
+scores, and off the CPU the noise made for a few draft positions at once. With a draft
+vocabulary column i gets the noise of its real id vocab_ids[i].
 """
 from __future__ import annotations
 

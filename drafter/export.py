@@ -1,12 +1,7 @@
-"""Saving and loading a draft head: safetensors + config.json, in vLLM's EAGLE layout.
-
-The head's parameter names are vLLM's EAGLE-1 names for a Llama draft (llama_eagle.py: `fc`,
-the HASS norms switched on by `add_para_norm`, layer 0 without input_layernorm), without an
-embed_tokens or lm_head of its own (vLLM shares the target's). config.json is a one-layer Llama
-config that vLLM's EAGLEConfig renames for method "eagle". A draft vocabulary is saved as
-`draft_vocab`, its sorted ids (vLLM's EAGLE-1 loader does not read it); the "mlp" kind has no
-EAGLE counterpart. Our own section, "spectail_drafter", records the kind, format and sizes;
-`load` refuses a head made for another policy shape, or one with NaN/Inf weights.
+"""Saving and loading a draft head: safetensors + config.json in vLLM's EAGLE-1 layout for a Llama
+draft (llama_eagle.py: `fc`, the HASS norms of `add_para_norm`, layer 0 without input_layernorm;
+no embed_tokens or lm_head: vLLM shares the target's). `draft_vocab` is saved with the weights;
+our own "spectail_drafter" section lets `load` refuse a head made for another policy shape.
 """
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """The draft head: a one-layer, EAGLE-style model that predicts the policy's next hidden state.
 
-Row j pairs the policy's final hidden state h_j (after its last norm) with the token x_{j+1}:
-
-    x      = fc(cat(embedding_layernorm(embed(x_{j+1})), hidden_states_layernorm(h_j)))
-    out    = one decoder layer(x)   # "attention": RoPE attention over the head's own KV cache; "mlp": none
-    logits = lm_head(out)           # predicts x_{j+2} (over the draft vocabulary's rows: drafter/vocab.py)
-
-This is vLLM's EAGLE pairing and layout (llama_eagle.py: `fc` without bias, HASS's two norms,
-layer 0 without input_layernorm), so `drafter.export` writes a checkpoint vLLM loads. `embed` and
-`lm_head` are the policy's own, read detached at every call: a policy update moves the head's
-input and output spaces with it, and training the head never touches the policy.
-
-Two ways to run the same weights: `unroll`, whole padded sequences for several steps, step s
-feeding the head its own outputs (training-time test; step s at row j continues the chain started
-at row j - s), and `forward_rows`, new rows of many requests against the head's own cache
-(drafter/head_cache.py): what the engine's proposer runs.
+Row j pairs the policy's final hidden state h_j with the token x_{j+1}:
+x = fc(cat(embedding_layernorm(embed(x_{j+1})), hidden_states_layernorm(h_j))), out = one decoder
+layer(x) ("mlp": no attention), logits = lm_head(out), predicting x_{j+2}. This is vLLM's EAGLE
+layout (llama_eagle.py), so `drafter.export` writes a checkpoint vLLM loads. `embed` and `lm_head`
+are the policy's own, read detached at every call: a policy update moves the head with it.
+`unroll` runs whole padded sequences for several steps, each fed the head's own outputs (training);
+`forward_rows` runs new rows of many requests against the head's cache (the engine's proposer).
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The head's KV cache and its one-query-per-request attention, for drafting in the engine.
 
-One slot per engine slot: a request's head row j keeps its key and value at [slot, :, j], or with
-a window at [slot, :, j mod R], R = window + the longest draft (a ring: a query reads only its
-window). Nothing is freed or copied: a rejected draft's rows are rewritten by the next chain, and
-a draft row lies at most one draft beyond the rows made from the policy's features, so it never
-lands inside a later query's window. Keys carry their rotation, so a ring's order does not matter.
-
-On the CPU (a float32 head and a C compiler) drafter/head_kernel.c rotates, writes and attends.
-Elsewhere the queries are scattered into a grid over the slot range the requests span (nearly
-dense: rollout/slot_order.py) and attend to the slots in place, in a small batched matmul.
+A request's head row j keeps its key and value at [slot, :, j], or with a window at [slot, :, j
+mod R], R = window + the longest draft (a ring). Nothing is freed: a rejected draft's rows are
+rewritten by the next chain, and never land inside a later query's window. On the CPU
+drafter/head_kernel.c runs the attention; elsewhere the queries attend to the slot range the
+requests span (nearly dense: rollout/slot_order.py) in place, in a small batched matmul.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Simulated acceptance: the exact acceptance of a head's coupled drafts on a saved rollout.
-
-On a saved rollout the target's token at every position is the saved one, and a draft is accepted
-exactly when it equals it; so a chain starting at the row of pending token y_t proposes coupled
-samples of its own logits (rollout.sampling.sample with the request's seed, position and params),
-each step fed its previous draft and output, and its run is the count of leading matches. Chains
-start at every response position, all at once through `head.unroll`. The runs are what the
-engine would see (up to rounding of cached against unrolled attention).
+"""Simulated acceptance: the exact acceptance of a head's coupled drafts on a saved rollout, where
+the target's token at every position is the saved one. Chains start at every response position,
+all at once through `head.unroll`; their runs are what the engine would see.
 """
 from __future__ import annotations
 

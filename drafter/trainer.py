@@ -1,12 +1,8 @@
-"""Training the draft head: soft cross-entropy to the policy's processed distribution, unrolled.
-
-For head row j the teacher is the distribution the policy samples x_{j+2} from, softmax(process_
-logits(lm_head(h_{j+1}))) with the sample's own params (one-hot at its argmax for T = 0), through
-the live lm_head from stored features. The head's drafts are coupled samples of the same
-processing, so matching it maximises acceptance (coupling lands a token with probability
->= (1 - TV) / (1 + TV)). Training-time test: step s >= 1 feeds each row the head's own output of
-step s - 1, with loss weight step_decay ** s. Optional ReSpec weighting: a sample's rows weigh
-1 + reward_beta * max(0, advantage).
+"""Training the draft head: soft cross-entropy to the policy's processed distribution of x_{j+2}
+(the sample's own params, one-hot for T = 0), through the live lm_head from stored features.
+Drafts are coupled samples of the same processing, so matching it maximises acceptance. Steps
+s >= 1 feed each row the head's own output (training-time test), weighted step_decay ** s;
+optional ReSpec weighting: a sample's rows weigh 1 + reward_beta * max(0, advantage).
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The head's draft vocabulary: a frequency-ranked token subset S (EAGLE-3's draft vocabulary, FR-Spec).
-
-A real model's output layer is a large share of its weights, so a head reading all of it per
-draft position costs a sizable part of a decode step. With a draft vocabulary the head's logits
-are computed only for the policy's lm_head rows of S, and the coupled draft is
-
-    d = argmax over v in S of (u_v / T + G(seed, t, v))
-
-with v the REAL id: the token a full-vocabulary draft would pick from logits that are -inf
-outside S (bit for bit), so verification stays a comparison. S is kept sorted so that ties break
-as torch.argmax does (the first index). S selects the policy's output rows, not weights of the
-head, so it can be re-chosen from newer rollouts without retraining.
+"""The head's draft vocabulary S (EAGLE-3's, FR-Spec; docs/architecture.md, `vocab.py`): the
+head's logits cover only the policy's lm_head rows of S, and the draft is argmax over v in S of
+u_v / T + G(seed, t, v) with v the real id, the token a full-vocabulary draft would pick from
+logits that are -inf outside S. S is sorted so that ties break as torch.argmax does; it selects
+output rows, not weights, so it can be re-chosen without retraining.
 """
 from __future__ import annotations
 

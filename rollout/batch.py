@@ -1,12 +1,7 @@
-"""One forward's worth of ragged rows, and the attention layout derived from it.
-
-A row is the run of new tokens of one request: a prompt chunk, one token (decode) or the last
-token plus k drafts (verify). Linear layers see all rows packed as [N, d]. torch's attention pads
-rows into [R, L] grids against [R, K] cached keys; one grid would make every row pay for the
-longest context and row, so rows are grouped by context length (powers of two) and by whether
-they are long prompt chunks. Where many decodes would pad to a few verify rows' 1 + k queries,
-the verify rows get a grid of their own. That trade is the CPU's; on a GPU, launch-bound at
-these sizes, `min_bucket` is the model length and decodes and drafts share one grid.
+"""One forward's ragged rows (prompt chunks, decodes, verify rows), packed as [N, d] for the linear
+layers, and the grids torch's attention pads them into: grouped by context bucket (powers of two)
+and by long prompt chunks, verify rows apart where they would pad many decodes. That trade is the
+CPU's; on a GPU `min_bucket` is the model length and decodes and drafts share one grid.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""bfloat16 matmuls on the CPU without AMX, so a row gets the same bits whatever call computes it.
-
-On a CPU with AMX, oneDNN chooses its bfloat16 kernel, blocking and (on several threads) split of
-the sum by the call's row count, so a row differs in its last bits between a decode, a verify and
-a prefill, and speculation or the batch size changes tokens. Its AVX-512 BF16 kernels give a row
-the same bits at every row and thread count tried (docs/dtypes.md). `cap_isa` caps oneDNN there
-(`ONEDNN_MAX_CPU_ISA`) unless the user set a cap; `rollout.cpu.configure()` calls it, never an
-import, and it holds only if no oneDNN matmul ran before. The engine's linear layers reach AMX
-through a kernel of our own that keeps a row's bits (rollout/amx_linear.py). An engine in bfloat16
-whose layers would go through an uncapped oneDNN warns (`check`).
+"""oneDNN capped below AMX, so a bfloat16 row gets the same bits whatever call computes it
+(docs/dtypes.md): on AMX oneDNN chooses its kernel and split of the sum by the call's row count.
+`cap_isa` runs from `rollout.cpu.configure()` (never on import) and holds only if no oneDNN
+matmul ran before; the engine's linear layers reach AMX through rollout/amx_linear.py instead,
+and an engine whose layers would go through an uncapped oneDNN warns (`check`).
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Kept KV slots: a paused request's keys and values, held by the engine between runs, so the same
-request continues on this engine without prefilling its context again (divided rollout with
-affinity, scheduler/rollout_scheduler.py).
-
-When a run pauses a request under a key, the KV of its first `num_cached` context tokens is
-copied into a side cache with those tokens; a later run whose request under the same key begins
-with exactly those tokens gets the KV copied back and feeds only the rest. The KV at position p
-depends on the weights and tokens 0..p alone, so only a weight change makes an entry stale
-(update_weights drops them all). A side cache rather than extra engine slots keeps running
-requests in the lowest, contiguous slots; it is bounded, evicting the least recently kept entry.
-A claimed entry is its run's until its request is admitted, or goes back when the run ends.
+"""Kept KV slots: a paused request's keys and values, held by the engine between runs in a bounded
+side cache under the caller's key with the tokens they were computed from, so the same request
+continues here without prefilling them again (docs/architecture.md, `kept_slots.py`). The KV at
+position p depends on the weights and tokens 0..p alone: only update_weights makes an entry stale.
+A side cache, not extra engine slots, keeps running requests in the lowest contiguous slots.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""The engine's linear layers on the CPU: oneDNN with each weight packed once.
-
-`F.linear` in float32 goes to MKL's sgemm, which repacks the weight every call and takes another
-kernel for one, two to three, and four or more rows, so speculation's first draft token cost a
-jump (docs/dtypes.md). oneDNN with the weight reordered once into its blocked layout (the path of
-inductor's weight prepacking: `_reorder_linear_weight`, `_linear_pointwise`) is cheap at small
-row counts and gives a row the same bits for any row count from two up, in float32 and bfloat16;
-one-row calls run as two rows, since one row can take a matrix-vector kernel. bfloat16 weights on
-a CPU with AMX run through rollout/amx_linear.py, and weights too small for oneDNN's per-call cost
-run in float32 through rollout/linear_kernel.py where the CPU has the vectors, else through MKL.
-
-A pack is a derived copy of the module's weight, which stays the owner (state_dict,
-update_weights, the drafter reading lm_head): it is rebuilt whenever the weight changes.
+"""The engine's linear layers on the CPU (docs/architecture.md, `linear.py`): oneDNN with each
+weight packed once (inductor's prepacking path, `_reorder_linear_weight` / `_linear_pointwise`),
+cheap at small row counts where MKL's sgemm repacks every call, and giving a row the same bits
+for any row count from two up (one-row calls run as two); bfloat16 on AMX through
+rollout/amx_linear.py; weights too small for oneDNN in float32 through rollout/linear_kernel.py.
+A pack is a derived copy of the module's weight, which stays the owner: rebuilt when it changes.
 """
 from __future__ import annotations
 

