@@ -76,7 +76,7 @@ def export(head: DraftHead, folder: str | os.PathLike, version: Optional[int] = 
 
 def export_state(state: dict, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
     """`export` of a head given as `head_state` (what a Ray worker published), checked first."""
-    cfg, hidden, vocab = _head_config(_state_dict(state), None, "draft head state")
+    cfg, hidden, vocab = _head_config(state, None, "draft head state")
     return export(head_from_tensors(cfg, hidden, vocab, state["weights"], None, None, "cpu", "draft head state"),
                   folder, version)
 
@@ -113,9 +113,12 @@ def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
             "vocab_size": meta.get("vocab_size"), "weights": weights}, version
 
 
-def _head_config(meta: dict, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
+def _head_config(state, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
     """(head config, hidden size, vocabulary) of a head state, checked against the policy's
     (hidden size, vocabulary) when given."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
+        raise ValueError(f"not a drafter head state of format {FORMAT}")
+    meta = state
     try:
         hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
         cfg = HeadConfig(**meta["head"])
@@ -135,16 +138,10 @@ def head_state(head: DraftHead) -> dict:
             "weights": {k: v.detach().to("cpu", copy=True) for k, v in head.state_dict().items()}}
 
 
-def _state_dict(state) -> dict:
-    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
-        raise ValueError(f"not a drafter head state of format {FORMAT}")
-    return state
-
-
 def check_state(state: dict, hidden_size: int, vocab_size: int) -> None:
     """ValueError unless `state` is a head for a policy of these sizes, with the weights its config
     names, of their shapes, all finite (nothing is built)."""
-    cfg, hidden, vocab = _head_config(_state_dict(state), (hidden_size, vocab_size), "draft head state")
+    cfg, hidden, vocab = _head_config(state, (hidden_size, vocab_size), "draft head state")
     _check_tensors(cfg, hidden, vocab, state["weights"], "draft head state")
 
 
@@ -152,7 +149,7 @@ def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = Non
                where: str = "draft head state") -> DraftHead:
     """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
     sizes = (policy.cfg.hidden_size, policy.cfg.vocab_size)
-    cfg, hidden, vocab = _head_config(_state_dict(state), sizes, where)
+    cfg, hidden, vocab = _head_config(state, sizes, where)
     return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, where)
 
 

@@ -82,17 +82,13 @@ def _run_group(policy: CausalLM, sequences, group: list[int], budget: int, out: 
 
 @dataclass
 class RowBatch:
-    """Head rows of B sequences, right-padded to L = the longest N - 1.
+    """Head rows of B sequences, right-padded to L = the longest N - 1; the rest are [B]."""
 
-    tokens [B, L]: x_{j+1}; feats [B, L, d]: h_j; next_feats [B, L, d]: h_{j+1} (the teacher's);
-    first [B]: P - 1, the first row whose draft is a response token; rows [B]: N - 1 real rows;
-    prompt_len [B]; seeds, temperature, top_k, top_p, weight [B]."""
-
-    tokens: torch.Tensor
-    feats: torch.Tensor
-    next_feats: torch.Tensor
-    first: torch.Tensor
-    rows: torch.Tensor
+    tokens: torch.Tensor  # [B, L] x_{j+1}
+    feats: torch.Tensor  # [B, L, d] h_j
+    next_feats: torch.Tensor  # [B, L, d] h_{j+1} (the teacher's)
+    first: torch.Tensor  # P - 1: the first row whose draft is a response token
+    rows: torch.Tensor  # N - 1 real rows
     prompt_len: torch.Tensor
     seeds: torch.Tensor
     temperature: torch.Tensor

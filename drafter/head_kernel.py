@@ -48,12 +48,9 @@ def write_and_attend(qkv: torch.Tensor, heads: int, k_cache: torch.Tensor, v_cac
     library = load()
     kv, kept, dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     n = qkv.shape[0]
-    qkv = qkv.contiguous()
-    row_slots, positions = row_slots.contiguous(), positions.contiguous()
-    if last is not None:
-        last = last.contiguous()
-    c = n if last is None else last.shape[0]
-    last_ptr = None if last is None else last.data_ptr()  # (NULL: every row attends)
+    qkv, row_slots, positions = qkv.contiguous(), row_slots.contiguous(), positions.contiguous()
+    last = None if last is None else last.contiguous()
+    c, last_ptr = (n, None) if last is None else (last.shape[0], last.data_ptr())  # (NULL: every row attends)
     out = torch.empty(c, heads * dim, dtype=torch.float32)
     library.head_write_rows(0, n, heads, kv, dim, kept, qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                             row_slots.data_ptr(), positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())

@@ -1,24 +1,14 @@
 """Coupled sampling: every token is argmax(z/T + G(seed, t, .)) over the kept tokens.
 
-This file holds the one invariant of spectail (DESIGN.md, "The one invariant"). The Gumbel noise
-G is a counter-based hash of (seed, t, v), no generator state, so the token at response position
-t is a pure function of that row's logits, seed, position and sampling params. Nothing here may
-let one row's result depend on another row, on the batch size or on how rows are chunked: that is
-what lets the engine verify drafts by plain comparison.
-
-How the noise is made: 32-bit integer work held in int64 and masked after every multiply, with
-multipliers in (-2**31, 2**31) (c >= 2**31 is used as c - 2**32), so no product overflows and the
-bits are the same on every device. The row state (a, b) absorbs the seed's 64 bits, then t, by
-invertible `_mix32` steps (distinct seeds, or positions, give distinct states); each element
-mixes a ^ hv[v] with b inside `_mix32`, a bijection of v for one row. Then u = (x + 1/2) / 2**32
-in (0, 1), E = -log(u) in float64 (accurate as u -> 1: large G decide rare tokens) and G = -log(E)
-in float32. Both logarithms are `_log_positive` (integer work and correctly rounded +, -, *, /
-only) rather than the device's `log`, whose last bit differs between libraries: the CPU kernel
-(rollout/noise_kernel.c) matches this file bit for bit.
-
-On the CPU `sample` and `gumbel_noise` run that kernel (rollout/ops.py), one pass per row with
-the argmax fused in; elsewhere the [M, V] work runs in row chunks of bounded size, so sampling
-needs little memory beyond the logits. Every step is elementwise or a per-row reduction.
+The one invariant of spectail (DESIGN.md): G is a counter-based hash of (seed, t, v), so a token
+is a pure function of its row's logits, seed, position and params; nothing here may let one row
+depend on another, the batch or the chunking (that is what lets the engine verify drafts by
+comparison). The hash is 32-bit integer work held in int64 with multipliers in (-2**31, 2**31),
+so no product overflows; the row state absorbs seed and t by invertible `_mix32` steps; then
+u = (x + 1/2) / 2**32, E = -log(u) in float64 (accurate as u -> 1, where rare tokens win) and
+G = -log(E). Both logarithms are `_log_positive` (integer work and correctly rounded arithmetic),
+not the device's `log`, so every device and the CPU kernel (rollout/noise_kernel.c, through
+rollout/ops.py) give the same bits. Off that kernel the [M, V] work runs in bounded row chunks.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional
 
 SMALL_MODEL_PARAMS = 4_000_000
@@ -59,18 +60,12 @@ def usable_cores() -> int:
 def _cgroup_quota() -> Optional[int]:
     """ceil(quota / period) of the cgroup's CPU limit (v2 cpu.max, v1 cfs files), None if unlimited."""
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            return max(1, math.ceil(int(quota) / int(period)))
-        return None
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         pass
     try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            quota = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period = int(f.read())
+        quota, period = (int(Path(f"/sys/fs/cgroup/cpu/cpu.cfs_{n}_us").read_text()) for n in ("quota", "period"))
         return max(1, math.ceil(quota / period)) if quota > 0 else None
     except (OSError, ValueError):
         return None
