@@ -114,8 +114,7 @@ def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
 
 
 def _head_config(state, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
-    """(head config, hidden size, vocabulary) of a head state, checked against the policy's
-    (hidden size, vocabulary) when given."""
+    """(head config, hidden size, vocabulary) of a head state, checked against the policy's sizes."""
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
         raise ValueError(f"not a drafter head state of format {FORMAT}")
     meta = state

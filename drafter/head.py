@@ -32,12 +32,8 @@ KINDS = ("attention", "mlp")
 @dataclass(frozen=True)
 class HeadConfig:
     """The head's shape; None takes the policy's value (one policy layer's shape, as EAGLE does).
-
-    kind: "attention" or "mlp" (no attention: cheaper, but it sees only the current row).
-    window: the attention sees the last `window` rows (its own included; None: all, as EAGLE's
-        heads): a draft position's cost is bounded whatever the context (vLLM ignores the key).
-    draft_vocab: the logits cover only this many token ids (drafter/vocab.py); None: all.
-    """
+    kind "mlp": no attention (cheaper; it sees only the current row). window: the attention sees the
+    last `window` rows, bounding a draft's cost (None: all). draft_vocab: drafter/vocab.py."""
 
     kind: str = "attention"
     num_heads: Optional[int] = None
@@ -157,8 +153,7 @@ class DraftHead(nn.Module):
     @classmethod
     def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
                    device=None, seed: Optional[int] = None) -> DraftHead:
-        """A fresh head sized for this policy (dtype, device: the policy's); seed: reproducible
-        initial weights, the global RNG untouched."""
+        """A fresh head sized for this policy (dtype, device: the policy's); seed: reproducible weights."""
         cfg = cfg.resolved(policy.cfg)
         p = policy.lm_head.weight
         with torch.random.fork_rng(devices=[]):
@@ -236,8 +231,7 @@ class DraftHead(nn.Module):
         return rows, route
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., 1, head_dim] for positions of any shape (made in float32, not kept as a
-        buffer that a bfloat16 head would round)."""
+        """cos, sin [..., 1, head_dim] for positions of any shape (float32 math: no rounded buffer)."""
         dim = self.cfg.head_dim
         inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
         freqs = positions[..., None].float() * inv_freq
@@ -247,8 +241,7 @@ class DraftHead(nn.Module):
     # ---- the engine's way: new rows against the head's KV cache -------------------------
 
     def new_cache(self, num_slots: int, max_len: int, max_draft: int = 64) -> Optional[HeadCache]:
-        """The head's cache (None for the "mlp" kind) for positions below max_len, chains of at
-        most max_draft tokens."""
+        """The head's cache (None for "mlp") for positions below max_len, drafts of max_draft tokens."""
         if self.kind != "attention":
             return None
         p = self.fc.weight
@@ -262,10 +255,8 @@ class DraftHead(nn.Module):
     @torch.inference_mode()
     def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache], rows: Rows,
                      packed: Optional[Packed] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """New rows of some requests (drafter/head_cache.py): every row's key and value is written
-        (they depend on their own row alone), and each request's last row is attended from.
-        Returns (out [C, d], logits [C, V] float32) of those rows. packed: `self.packed()`, when
-        the caller runs several positions in a row, else made here."""
+        """New rows of some requests: every row's key and value is written, each request's last row
+        attends. Returns (out [C, d], logits [C, V] float32) of those; packed: `self.packed()`."""
         x = self.inputs(policy, rows.tokens, rows.feats)
         layer, packed = self.layers[0], self.packed() if packed is None else packed
         if self.kind != "attention":
@@ -312,10 +303,8 @@ class DraftHead(nn.Module):
     def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
                pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None,
                with_logits: bool = True) -> list[tuple]:
-        """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), right-padded. Returns per
-        step s (out [B, L, d], logits [B, L, V] float32 or None without with_logits); step s >= 1
-        feeds row j step s - 1's output at row j - 1 and, as its token, x_{j+1} or pick(s - 1,
-        step s - 1's logits) shifted the same way (the head's own drafts)."""
+        """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (h_j), right-padded. Per step s: (out, float32
+        logits or None); step s >= 1 feeds row j step s - 1's output at j - 1 and x_{j+1} or pick's draft."""
         if pick is not None and not with_logits:
             raise ValueError("unroll: pick reads each step's logits, so it needs with_logits")
         b, length = tokens.shape

@@ -32,8 +32,7 @@ def cache_rows(rows: int) -> int:
 
 
 def supports(device: torch.device, dtype: torch.dtype, head_dim: int, rows: int) -> bool:
-    """Whether the kernel can run a head's attention over a cache of `rows` rows per slot (else
-    the head's torch code runs)."""
+    """Whether the kernel can run a head's attention over a cache of `rows` rows per slot."""
     return (torch.device(device).type == "cpu" and dtype == torch.float32 and head_dim <= MAX_DIM
             and cache_rows(rows) <= MAX_ROWS and load() is not None)
 
@@ -41,10 +40,8 @@ def supports(device: torch.device, dtype: torch.dtype, head_dim: int, rows: int)
 def write_and_attend(qkv: torch.Tensor, heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
                      sin_signed: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor,
                      last: Optional[torch.Tensor], window: Optional[int]) -> torch.Tensor:
-    """qkv [N, heads + 2 kv, D] of N new rows (row n at slot row_slots[n], position positions[n]);
-    keys [slots, kv, D, R] (transposed), values [slots, kv, R, D] with R a multiple of LANES;
-    cos / sin_signed [max_len, D]. Writes every row's rotated key and value, then attends from
-    rows `last` (None: all). Returns [C, heads * D]."""
+    """Writes every new row's rotated key and value (qkv [N, heads + 2 kv, D]) into the transposed
+    keys [slots, kv, D, R] and values [slots, kv, R, D], then attends from rows `last` (None: all)."""
     library = load()
     kv, kept, dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     n = qkv.shape[0]

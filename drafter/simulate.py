@@ -95,10 +95,8 @@ def _shift_left(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict:
-    """Acceptance figures for chains of k = 1..max_k tokens from chain_runs' output: per_token
-    (accepted / compared: the rate the draft budget learns), accepted_fraction (accepted /
-    proposed), mean_run, tokens_per_forward (a verify at t emits run + 1 tokens), and
-    by_position[i] (position i's acceptance given positions 1..i-1 landed)."""
+    """Acceptance figures of chains of k = 1..max_k tokens: per_token (accepted / compared),
+    accepted_fraction, mean_run, tokens_per_forward; by_position[i]: given positions 1..i-1 landed."""
     flat = [rn for r in runs for rn in r]
     if not flat:
         raise ValueError("no chain starts: every response is shorter than 2 tokens")

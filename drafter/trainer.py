@@ -144,10 +144,8 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
           time_budget_s: float = 1.0, max_steps: Optional[int] = None,
           before_step: Optional[Callable[[list[Entry]], None]] = None,
           should_stop: Optional[Callable[[], bool]] = None) -> dict:
-    """Optimizer steps on these entries until time_budget_s has passed or max_steps are done.
-    before_step(batch): called before each step's entries are read (to refresh them);
-    should_stop(): True ends the call before the next step (scheduler/engine_turns.py). Returns
-    {steps, seconds, loss (mean KL), last_loss, tokens, stopped}."""
+    """Optimizer steps on these entries until time_budget_s or max_steps; before_step(batch) runs
+    before a batch is read, should_stop() True ends the call. loss in the result: the mean KL."""
     cfg.validate()
     state.head.check_policy(policy)
     entries = [e for e in entries if len(e.sample.response_ids) >= 2]

@@ -49,8 +49,7 @@ def keys32(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def expand(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[..., |S|] -> [..., V] with -inf outside S: the full-vocabulary logits a sub-vocabulary
-    draft is equivalent to."""
+    """[..., |S|] -> [..., V], -inf outside S: the logits a sub-vocabulary draft is equivalent to."""
     full = torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=logits.dtype, device=logits.device)
     full[..., ids.to(logits.device)] = logits
     return full

@@ -34,8 +34,7 @@ def padded_k(k: int) -> int:
 
 
 def pack(library: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] bfloat16 -> the tiles' layout [ceil(N / 16), K' / 2, 16, 2], K' = K rounded
-    up to 32, zero in the padding."""
+    """weight [N, K] bfloat16 -> the tiles' layout [ceil(N / 16), K' / 2, 16, 2] (K' = K rounded to 32)."""
     w = weight.detach().contiguous()
     n, k = w.shape
     kp = padded_k(k)

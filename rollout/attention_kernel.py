@@ -42,11 +42,9 @@ def key_stride(k_cache: torch.Tensor) -> Optional[int]:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
            positions: torch.Tensor, window: Optional[int]) -> torch.Tensor:
-    """q [N, H, D] -> [N, H, D]: token i attends to the keys and values of slot slots[i] at
-    positions lo..positions[i] (lo = positions[i] - window + 1 with a window, else 0), scaled by
-    1/sqrt(D). k_cache: [slots, Hkv, D, max_len] (transposed, `KVCache(keys_transposed=True)`: its
-    rows may be padded), v_cache: [slots, Hkv, max_len, D] contiguous, of q's dtype, already
-    holding the tokens' own keys and values."""
+    """q [N, H, D] -> [N, H, D]: token i attends to slot slots[i]'s positions up to positions[i]
+    (the last `window` of them with one). k_cache [slots, Hkv, D, max_len] (transposed, rows maybe
+    padded), v_cache [slots, Hkv, max_len, D], already holding the tokens' own keys and values."""
     library = load()
     q = q.contiguous()
     n, heads, head_dim = q.shape

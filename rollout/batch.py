@@ -117,10 +117,8 @@ def bucket(kv_len: int, min_bucket: int = MIN_BUCKET) -> int:
 
 
 def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:
-    """rows: (offset of the row's first token in the batch, slot, start, ids), sorted by slot.
-    Where the slots span at most twice as many as there are rows, grid row j holds slot first + j
-    and the cache is read in place (a missing slot is a row of padding, cheaper than a gather);
-    sparser slots are gathered, one grid row each."""
+    """rows: (offset of the row's first token, slot, start, ids), sorted by slot. Slots spanning at most
+    twice the rows are read in place (a missing slot is a padding row); sparser ones are gathered."""
     length = max(len(r[3]) for r in rows)
     slots = [r[1] for r in rows]
     span = slots[-1] - slots[0] + 1

@@ -88,8 +88,7 @@ def compiler() -> Optional[str]:
 
 @functools.cache
 def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL], folder: Path = HERE) -> Optional[ctypes.CDLL]:
-    """<folder>/<name>.c as a library, built if needed and bound by `bind` (`binder`); None (and
-    one warning) where it cannot be had."""
+    """<folder>/<name>.c as a library, built if needed and bound by `bind`; None (one warning) if not."""
     if os.environ.get("SPECTAIL_C_KERNELS", "1") == "0":
         return None
     cc = compiler()

@@ -14,10 +14,8 @@ KEY_ROW_PAD_BYTES = 64  # one cache line after each transposed key row
 
 
 class KVCache:
-    """keys_transposed: keys are held [slot, head, head_dim, position] (the CPU kernel sums a score
-    down a column), else [slot, head, position, head_dim] like the values. A transposed key row is
-    padded by a cache line (self.k holds views without it): rows 4 KiB apart would map to one set
-    of the CPU's cache, and a score's column would evict itself."""
+    """keys_transposed: keys held [slot, head, head_dim, position] for the CPU kernel, each row padded by
+    a cache line (self.k holds views without it): rows 4 KiB apart would share one cache set."""
 
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, keys_transposed: bool = False):

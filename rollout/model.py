@@ -108,10 +108,8 @@ def keys_read(kv_len: int) -> int:
 
 
 def invariant_grid(group: AttentionGroup, cache_len: int) -> AttentionGroup:
-    """The group's grid with at least MIN_QUERIES queries per row, reading all of its context
-    bucket's keys (at most the cache's length). torch's bfloat16 CPU attention rounds a query
-    differently with 1-3 queries per row than with more, and picks its blocking by the key count:
-    without this a decode and the same position in a verify row would not give the same bits."""
+    """The group's grid with at least MIN_QUERIES queries per row and its whole context bucket's keys:
+    torch's bfloat16 CPU attention rounds 1-3 queries per row differently and blocks by key count."""
     bucket = max(MIN_BUCKET, 1 << (group.kv_len - 1).bit_length())
     length, kv_len = max(group.max_row_len, MIN_QUERIES), min(bucket, cache_len)
     if length == group.max_row_len and kv_len == group.kv_len:

@@ -26,8 +26,7 @@ def _rows(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, t
 
 def gumbel(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, hv32: torch.Tensor,
            out: torch.Tensor) -> torch.Tensor:
-    """out [M, V] float32 (contiguous, CPU) <- G(seed, position, .) of each row; hv32: [V] int32
-    vocabulary keys."""
+    """out [M, V] float32 (contiguous, CPU) <- G(seed, position, .); hv32: [V] int32 keys."""
     seeds, positions = _rows(seeds, positions)
     rows, vocab = out.shape
     c_kernels.over_rows(lambda r0, r1: library.gumbel_rows(

@@ -196,13 +196,10 @@ def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_siz
 
 def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
-    """[M, V] logits -> [M, V] float32: z / T for kept tokens, -inf for dropped ones.
-
-    temperature [M] (>= 0; T == 0 rows use T = 1 here: sampled greedily, their logprob is under the
-    T = 1 distribution), top_k [M] (0 or >= V: off), top_p [M] in (0, 1] (1: off). top-k keeps
-    exactly the k largest, ties at the cut to the lower id; top-p, after top-k on the distribution
-    renormalised over what it kept, keeps the smallest sorted prefix reaching top_p (at least the
-    top token). Rows that use neither skip the sort."""
+    """[M, V] logits -> [M, V] float32: z / T for kept tokens, -inf for dropped ones. T == 0 rows use
+    T = 1 here (sampled greedily); top_k 0 or >= V and top_p 1 are off. top-k keeps the k largest,
+    ties to the lower id; top-p then keeps the smallest sorted prefix of what top-k kept
+    (renormalised) reaching top_p, at least the top token."""
     logits = logits.to(torch.float32)
     device = logits.device
     vocab_size = logits.shape[-1]
@@ -221,10 +218,8 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 
 
 def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf what top-k then top-p drop, for rows that use at least one of them. Sorting a
-    whole row is slow on the CPU and the cut usually falls among the largest logits, so each row
-    ranks only its _TOP_CANDIDATES[0] largest first, then the next size, then all. Which path a
-    row takes depends on that row alone, so this never couples rows."""
+    """Mask to -inf what top-k then top-p drop. The cut usually falls among the largest logits, so
+    each row ranks its _TOP_CANDIDATES[0] largest first, then more, then all (that row's choice alone)."""
     vocab_size = z.shape[-1]
     k = torch.where((top_k > 0) & (top_k < vocab_size), top_k, torch.full_like(top_k, vocab_size))
     keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
@@ -240,10 +235,8 @@ def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
 
 def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
                         num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keep [R, V] bool, settled [R] bool) from each row's num_candidates largest logits, ranked
-    by logit descending, ties by ascending id. top-k keeps the first k; top-p keeps a token while
-    those ranked before it hold less than top_p of what top-k left. A row is settled when its cut
-    provably falls among the candidates (every row, with num_candidates == V)."""
+    """(keep [R, V], settled [R]) from each row's num_candidates largest logits, ranked by value then
+    id; settled: the row's cut provably falls among the candidates (every row when all are)."""
     vocab_size = z.shape[-1]
     c = num_candidates
     if c == vocab_size:
@@ -288,12 +281,9 @@ def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
 def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongTensor,
            temperature: torch.Tensor, top_k: torch.Tensor,
            top_p: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
-    """The coupled sample of each row: (tokens [M] int64, logprobs [M] float32).
-
-    token = argmax(processed + G(seed, t, .)) for rows with T > 0, argmax(processed) for T == 0
-    (the first index on exact ties); logprob = log_softmax(processed)[token], where processed =
-    process_logits(...) of the logits cast to float32 (any dtype samples through one arithmetic).
-    Row m's result depends only on (logits[m], seeds[m], positions[m], its params)."""
+    """The coupled sample of each row: (tokens [M] int64, logprobs [M] float32): argmax(processed +
+    G(seed, t, .)), or argmax(processed) for T == 0 (first index on ties), and its log_softmax, where
+    processed = process_logits of the logits in float32. Row m depends on its own inputs alone."""
     logits = logits.to(torch.float32).contiguous()
     device = logits.device
     m, vocab_size = logits.shape

@@ -105,12 +105,9 @@ def environment(values: dict) -> Iterator[None]:
 
 @contextlib.contextmanager
 def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
-    """A call into `llm` inside this block raises vLLM's EngineDeadError within poll_s of its engine
-    process dying, instead of waiting forever. vLLM 0.32's multiprocess client
-    (vllm/v1/engine/core_client.py) sets `resources.engine_dead` when the engine dies but checks it
-    only before it sends, so a call already waiting (on `outputs_queue`, or a utility call's future
-    in `utility_results`) never returns. This hands those waiters the error; it reads the client's
-    attributes (patching nothing) and watches nothing where they are absent."""
+    """A call into `llm` inside this block raises EngineDeadError within poll_s of the engine dying:
+    vLLM 0.32's client (core_client.py) sets `resources.engine_dead` but checks it only before it
+    sends, so a waiting call (`outputs_queue`, `utility_results`) never returns. Patches nothing."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     client = llm.llm_engine.engine_core
@@ -160,10 +157,8 @@ class RunInfo:
 
 
 class VllmBackend:
-    """vLLM behind spectail's RolloutBackend contract. `model`: a checkpoint folder, a transformers
-    causal LM or a (Hugging Face config, state dict) pair. `config.spec` must be None (vLLM's own
-    speculation is `vllm.speculation`); on the CPU its num_threads are the cores vLLM's OpenMP
-    threads are bound to, from the cpu_offset-th one."""
+    """vLLM behind spectail's RolloutBackend contract; `config.spec` must be None (vLLM's speculation is
+    `vllm.speculation`). On the CPU vLLM's threads are bound to cores from the cpu_offset-th one."""
 
     def __init__(self, model, config: EngineConfig = EngineConfig(), vllm: VllmConfig = VllmConfig(),
                  cpu_offset: int = 0):
