@@ -48,9 +48,8 @@ class CoupledSampler:
 
     def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool,
               index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[int], list[float]]:
-        """Tokens (a device tensor and a list: real ids) and margins (NaN unless asked) of chains
-        `live` at their step-th draft position; logits [len(live), V or |S|] float32, in the order
-        of `live`; index: `live` as a device tensor (None: every chain is live)."""
+        """Tokens (a device tensor and a list of real ids) and margins (NaN unless asked) of chains `live`
+        at their step-th position, from logits [len(live), V or |S|]; index: `live` on the device (None: all)."""
         tokens, gaps = self._columns(logits, live, step, margins, index)
         if self.ids is not None:
             tokens = self.ids[tokens]

@@ -198,9 +198,8 @@ class DraftHead(nn.Module):
                                   norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
-        """The head's float32 logits: the policy's live lm_head on its output, over the draft
-        vocabulary's rows when it has one (column i: token draft_vocab[i]); under autograd on
-        detached weights, so training the head leaves the policy's gradients alone."""
+        """The head's float32 logits through the policy's live lm_head, over the draft vocabulary's rows when
+        it has one (column i: token draft_vocab[i]); under autograd on detached weights."""
         if self.draft_vocab is None:
             return self.full_logits(policy, out)
         w, route = self._output_rows(policy)

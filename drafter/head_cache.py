@@ -103,9 +103,8 @@ def _attention(q, keys, values, masked) -> torch.Tensor:
 
 @dataclass
 class Rows:
-    """New head rows of some requests, packed: every row is written, each request's last row is
-    attended from. `build` makes a chain's first (ragged) rows; `advance` the next draft
-    position's from the previous one's tensors, on the device."""
+    """New head rows of some requests, packed: every row is written, each request's last row attends.
+    `build` makes a chain's first (ragged) rows, `advance` the next position's, on the device."""
 
     tokens: torch.Tensor  # [N] x_{j+1}
     feats: torch.Tensor  # [N, d] h_j
@@ -158,9 +157,8 @@ class Rows:
 
     def advance(self, keep: Optional[torch.Tensor], kept: Sequence[int], tokens: torch.Tensor, feats: torch.Tensor,
                 cache: Optional[HeadCache]) -> Rows:
-        """The next position's rows: request kept[n] (an index into this one's requests; keep
-        the same as a device tensor, None: all of them) writes one row after its last, fed
-        tokens[n] and feats[n]."""
+        """The next position's rows: request kept[n] (keep: the same on the device, None: all) writes one
+        row after its last, fed tokens[n] and feats[n]."""
         positions = self.last_positions + 1
         slots, ends = self.slots, self.ends
         if keep is not None:

@@ -73,9 +73,8 @@ def _runs(head, policy: CausalLM, rb: RowBatch, max_k: int) -> tuple[torch.Tenso
 
 def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None,
                    vocab_size: Optional[int] = None) -> torch.Tensor:
-    """[B, L] the coupled draft of each row valid at this step (0 elsewhere): row j drafts response
-    position j + 2 - P with the sample's own noise. vocab_ids: the columns' ids of a head with a
-    draft vocabulary (its logits spread over the vocabulary, -inf elsewhere)."""
+    """[B, L] the coupled draft of each row valid at this step (0 elsewhere), with the sample's own noise;
+    vocab_ids: the columns' ids of a head with a draft vocabulary."""
     b_idx, j_idx = rb.valid(step).nonzero(as_tuple=True)
     out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
     if b_idx.numel():

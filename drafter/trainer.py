@@ -24,9 +24,8 @@ from .head import DraftHead
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """decay: "constant" (online slices) or "cosine" (to lr / 20 over each call's time budget or
-    max_steps: a warm start). ttt_steps: unrolled steps per row. batch_tokens: padded tokens per
-    optimizer step. num_threads: torch's while training (None: as it is). seed: the batches' choice."""
+    """decay "cosine": to lr / 20 over each call's time budget or max_steps (a warm start). ttt_steps:
+    unrolled steps per row. batch_tokens: padded tokens per step. num_threads None: torch's as it is."""
 
     lr: float = 3e-3
     decay: str = "constant"
@@ -85,9 +84,8 @@ def teacher(policy: CausalLM, head: DraftHead, rb: RowBatch, b: torch.Tensor, j:
 
 
 def batch_loss(head: DraftHead, policy: CausalLM, rb: RowBatch, cfg: TrainConfig) -> tuple[torch.Tensor, float]:
-    """(the weighted soft cross-entropy over the unrolled steps, its KL part: 0 for a perfect head).
-    With a draft vocabulary S the teacher's mass outside S is ignored: the optimum is p restricted
-    to S and renormalised, which lands a token with probability p(S), the most any draft over S can."""
+    """(the weighted soft cross-entropy over the unrolled steps, its KL part). The teacher's mass outside a
+    draft vocabulary S is ignored: the optimum, p renormalised over S, lands a token with probability p(S)."""
     b0, j0 = rb.valid(0).nonzero(as_tuple=True)
     if b0.numel() == 0:
         raise ValueError("no training rows: every response is shorter than 3 tokens")

@@ -25,9 +25,8 @@ def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: 
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
                seed: int = 0, max_passes: Optional[float] = None,
                features: Optional[Sequence[Optional[torch.Tensor]]] = None) -> tuple[DraftHead, TrainState, dict]:
-    """Train `head` (or a fresh float32 one of head_config) on these rollouts for time_budget_s,
-    max_steps or max_passes over their tokens, whichever ends first. features: each rollout's
-    [N, d] features where already made (None: the policy runs). Returns (head, state, report)."""
+    """Train `head` (or a fresh float32 one) on these rollouts for time_budget_s, max_steps or max_passes,
+    whichever ends first; features: those already made (None: the policy runs). -> (head, state, report)."""
     if not rollouts:
         raise ValueError("warm_start needs at least one rollout")
     t0 = time.perf_counter()

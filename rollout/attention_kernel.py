@@ -71,9 +71,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
 
 
 def write_keys(k_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
-    """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache [slots, Hkv, D,
-    max_len] (CPU, rows maybe padded) and k [N, Hkv, D] of its dtype. Slots and positions must be
-    in range: the caller's (the engine's) are."""
+    """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache (rows maybe padded) and k
+    [N, Hkv, D]; slots and positions must be in range (the engine's are)."""
     library = load()
     stride = key_stride(k_cache)
     if library is None or k_cache.device.type != "cpu" or stride is None or k_cache.element_size() not in (2, 4):

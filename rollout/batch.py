@@ -78,8 +78,7 @@ class ForwardBatch:
               device: torch.device | str, min_bucket: int = MIN_BUCKET,
               hidden_index: Optional[list[int]] = None) -> ForwardBatch:
         """rows: (slot, start position, new token ids) per row, slots distinct; logit_index, hidden_index:
-        indices into the concatenated tokens that need logits, and final hidden states (None: the
-        logit rows); min_bucket: context lengths up to this share one attention group."""
+        the tokens that need logits, and final hidden states (None: the logit rows)."""
         if not rows:
             raise ValueError("a forward needs at least one row")
         slots = [r[0] for r in rows]

@@ -48,9 +48,8 @@ class KeptSlots:
             self.free.append(self.entries.pop(key).slot)
 
     def begin(self, requests: Sequence[Request], keys: Sequence[Optional[Hashable]]) -> KeptRun:
-        """One run's use of the store: each request's entry, if its context still begins with the
-        kept tokens, is claimed for it; one that does not match is dropped. The keys are checked
-        before the first claim, which only the run's `close` gives back."""
+        """One run's use of the store: each request's entry whose tokens its context still begins with is
+        claimed (one that does not match is dropped); only the run's `close` gives a claim back."""
         check_keys(keys, len(requests))
         run = KeptRun(self)
         for req, key in zip(requests, keys):

@@ -301,9 +301,8 @@ class CausalLM(nn.Module):
 
 
 def checked_weights(named, shapes: dict, unknown: str) -> list[tuple[str, torch.Tensor]]:
-    """The (name, tensor) pairs of a weight update, rotary buffers left out (we compute our own),
-    each checked: a known name (`unknown` says whose), its shape, floating point, finite. A
-    ValueError names the first bad tensor."""
+    """The (name, tensor) pairs of a weight update, rotary buffers left out, each checked (a known name:
+    `unknown` says whose; its shape; floating point; finite): a ValueError names the first bad one."""
     out = []
     for name, t in named:
         if not isinstance(name, str):

@@ -36,9 +36,8 @@ def gumbel(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, h
 
 def perturbed_argmax(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, hv32: torch.Tensor,
                      z: torch.Tensor, margins: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), as torch.argmax breaks ties.
-    margins ([M] float32, or None): set to each row's maximum of z + G less the largest of its
-    other entries, as drafter/coupled.py computes it in torch."""
+    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), ties as torch.argmax; margins ([M]
+    or None) <- each row's best z + G less its runner-up, as drafter/coupled.py computes it."""
     seeds, positions = _rows(seeds, positions)
     rows, vocab = z.shape
     tokens = torch.empty(rows, dtype=torch.int64)

@@ -114,9 +114,8 @@ _LOG_F32 = (tuple(_f32_quotient(1.0, n) for n in range(11, 0, -2)), float.fromhe
 
 
 def _log_positive(x: torch.Tensor) -> torch.Tensor:
-    """log x for positive, normal float64 or float32 x, by the arithmetic of rollout/noise_kernel.c:
-    only integer work and correctly rounded +, -, *, /, so every device gives the same bits.
-    x = 2^e m, m in [sqrt(1/2), sqrt(2)); s = (m - 1) / (m + 1); log m = 2 atanh(s)."""
+    """log x (x positive, normal, float64 or float32) by rollout/noise_kernel.c's arithmetic, integer work
+    and correctly rounded +, -, *, / only: x = 2^e m, s = (m - 1) / (m + 1), log m = 2 atanh(s)."""
     wide = x.dtype == torch.float64
     int_type, shift, bias, mantissa, one = ((torch.int64, 52, 1023, 0x000FFFFFFFFFFFFF, 0x3FF0000000000000) if wide
                                             else (torch.int32, 23, 127, 0x007FFFFF, 0x3F800000))
@@ -138,9 +137,8 @@ def _log_positive(x: torch.Tensor) -> torch.Tensor:
 
 def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
                       out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E). a, b: [m, 1]
-    row keys; hv: [1, V] vocabulary keys; the hash runs in place on the scratch buffers. The
-    reference the CPU kernel matches bit for bit."""
+    """out [m, V] <- log(E), E = -log(u) ~ Exp(1) (G = -log E), from row keys a, b [m, 1] and vocabulary
+    keys hv [1, V], hashed in place on the scratch: the reference the CPU kernel matches bit for bit."""
     m = out.shape[0]
     x, tmp, u = (s[:m] for s in scratch)
     torch.bitwise_xor(a, hv, out=x)

@@ -199,9 +199,8 @@ class VllmBackend:
                              f"{current_platform.device_type!r}")
 
     def _start(self, vllm, spec, cpu_offset: int):
-        """The engine. Chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator when a
-        step prefills part of a prompt (gpu_model_runner.py, `gen.set_offset`), which a CPU
-        generator refuses, killing the engine; continued chunks of a divided rollout are such prompts."""
+        """The engine. Chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator for a partial
+        prefill (`gen.set_offset`), which a CPU generator refuses; continued chunks are long prompts."""
         cfg, opts, on_cpu = self.config, self.vllm_config, self.on_cpu
         env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
                "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset),
@@ -246,9 +245,8 @@ class VllmBackend:
         return [r.completion() for r in requests]
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None) -> RunInfo:
-        """Continue every request by at most max_new_tokens new tokens (None: to its end), its prompt
-        and output so far as vLLM's prompt. Sets finish_reason, or leaves it None for a request
-        paused at the end of its chunk. A dead engine raises EngineDeadError; nothing is applied."""
+        """Continue every request by at most max_new_tokens (None: to its end), prompt and output so far
+        as vLLM's prompt; finish_reason stays None for a paused request. A dead engine applies nothing."""
         from vllm import TokensPrompt
 
         self._check_open()

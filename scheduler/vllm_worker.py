@@ -64,9 +64,8 @@ class VllmRolloutWorker:
         return self._guarded(self._run_chunk, work)
 
     def _guarded(self, fn, *args):
-        """fn(*args), with errors the driver can read without vLLM: ValueError stays, anything else
-        becomes a RuntimeError. A dead vLLM engine makes this worker lost: it shuts its backend down
-        and raises WorkerLost now and at every later call, so the scheduler replaces it."""
+        """fn(*args), its errors a ValueError or a RuntimeError the driver reads without vLLM. A dead vLLM
+        engine makes this worker lost: WorkerLost now and at every later call, so the scheduler replaces it."""
         if self.lost is not None:
             raise WorkerLost(self.lost)
         try:
