@@ -49,10 +49,9 @@ def speculative_config(method: Optional[str], num_tokens: int) -> Optional[dict]
         raise ValueError(f"speculation must be None or one of {list(SPECULATION_METHODS)}, got {method!r}")
     if num_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
-    if method == "ngram":  # prompt lookup of 2-4 grams, as spectail's ngram proposer tries 3, 2, 1
-        return {"method": "ngram", "num_speculative_tokens": num_tokens, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 4}
-    return {"method": "suffix", "num_speculative_tokens": num_tokens}
+    # ngram: prompt lookup of 2-4 grams, as spectail's ngram proposer tries 3, 2, 1
+    lookup = {"prompt_lookup_min": 2, "prompt_lookup_max": 4} if method == "ngram" else {}
+    return {"method": method, "num_speculative_tokens": num_tokens, **lookup}
 
 
 def cpu_binding(num_threads: Optional[int], offset: int = 0) -> str:
@@ -178,7 +177,11 @@ class VllmBackend:
             check_architecture(self.folder, module.ModelRegistry.get_supported_archs())
             self.config, self.vllm_config, self.speculation = config, vllm, vllm.speculation
             self.on_cpu = config.device.split(":")[0] == "cpu"
-            self._check_device(config)
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu() != self.on_cpu:
+                raise ValueError(f"EngineConfig.device is {config.device!r} but this vLLM build runs on "
+                                 f"{current_platform.device_type!r}")
             if self.on_cpu:
                 check_head_size(self.folder, cpu_head_sizes())
             self.layout = checkpoint_layout(self.folder)
@@ -190,13 +193,6 @@ class VllmBackend:
         except BaseException:
             self._remove_tmp()
             raise
-
-    def _check_device(self, config: EngineConfig) -> None:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu() != self.on_cpu:
-            raise ValueError(f"EngineConfig.device is {config.device!r} but this vLLM build runs on "
-                             f"{current_platform.device_type!r}")
 
     def _start(self, vllm, spec, cpu_offset: int):
         """The engine. Chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator for a partial
