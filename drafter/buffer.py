@@ -1,13 +1,9 @@
 """The drafter's training data: a ring of responses bounded by a token budget.
 
-Each entry is one response (finished, or in flight and updated as it grows) with the policy's
-hidden state at every position of prompt + response and the policy version that made them. Only
-features are stored: the trainer recomputes each teacher through the live lm_head with the
-sample's own processed distribution (temperature, top-k, top-p), so nothing stored goes stale
-but the features themselves, which `refresh` recomputes under new weights.
-
-Adding past the budget drops the oldest entries first; an entry is replaced in place of its older
-self when it carries the same key (a partial response that grew).
+Each entry is one response (finished, or in flight and replaced as it grows, under its key) with
+the policy's hidden state at every position and the policy version that made them. Only features
+are stored: the trainer recomputes each teacher through the live lm_head, so only the features go
+stale, which `refresh` recomputes. Adding past the budget drops the oldest entries first.
 """
 from __future__ import annotations
 
@@ -54,8 +50,8 @@ class FeatureBuffer:
 
     def add(self, sample: SavedRollout, features: torch.Tensor, version: int, finished: bool = True,
             key: Optional[Hashable] = None) -> None:
-        """Store a response's features (checked before anything changes), evicting the oldest
-        entries beyond the budget. A key already present is replaced and becomes the newest."""
+        """Store a response's features (checked first), evicting the oldest entries beyond the
+        budget; a key already present is replaced and becomes the newest."""
         n = len(sample.prompt_ids) + len(sample.response_ids)
         if features.dim() != 2 or features.shape[0] != n:
             raise ValueError(f"features must be [{n}, hidden] for a sample of {n} tokens, got {tuple(features.shape)}")
@@ -87,9 +83,8 @@ class FeatureBuffer:
         return out
 
     def refresh(self, policy: CausalLM, version: int, entries: Optional[Iterable[Entry]] = None) -> int:
-        """Recompute the features of entries older than `version` (all of them, or those of
-        `entries`: say the batch a training step is about to use) under the policy's current
-        weights; returns how many tokens were recomputed."""
+        """Recompute the features of entries (all, or `entries`) older than `version` under the
+        policy's current weights; returns how many tokens were recomputed."""
         pool = self._entries.values() if entries is None else entries
         stale = [e for e in pool if e.version < version]
         if not stale:

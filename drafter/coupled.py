@@ -1,20 +1,8 @@
-"""The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)).
-
-The same token rollout.sampling.sample would pick from these logits (z + G and z - log E are the
-same IEEE value, and argmax takes the first index of a tie in both), so a head whose distribution
-matches the policy's is accepted nearly always, and the offline simulation (drafter/simulate.py,
-which calls rollout.sampling.sample) predicts the engine's drafts exactly. What differs is only
-the work: the common case of temperature 1 without top-k / top-p skips the processing, the margin
-(best minus second-best perturbed score: how far the head's logits would have to move to change
-the token) comes from the same scores, and no logprobs are made (a draft needs none). On the CPU
-one pass of the noise kernel per row gives the token and the margin together; elsewhere the
-noise is made for a few draft positions of every live request at once (it depends on no logits:
-one batch instead of one per position, and chains that end early do not pay for positions they
-never reach), then added.
-
-With a draft vocabulary (drafter/vocab.py) the logits' columns are the ids `vocab_ids` and
-each column gets the noise of its real id, G(seed, t, vocab_ids[i]); the tokens returned are
-real ids.
+"""The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)),
+the token rollout.sampling.sample would pick, with less work: no processing at temperature 1
+without top-k / top-p, no logprobs, the margin (best minus second-best score) from the same
+scores, and off the CPU the noise made for a few draft positions at once. With a draft
+vocabulary column i gets the noise of its real id vocab_ids[i].
 """
 from __future__ import annotations
 
@@ -22,9 +10,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import noise_kernel, sampling
+from rollout import noise_kernel, ops, sampling
 
-from .vocab import keys32, subset_gumbel
+from .vocab import keys32
 
 # Noise is made for this many draft positions of the live requests at a time, while that holds
 # at most NOISE_ELEMENTS elements (requests x positions x vocabulary).
@@ -34,8 +22,7 @@ NOISE_ELEMENTS = 1 << 22
 
 class CoupledSampler:
     """For chains with .seed, .position (of their first draft), .k, .temperature, .top_k, .top_p.
-    vocab_ids: the draft vocabulary's ids (sorted) that the logits' columns stand for; None:
-    the columns are the whole vocabulary. vocab_size: the policy's vocabulary (with vocab_ids)."""
+    vocab_ids: the sorted ids the logits' columns stand for (None: all of vocab_size)."""
 
     def __init__(self, chains: Sequence, device, vocab_ids: Optional[torch.Tensor] = None,
                  vocab_size: Optional[int] = None):
@@ -61,9 +48,8 @@ class CoupledSampler:
 
     def draft(self, logits: torch.Tensor, live: list[int], step: int, margins: bool,
               index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[int], list[float]]:
-        """Tokens (a device tensor and a list: real ids) and margins (NaN unless asked) of chains
-        `live` at their step-th draft position; logits [len(live), V or |S|] float32, in the order
-        of `live`; index: `live` as a device tensor (None: every chain is live)."""
+        """Tokens (a device tensor and a list of real ids) and margins (NaN unless asked) of chains `live`
+        at their step-th position, from logits [len(live), V or |S|]; index: `live` on the device (None: all)."""
         tokens, gaps = self._columns(logits, live, step, margins, index)
         if self.ids is not None:
             tokens = self.ids[tokens]
@@ -80,7 +66,7 @@ class CoupledSampler:
 
         z = logits if self.plain else sampling.process_logits(logits, pick(self.temperature), pick(self.top_k),
                                                               pick(self.top_p))
-        kernel = noise_kernel.load() if z.device.type == "cpu" and z.dtype == torch.float32 else None
+        kernel = ops.noise_library(z.device) if z.dtype == torch.float32 else None
         if kernel is not None and not any(self.greedy[i] for i in live):
             return self._fused(kernel, z, pick(self.seeds), pick(self.first) + step, margins)
         scores = z
@@ -99,17 +85,15 @@ class CoupledSampler:
 
     def _fused(self, kernel, z: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                margins: bool) -> tuple[torch.Tensor, list[float]]:
-        """_columns' tokens and margins in one pass of the CPU noise kernel, which makes each row's
-        noise as it reads it (the same bits as z + gumbel_noise: rollout/noise_kernel.py)."""
+        """_columns' tokens and margins in one pass of the CPU noise kernel (the bits of z + gumbel_noise)."""
         gaps = torch.empty(z.shape[0], dtype=torch.float32) if margins else None
         keys = sampling.vocab_keys32(z.shape[-1]) if self.ids is None else self._keys32
         tokens = noise_kernel.perturbed_argmax(kernel, seeds, positions, keys, z.contiguous(), gaps)
         return tokens, gaps.tolist() if margins else [float("nan")] * z.shape[0]
 
     def _gumbel(self, live: list[int], step: int, vocab: int, index: Optional[torch.Tensor]) -> torch.Tensor:
-        """G(seed, first + step, .) of the live chains: [len(live), V or |S|] float32. Made for a block
-        of positions of the chains live at its first one, no further than the longest chain;
-        index: `live` as a device tensor, None when every chain is live."""
+        """G(seed, first + step, .) of the live chains: [len(live), V or |S|] float32, made for a block
+        of positions of the chains live at its first one; index: `live` on the device (None: all)."""
         start, block, rows, noise = self._block
         if noise is None or not start <= step < start + block or any(i not in rows for i in live):
             reach = max(self.ks[i] for i in live) - step
@@ -122,8 +106,8 @@ class CoupledSampler:
                 steps = torch.arange(block, device=self.device).repeat(len(live))
                 positions = positions.repeat_interleave(block) + steps
             start, rows = step, {i: n for n, i in enumerate(live)}
-            noise = (sampling.gumbel_noise(seeds, positions, vocab) if self.ids is None
-                     else subset_gumbel(seeds, positions, self.ids, self.vocab_size)).view(len(live), block, vocab)
+            noise = sampling.gumbel_noise(seeds, positions, vocab if self.ids is None else self.vocab_size, self.ids)
+            noise = noise.view(len(live), block, vocab)
             self._block = (start, block, rows, noise)
         at = noise[:, step - start]
         if len(rows) == len(live):  # the same chains as at the block's start

@@ -1,23 +1,7 @@
-"""Saving and loading a draft head: safetensors + config.json, in vLLM's EAGLE layout.
-
-The head's parameter names already are vLLM's EAGLE-1 names for a Llama draft
-(vllm/model_executor/models/llama_eagle.py, `LlamaModel`): `fc.weight` over cat(embeds, hidden),
-`embedding_layernorm.weight` / `hidden_states_layernorm.weight` (the HASS variant, switched on by
-the config key `add_para_norm`), and `layers.0.{self_attn,mlp}.*` + `layers.0.post_attention_layernorm`
-(layer 0 has no input_layernorm there, nor here). It has no `embed_tokens` or `lm_head` of its own:
-vLLM's loader skips a draft's embed_tokens and shares the target's, as this head reads the policy's.
-config.json is a Llama config with num_hidden_layers = 1 and architectures ["LlamaForCausalLM"],
-which vLLM's EAGLEConfig (vllm/transformers_utils/configs/eagle.py) renames to
-"EagleLlamaForCausalLM" for method "eagle". vLLM feeds such a draft the target's final hidden
-states paired with the next token at the same position, as this head is trained.
-
-A head with a draft vocabulary (drafter/vocab.py) also saves `draft_vocab`, its sorted int64
-token ids (EAGLE-3 keeps the same set as a `d2t` offset table; vLLM's EAGLE-1 loader does not
-read either).
-
-The "mlp" kind has no EAGLE counterpart: its config carries only the spectail section.
-Our own section, "spectail_drafter", records the kind, format, hidden size and vocabulary; `load`
-reads it and refuses a head made for another policy shape, or one with NaN/Inf weights.
+"""Saving and loading a draft head: safetensors + config.json in vLLM's EAGLE-1 layout for a Llama
+draft (llama_eagle.py: `fc`, the HASS norms of `add_para_norm`, layer 0 without input_layernorm;
+no embed_tokens or lm_head: vLLM shares the target's). `draft_vocab` is saved with the weights;
+our own "spectail_drafter" section lets `load` refuse a head made for another policy shape.
 """
 from __future__ import annotations
 
@@ -65,7 +49,7 @@ def _check_finite(tensors: dict, what: str) -> None:
 
 def export(head: DraftHead, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
     """Write the head to `folder` (replaced as a whole: written beside it, then renamed in).
-    version: the online trainer's version of it, kept in the config (`saved_version`)."""
+    version: the online trainer's version of it, kept in the config (`read_state`)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
@@ -92,22 +76,20 @@ def export(head: DraftHead, folder: str | os.PathLike, version: Optional[int] = 
 
 def export_state(state: dict, folder: str | os.PathLike, version: Optional[int] = None) -> Path:
     """`export` of a head given as `head_state` (what a Ray worker published), checked first."""
-    cfg, hidden, vocab = _head_config(_state_dict(state), None, "draft head state")
+    cfg, hidden, vocab = _head_config(state, None, "draft head state")
     return export(head_from_tensors(cfg, hidden, vocab, state["weights"], None, None, "cpu", "draft head state"),
                   folder, version)
 
 
 def load(folder: str | os.PathLike, policy: CausalLM, dtype: Optional[torch.dtype] = None, device=None) -> DraftHead:
-    """The head saved in `folder`, for this policy (dtype and device default to the policy's).
-    ValueError, naming the problem, for a folder that is not a spectail drafter export, a head made
-    for another hidden size or vocabulary, missing or unexpected weights, or NaN/Inf weights."""
+    """The head saved in `folder`, for this policy (dtype and device default to the policy's);
+    ValueError naming what does not fit (not an export, other sizes, weights missing or NaN)."""
     return from_state(read_state(folder)[0], policy, dtype, device, where=str(folder))
 
 
 def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
-    """(head_state, version) of an exported folder (version 0 when the export has none), read
-    without a policy to check against (`check_state`, `from_state` do that); ValueError for a
-    folder that is not a spectail drafter export."""
+    """(head_state, version) of an exported folder (version 0: none recorded), unchecked against a
+    policy (`check_state`, `from_state` do that); ValueError for a folder that is not an export."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -131,14 +113,11 @@ def read_state(folder: str | os.PathLike) -> tuple[dict, int]:
             "vocab_size": meta.get("vocab_size"), "weights": weights}, version
 
 
-def saved_version(folder: str | os.PathLike) -> int:
-    """The version an export was written with (0: none recorded)."""
-    return read_state(folder)[1]
-
-
-def _head_config(meta: dict, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
-    """(head config, hidden size, vocabulary) that a folder's config or a head state describes,
-    checked against the policy's (hidden size, vocabulary) when given (ValueError naming `where`)."""
+def _head_config(state, sizes: Optional[tuple[int, int]], where: str) -> tuple[HeadConfig, int, int]:
+    """(head config, hidden size, vocabulary) of a head state, checked against the policy's sizes."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
+        raise ValueError(f"not a drafter head state of format {FORMAT}")
+    meta = state
     try:
         hidden, vocab = int(meta["hidden_size"]), int(meta["vocab_size"])
         cfg = HeadConfig(**meta["head"])
@@ -158,16 +137,10 @@ def head_state(head: DraftHead) -> dict:
             "weights": {k: v.detach().to("cpu", copy=True) for k, v in head.state_dict().items()}}
 
 
-def _state_dict(state) -> dict:
-    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("weights"), dict):
-        raise ValueError(f"not a drafter head state of format {FORMAT}")
-    return state
-
-
 def check_state(state: dict, hidden_size: int, vocab_size: int) -> None:
-    """ValueError unless `state` is a head for a policy of this hidden size and vocabulary, with
-    the weights its config names, of their shapes, all finite (nothing is built)."""
-    cfg, hidden, vocab = _head_config(_state_dict(state), (hidden_size, vocab_size), "draft head state")
+    """ValueError unless `state` is a head for a policy of these sizes, with the weights its config
+    names, of their shapes, all finite (nothing is built)."""
+    cfg, hidden, vocab = _head_config(state, (hidden_size, vocab_size), "draft head state")
     _check_tensors(cfg, hidden, vocab, state["weights"], "draft head state")
 
 
@@ -175,7 +148,7 @@ def from_state(state: dict, policy: CausalLM, dtype: Optional[torch.dtype] = Non
                where: str = "draft head state") -> DraftHead:
     """The head `head_state` described, checked as `load` checks a folder (ValueError)."""
     sizes = (policy.cfg.hidden_size, policy.cfg.vocab_size)
-    cfg, hidden, vocab = _head_config(_state_dict(state), sizes, where)
+    cfg, hidden, vocab = _head_config(state, sizes, where)
     return head_from_tensors(cfg, hidden, vocab, state["weights"], policy, dtype, device, where)
 
 
@@ -199,8 +172,8 @@ def _check_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, wher
 
 def head_from_tensors(cfg: HeadConfig, hidden: int, vocab: int, tensors: dict, policy: Optional[CausalLM],
                       dtype: Optional[torch.dtype], device, where: str) -> DraftHead:
-    """A head of this config with these weights: names, shapes and finiteness checked first.
-    dtype and device default to the policy's (with no policy: the weights' own dtype)."""
+    """A head of this config with these weights, checked first; dtype and device default to the
+    policy's (with no policy: the weights' own)."""
     _check_tensors(cfg, hidden, vocab, tensors, where)
     with torch.device("meta"):
         head = DraftHead(cfg, hidden, vocab)

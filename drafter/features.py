@@ -1,14 +1,9 @@
 """The policy's hidden states over whole sequences, and the padded head rows built from them.
 
-`sequence_features` runs rollout.model.CausalLM over prompt + response and returns the final
-hidden state (after the last norm) at every position: the same rows the engine's forward returns
-beside its logits, so `policy.lm_head(h_i)` are the logits of token i + 1.
-
-A sequence x_0..x_{N-1} gives the head N - 1 rows: row j = (h_j, x_{j+1}), whose teacher is the
-policy's distribution at position j + 1 (from h_{j+1}), i.e. of x_{j+2}. In the engine a draft
-chain starts at the row of the pending token: row P - 1 + t for response position t (prompt of
-P tokens), so the first draftable token is response position 1 and row P - 1 is the first row
-whose output is ever used.
+`sequence_features` returns the policy's final hidden state (after the last norm) at every
+position of prompt + response, as the engine's forward does. A sequence x_0..x_{N-1} gives the
+head N - 1 rows: row j = (h_j, x_{j+1}), whose teacher is the policy's distribution of x_{j+2}.
+A draft chain starts at the row of the pending token, P - 1 + t for response position t.
 """
 from __future__ import annotations
 
@@ -41,9 +36,8 @@ class SavedRollout:
 
 def sequence_features(policy: CausalLM, sequences: Sequence[Sequence[int]],
                       tokens_per_forward: int = 4096) -> list[torch.Tensor]:
-    """[len(seq), d] final hidden states per sequence, in the policy's dtype, on its device (no
-    logits are made). Sequences are packed up to tokens_per_forward per forward; a longer
-    sequence runs in chunks through its cache slot."""
+    """[len(seq), d] final hidden states per sequence, in the policy's dtype and device, packed up
+    to tokens_per_forward per forward (a longer sequence runs in chunks through its cache slot)."""
     for i, seq in enumerate(sequences):
         if len(seq) == 0:
             raise ValueError(f"sequence {i} is empty")
@@ -88,17 +82,13 @@ def _run_group(policy: CausalLM, sequences, group: list[int], budget: int, out: 
 
 @dataclass
 class RowBatch:
-    """Head rows of B sequences, right-padded to L = the longest N - 1.
+    """Head rows of B sequences, right-padded to L = the longest N - 1; the rest are [B]."""
 
-    tokens [B, L]: x_{j+1}; feats [B, L, d]: h_j; next_feats [B, L, d]: h_{j+1} (the teacher's);
-    first [B]: P - 1, the first row whose draft is a response token; rows [B]: N - 1 real rows;
-    prompt_len [B]; seeds, temperature, top_k, top_p, weight [B]."""
-
-    tokens: torch.Tensor
-    feats: torch.Tensor
-    next_feats: torch.Tensor
-    first: torch.Tensor
-    rows: torch.Tensor
+    tokens: torch.Tensor  # [B, L] x_{j+1}
+    feats: torch.Tensor  # [B, L, d] h_j
+    next_feats: torch.Tensor  # [B, L, d] h_{j+1} (the teacher's)
+    first: torch.Tensor  # P - 1: the first row whose draft is a response token
+    rows: torch.Tensor  # N - 1 real rows
     prompt_len: torch.Tensor
     seeds: torch.Tensor
     temperature: torch.Tensor

@@ -1,31 +1,12 @@
 """The draft head: a one-layer, EAGLE-style model that predicts the policy's next hidden state.
 
-A head row at position j pairs the policy's final hidden state h_j (after its last norm: what
-rollout.model.CausalLM.forward returns beside the logits) with the token x_{j+1} that followed:
-
-    x   = fc(cat(embedding_layernorm(embed(x_{j+1})), hidden_states_layernorm(h_j)))
-    out = one decoder layer(x)          # "attention": RoPE attention over the head's own KV cache
-                                        # "mlp": no attention, only the feed-forward block
-    logits = lm_head(out)               # predicts x_{j+2}; `out` stands in for h_{j+1}
-                                        # (only the draft vocabulary's rows: drafter/vocab.py)
-
-so (h_{t-1}, y_t) -> the distribution of y_{t+1}. This is vLLM's pairing (v1/spec_decode/eagle.py
-shifts the token ids left by one and keeps hidden states and positions) and its EAGLE layout
-(model_executor/models/llama_eagle.py: `fc` without bias over cat(embeds, hidden), HASS's
-`embedding_layernorm` / `hidden_states_layernorm`, layer 0 without input_layernorm, no final norm
-before lm_head), so `drafter.export` writes a checkpoint in that layout.
-
-`embed` and `lm_head` are the policy's own, read from the CausalLM at every call (never copied):
-a weight update of the policy moves the head's input and output spaces with it. They enter as
-detached tensors, so training the head never touches the policy.
-
-Two ways to run the same weights:
-- `unroll`: whole padded sequences, several steps where step s feeds the head its own outputs
-  (training-time test; the offline acceptance metric). Step s at row j continues the draft chain
-  that started at row j - s: it attends to step-0 keys of rows <= j - s and to the key step m
-  wrote at row j - s + m, for m = 1..s -- exactly the keys the chain has in the cache.
-- `forward_rows`: new rows of many requests against the head's own one-layer cache
-  (drafter/head_cache.py), one slot per request: what the engine's proposer runs.
+Row j pairs the policy's final hidden state h_j with the token x_{j+1}:
+x = fc(cat(embedding_layernorm(embed(x_{j+1})), hidden_states_layernorm(h_j))), out = one decoder
+layer(x) ("mlp": no attention), logits = lm_head(out), predicting x_{j+2}. This is vLLM's EAGLE
+layout (llama_eagle.py), so `drafter.export` writes a checkpoint vLLM loads. `embed` and `lm_head`
+are the policy's own, read detached at every call: a policy update moves the head with it.
+`unroll` runs whole padded sequences for several steps, each fed the head's own outputs (training);
+`forward_rows` runs new rows of many requests against the head's cache (the engine's proposer).
 """
 from __future__ import annotations
 
@@ -39,7 +20,8 @@ from torch import nn
 
 from rollout import pointwise_kernel
 from rollout.linear import PackedLinear, bound
-from rollout.model import CausalLM, ModelConfig, RMSNorm, rotate
+from rollout.model import MLP, CausalLM, ModelConfig, RMSNorm
+from rollout.ops import rotate
 
 from .head_cache import HeadCache, Rows
 from .vocab import check_ids
@@ -49,20 +31,9 @@ KINDS = ("attention", "mlp")
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """The head's shape. None takes the policy's value (one policy layer's shape, as EAGLE does).
-
-    kind: "attention" (a decoder layer with RoPE attention) or "mlp" (the same without attention:
-        cheaper, but it sees only the current row).
-    num_heads, num_kv_heads, head_dim, intermediate_size, attention_bias: the decoder layer.
-    rope_theta: the head's own RoPE base (its positions are the policy's sequence positions).
-    window: the attention sees the last `window` rows (its own included); None: every row, as
-        EAGLE's heads do. A window bounds what a draft position costs whatever the context (the
-        policy's hidden state carries the rest); an exported windowed head keeps the key
-        `sliding_window` in its config, which vLLM's EAGLE Llama does not read.
-    draft_vocab: the head's logits cover only this many token ids (drafter/vocab.py: the most
-        frequent of the policy's rollouts, held in the head's `draft_vocab` buffer and exported
-        with it), read from those rows of the policy's live lm_head; None: the whole vocabulary.
-    """
+    """The head's shape; None takes the policy's value (one policy layer's shape, as EAGLE does).
+    kind "mlp": no attention (cheaper; it sees only the current row). window: the attention sees the
+    last `window` rows, bounding a draft's cost (None: all). draft_vocab: drafter/vocab.py."""
 
     kind: str = "attention"
     num_heads: Optional[int] = None
@@ -121,28 +92,15 @@ class HeadAttention(nn.Module):
         self.o_proj = PackedLinear(cfg.num_heads * hd, d, bias=bias)
 
 
-class HeadMLP(nn.Module):
-    def __init__(self, d: int, inner: int):
-        super().__init__()
-        self.gate_proj = PackedLinear(d, inner, bias=False)
-        self.up_proj = PackedLinear(d, inner, bias=False)
-        self.down_proj = PackedLinear(inner, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class HeadLayer(nn.Module):
-    """One Llama decoder layer without input_layernorm (EAGLE's layer 0); the "mlp" kind has no
-    self_attn. Its own modules rather than rollout.model's decoder layer, so the engine's layers
-    can change without touching the head; the parameter names are the same. Its linear layers are
-    the engine's PackedLinear: nn.Linear under autograd, the engine's kernels in inference."""
+    """One Llama decoder layer without input_layernorm (EAGLE's layer 0; "mlp": no self_attn), apart
+    from rollout.model's so the engine's layers can change without touching the head."""
 
     def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
         if cfg.kind == "attention":
             self.self_attn = HeadAttention(cfg, d)
-        self.mlp = HeadMLP(d, cfg.intermediate_size)
+        self.mlp = MLP(d, cfg.intermediate_size, bias=False)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
     def feed_forward(self, x: torch.Tensor, gate_up: Optional[Callable] = None) -> torch.Tensor:
@@ -155,9 +113,8 @@ class HeadLayer(nn.Module):
 
 
 def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    """An RMSNorm module's function: the engine's kernel outside autograd (float32 on the CPU),
-    else torch's rms_norm (normalised in float32 and cast back before the weight, as
-    rollout.model.RMSNorm does), which autograd takes as one call where the module makes eight."""
+    """An RMSNorm module's function: the engine's kernel outside autograd, else torch's rms_norm
+    (one autograd call where the module makes eight)."""
     out = pointwise_kernel.rms_norm(x, module.weight, module.eps)
     if out is not None:
         return out
@@ -168,8 +125,7 @@ def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Packed:
-    """The projections the engine's way runs as one matmul each (rollout.linear.bound: the
-    engine's packed kernels), made from the live weights."""
+    """q|k|v and gate|up as one packed matmul each (rollout.linear.bound), from the live weights."""
 
     version: tuple
     qkv: Optional[Callable[[torch.Tensor], torch.Tensor]]
@@ -177,8 +133,8 @@ class Packed:
 
 
 class DraftHead(nn.Module):
-    """Build with `DraftHead.for_policy(policy, HeadConfig(...))`. Parameter names are vLLM's
-    EAGLE names (see the module docstring); the policy's embed and lm_head are not among them."""
+    """Build with `DraftHead.for_policy(policy, HeadConfig(...))`. Parameter names are vLLM's EAGLE
+    names; the policy's embed and lm_head are not among them."""
 
     def __init__(self, cfg: HeadConfig, hidden_size: int, vocab_size: int):
         super().__init__()
@@ -197,8 +153,7 @@ class DraftHead(nn.Module):
     @classmethod
     def for_policy(cls, policy: CausalLM, cfg: HeadConfig = HeadConfig(), dtype: Optional[torch.dtype] = None,
                    device=None, seed: Optional[int] = None) -> DraftHead:
-        """A freshly initialised head sized for this policy (dtype and device default to the
-        policy's); seed makes the initial weights reproducible without touching the global RNG."""
+        """A fresh head sized for this policy (dtype, device: the policy's); seed: reproducible weights."""
         cfg = cfg.resolved(policy.cfg)
         p = policy.lm_head.weight
         with torch.random.fork_rng(devices=[]):
@@ -216,9 +171,8 @@ class DraftHead(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
-        """The token ids the head drafts from (sorted, HeadConfig.draft_vocab of them: drafter.vocab.
-        frequent_tokens). They select rows of the policy's lm_head, not weights of the head, so
-        they may change at any time."""
+        """The sorted token ids the head drafts from (drafter.vocab.frequent_tokens): rows of the
+        policy's lm_head, not weights of the head, so they may change at any time."""
         if self.draft_vocab is None:
             raise ValueError("this head drafts over the whole vocabulary (HeadConfig.draft_vocab is None)")
         ids = torch.as_tensor(ids, dtype=torch.int64)
@@ -244,10 +198,8 @@ class DraftHead(nn.Module):
                                   norm(self.hidden_states_layernorm, feats.to(dtype))), dim=-1))
 
     def logits(self, policy: CausalLM, out: torch.Tensor) -> torch.Tensor:
-        """The head's float32 logits: the policy's live lm_head on the head's output, over the draft
-        vocabulary's rows when it has one (column i is token draft_vocab[i]). Outside autograd
-        through a packed kernel; under autograd on detached weights, so a training step of the
-        head leaves the policy's gradients alone."""
+        """The head's float32 logits through the policy's live lm_head, over the draft vocabulary's rows when
+        it has one (column i: token draft_vocab[i]); under autograd on detached weights."""
         if self.draft_vocab is None:
             return self.full_logits(policy, out)
         w, route = self._output_rows(policy)
@@ -256,8 +208,7 @@ class DraftHead(nn.Module):
         return F.linear(out.to(w.dtype), w).float()
 
     def full_logits(self, policy: CausalLM, h: torch.Tensor) -> torch.Tensor:
-        """The policy's lm_head over the whole vocabulary on h (its hidden states, or the head's
-        output): float32, outside autograd through the module (its packed kernel)."""
+        """The policy's lm_head over the whole vocabulary on h, float32."""
         lm_head = policy.lm_head
         if not torch.is_grad_enabled():
             return lm_head(h.to(lm_head.weight.dtype)).float()
@@ -265,8 +216,8 @@ class DraftHead(nn.Module):
         return F.linear(h.to(w.dtype), w).float()
 
     def _output_rows(self, policy: CausalLM) -> tuple[torch.Tensor, Callable]:
-        """(lm_head rows of the draft vocabulary [|S|, d], their packed call): a gather kept until
-        the policy's weight or the ids change (any in-place write: the policy trains every step)."""
+        """(lm_head rows of the draft vocabulary [|S|, d], their packed call), kept until the
+        policy's weight or the ids change (any in-place write)."""
         w, ids = policy.lm_head.weight, self.draft_vocab
         key = (id(w), w.data_ptr(), _version(w), ids.data_ptr(), _version(ids), w.dtype, w.device)
         cached = getattr(self, "_vocab_rows", None)
@@ -279,8 +230,7 @@ class DraftHead(nn.Module):
         return rows, route
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., 1, head_dim] for positions of any shape. The frequencies are made here in
-        float32 rather than kept as a buffer, which a bfloat16 head would round."""
+        """cos, sin [..., 1, head_dim] for positions of any shape (float32 math: no rounded buffer)."""
         dim = self.cfg.head_dim
         inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
         freqs = positions[..., None].float() * inv_freq
@@ -290,8 +240,7 @@ class DraftHead(nn.Module):
     # ---- the engine's way: new rows against the head's KV cache -------------------------
 
     def new_cache(self, num_slots: int, max_len: int, max_draft: int = 64) -> Optional[HeadCache]:
-        """The head's one-layer cache (None for the "mlp" kind, which keeps no state), for
-        positions below max_len and chains of at most max_draft tokens."""
+        """The head's cache (None for "mlp") for positions below max_len, drafts of max_draft tokens."""
         if self.kind != "attention":
             return None
         p = self.fc.weight
@@ -305,14 +254,8 @@ class DraftHead(nn.Module):
     @torch.inference_mode()
     def forward_rows(self, policy: CausalLM, cache: Optional[HeadCache], rows: Rows,
                      packed: Optional[Packed] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """New rows j of some requests (drafter/head_cache.py): every row's key and value is
-        written, and only each request's last row (the others lie below it in its slot) is
-        attended from. Returns (out [C, d], logits [C, V] float32) of those last rows.
-
-        A key and value depend only on their own row (layer 0 has no attention before them), so
-        catch-up rows cost two projections and no attention: a draft position is one query per
-        request. packed: `self.packed()` when the caller runs several positions in a row (their
-        weights cannot change in between), else made here."""
+        """New rows of some requests: every row's key and value is written, each request's last row
+        attends. Returns (out [C, d], logits [C, V] float32) of those; packed: `self.packed()`."""
         x = self.inputs(policy, rows.tokens, rows.feats)
         layer, packed = self.layers[0], self.packed() if packed is None else packed
         if self.kind != "attention":
@@ -348,8 +291,7 @@ class DraftHead(nn.Module):
         return self._packed
 
     def __getstate__(self):
-        # A copy packs again on first use rather than carrying the kernels' packs (with a
-        # library handle that does not pickle).
+        # A copy packs again on first use (a pack may hold a library handle, which does not pickle).
         state = super().__getstate__()
         state.pop("_packed", None)
         state.pop("_vocab_rows", None)
@@ -360,12 +302,8 @@ class DraftHead(nn.Module):
     def unroll(self, policy: CausalLM, tokens: torch.Tensor, feats: torch.Tensor, steps: int,
                pick: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None,
                with_logits: bool = True) -> list[tuple]:
-        """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (row j: h_j), rows at positions 0..L-1
-        (right padding is harmless: a row sees only rows before it). Returns per step s
-        (out [B, L, d], logits [B, L, V] float32, or None without with_logits: the trainer makes
-        them for the rows its loss reads only); step s >= 1 feeds row j the output of step
-        s - 1 at row j - 1 and, as its token, x_{j+1} (teacher tokens) or pick(s - 1, logits of
-        step s - 1) shifted the same way (the head's own drafts)."""
+        """tokens [B, L] (row j: x_{j+1}), feats [B, L, d] (h_j), right-padded. Per step s: (out, float32
+        logits or None); step s >= 1 feeds row j step s - 1's output at j - 1 and x_{j+1} or pick's draft."""
         if pick is not None and not with_logits:
             raise ValueError("unroll: pick reads each step's logits, so it needs with_logits")
         b, length = tokens.shape
@@ -387,8 +325,8 @@ class DraftHead(nn.Module):
         return results
 
     def _attend_unrolled(self, attn, x, cos, sin, keys: list, values: list) -> torch.Tensor:
-        """Attention of step s = len(keys): step-0 keys of rows <= j - s, and the key step m wrote
-        at row j - s + m (m = 1..s, the chain's own rows). Appends this step's keys and values."""
+        """Attention of step s = len(keys): step-0 keys of rows <= j - s, and the key step m wrote at
+        row j - s + m (m = 1..s). Appends this step's keys and values."""
         cfg = self.cfg
         b, length, _ = x.shape
         rep = cfg.num_heads // cfg.num_kv_heads

@@ -1,20 +1,10 @@
 """The head's KV cache and its one-query-per-request attention, for drafting in the engine.
 
-One slot per engine slot: a request's head row j keeps its key and value at [slot, :, j], or for
-a head with a window at [slot, :, j mod R] with R = window + the longest draft (a ring: a query
-reads only the window, so the cache is R rows long whatever the context). As in the engine's own
-cache nothing is freed or copied: a rejected draft's rows are simply rewritten by the next chain,
-and every row a query reads was written before it for the same request (rows are written in
-order from 0). A draft row lies at most one draft beyond the rows made from the policy's
-features, so with R rows it never lands on a row still inside a later query's window. Keys carry
-their rotation, so the order of a ring's rows does not matter to attention.
-
-Each draft position attends from one row per request (`Rows.last`). On the CPU (a float32 head
-and a C compiler) drafter/head_kernel.c rotates, writes and attends in two passes over the rows.
-Elsewhere the queries are scattered into a grid over the slot range the requests span (the engine
-keeps its running requests in its lowest slots, rollout/slot_order.py, so the range is nearly
-dense) and attend to the slots in place: a small batched matmul, with no gather and no fused
-kernel whose set-up dominates at these sizes.
+A request's head row j keeps its key and value at [slot, :, j], or with a window at [slot, :, j
+mod R], R = window + the longest draft (a ring). Nothing is freed: a rejected draft's rows are
+rewritten by the next chain, and never land inside a later query's window. On the CPU
+drafter/head_kernel.c runs the attention; elsewhere the queries attend to the slot range the
+requests span (nearly dense: rollout/slot_order.py) in place, in a small batched matmul.
 """
 from __future__ import annotations
 
@@ -58,9 +48,8 @@ class HeadCache:
         return self.cos.shape[0]  # positions the RoPE table covers
 
     def attend_rows(self, qkv: torch.Tensor, heads: int, rows: Rows) -> torch.Tensor:
-        """qkv [N, heads + 2 kv_heads, head_dim] of the N new rows, before RoPE: every row's
-        rotated key and its value are written, then each request's last row attends to the rows
-        it sees in its slot. Returns [C, heads * head_dim]."""
+        """qkv [N, heads + 2 kv_heads, head_dim] of the N new rows, before RoPE: every row's rotated
+        key and value are written, then each request's last row attends. Returns [C, heads * head_dim]."""
         if self.keys_transposed:
             return head_kernel.write_and_attend(qkv, heads, self.k, self.v, self.cos, self.sin_signed,
                                                 rows.row_slots, rows.positions, rows.last, self.window)
@@ -98,7 +87,7 @@ class HeadCache:
 
 
 def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """rollout.model.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
+    """rollout.ops.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
     sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
@@ -114,11 +103,8 @@ def _attention(q, keys, values, masked) -> torch.Tensor:
 
 @dataclass
 class Rows:
-    """New head rows of some requests, packed: every row is written, each request's last row is
-    attended from. lo, hi: the slot range of the requests; kv_len: cache rows read per slot.
-    `build` makes a chain's first rows (ragged catch-up rows); `advance` the next draft
-    position's (one row per live request) from the tensors of the previous one, on the device,
-    so a draft position builds no index on the host beyond the slot range."""
+    """New head rows of some requests, packed: every row is written, each request's last row attends.
+    `build` makes a chain's first (ragged) rows, `advance` the next position's, on the device."""
 
     tokens: torch.Tensor  # [N] x_{j+1}
     feats: torch.Tensor  # [N, d] h_j
@@ -171,9 +157,8 @@ class Rows:
 
     def advance(self, keep: Optional[torch.Tensor], kept: Sequence[int], tokens: torch.Tensor, feats: torch.Tensor,
                 cache: Optional[HeadCache]) -> Rows:
-        """The next position's rows: request kept[n] (an index into this one's requests; keep
-        the same as a device tensor, None: all of them) writes one row after its last, fed
-        tokens[n] and feats[n]."""
+        """The next position's rows: request kept[n] (keep: the same on the device, None: all) writes one
+        row after its last, fed tokens[n] and feats[n]."""
         positions = self.last_positions + 1
         slots, ends = self.slots, self.ends
         if keep is not None:

@@ -1,8 +1,6 @@
 """The draft head's attention on the CPU through drafter/head_kernel.c: rotate the new rows' keys,
-write them and their values into the head's cache, attend from each request's last row.
-
-HeadCache.attend_rows (drafter/head_cache.py) calls it where it can run (a float32 head on the
-CPU with a C compiler) and runs the same steps in torch elsewhere (CUDA, bfloat16, no compiler).
+write them and their values into the head's cache, attend from each request's last row (for a
+float32 head; HeadCache.attend_rows runs the same steps in torch elsewhere).
 """
 from __future__ import annotations
 
@@ -13,18 +11,11 @@ from typing import Optional
 import torch
 
 from rollout import c_kernels
+from rollout.c_kernels import FLOAT, I64, INT, PTR
 
 HERE = Path(__file__).parent
-
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.head_write_rows.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.head_write_rows.restype = None
-    library.head_attend_rows.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, ptr, ptr,
-                                         ptr, ptr, ptr, ptr]
-    library.head_attend_rows.restype = ctypes.c_int
-    return library
+_bind = c_kernels.binder(head_write_rows=(None, [I64] * 6 + [PTR] * 7),
+                         head_attend_rows=(INT, [I64] * 7 + [FLOAT] + [PTR] * 9))
 
 
 def load() -> Optional[ctypes.CDLL]:
@@ -41,8 +32,7 @@ def cache_rows(rows: int) -> int:
 
 
 def supports(device: torch.device, dtype: torch.dtype, head_dim: int, rows: int) -> bool:
-    """Whether the kernel can run a head's attention over a cache of `rows` rows per slot (else
-    the head's torch code runs)."""
+    """Whether the kernel can run a head's attention over a cache of `rows` rows per slot."""
     return (torch.device(device).type == "cpu" and dtype == torch.float32 and head_dim <= MAX_DIM
             and cache_rows(rows) <= MAX_ROWS and load() is not None)
 
@@ -50,19 +40,14 @@ def supports(device: torch.device, dtype: torch.dtype, head_dim: int, rows: int)
 def write_and_attend(qkv: torch.Tensor, heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
                      sin_signed: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor,
                      last: Optional[torch.Tensor], window: Optional[int]) -> torch.Tensor:
-    """qkv [N, heads + 2 kv, D] of N new rows (row n at slot row_slots[n], position positions[n]);
-    keys [slots, kv, D, R] (transposed), values [slots, kv, R, D] with R a multiple of LANES;
-    cos / sin_signed [max_len, D]. Writes every row's rotated key and value, then attends from
-    rows `last` (None: all). Returns [C, heads * D]."""
+    """Writes every new row's rotated key and value (qkv [N, heads + 2 kv, D]) into the transposed
+    keys [slots, kv, D, R] and values [slots, kv, R, D], then attends from rows `last` (None: all)."""
     library = load()
     kv, kept, dim = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
     n = qkv.shape[0]
-    qkv = qkv.contiguous()
-    row_slots, positions = row_slots.contiguous(), positions.contiguous()
-    if last is not None:
-        last = last.contiguous()
-    c = n if last is None else last.shape[0]
-    last_ptr = None if last is None else last.data_ptr()  # (NULL: every row attends)
+    qkv, row_slots, positions = qkv.contiguous(), row_slots.contiguous(), positions.contiguous()
+    last = None if last is None else last.contiguous()
+    c, last_ptr = (n, None) if last is None else (last.shape[0], last.data_ptr())  # (NULL: every row attends)
     out = torch.empty(c, heads * dim, dtype=torch.float32)
     library.head_write_rows(0, n, heads, kv, dim, kept, qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                             row_slots.data_ptr(), positions.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())

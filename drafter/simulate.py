@@ -1,16 +1,6 @@
-"""Simulated acceptance: the exact acceptance of a head's coupled drafts on a saved rollout.
-
-On a saved rollout the target's token at every position is known (it is the saved token), and a
-draft token is accepted exactly when it equals it. So the accepted run of any draft chain is
-computable without the engine: a chain starting at the row of pending token y_t proposes
-d_i = argmax(processed u_i + G(seed, t + i, .)) over its own logits u_i (rollout.sampling.sample
-on the head's logits with the request's seed, response position and params -- the coupling),
-each step fed its previous draft token and its own output feature, and its run is the number of
-leading d_i == y_{t+i}. Chains of k tokens start at every response position; `head.unroll` runs
-all of them at once (step s at row j is the chain that started at row j - s).
-
-The runs are what the engine would see for this head at the same positions (up to rounding of
-the cached against the unrolled attention), so they also predict its tokens per forward.
+"""Simulated acceptance: the exact acceptance of a head's coupled drafts on a saved rollout, where
+the target's token at every position is the saved one. Chains start at every response position,
+all at once through `head.unroll`; their runs are what the engine would see.
 """
 from __future__ import annotations
 
@@ -85,10 +75,8 @@ def _runs(head, policy: CausalLM, rb: RowBatch, max_k: int) -> tuple[torch.Tenso
 
 def coupled_drafts(rb: RowBatch, step: int, logits: torch.Tensor, vocab_ids: Optional[torch.Tensor] = None,
                    vocab_size: Optional[int] = None) -> torch.Tensor:
-    """[B, L] the coupled draft of each row valid at this step (0 elsewhere): row j drafts the
-    token at sequence position j + 2, response position j + 2 - P, with the sample's own noise.
-    vocab_ids: the columns' ids for a head with a draft vocabulary, whose draft is the sample of
-    its logits spread over the vocabulary with -inf elsewhere (drafter/vocab.py)."""
+    """[B, L] the coupled draft of each row valid at this step (0 elsewhere), with the sample's own noise;
+    vocab_ids: the columns' ids of a head with a draft vocabulary."""
     b_all, j_all = rb.valid(step).nonzero(as_tuple=True)
     out = torch.zeros(rb.tokens.shape, dtype=torch.int64, device=logits.device)
     # in blocks of rows: a draft vocabulary's rows spread over the whole vocabulary would
@@ -111,16 +99,8 @@ def _shift_left(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def summarize(runs: Sequence[Sequence[tuple[int, int]]], max_k: int = 8) -> dict:
-    """Acceptance figures for chains of k = 1..max_k tokens from chain_runs' output.
-
-    per_token: accepted / compared draft tokens (a run of r out of n compares r + 1 tokens when
-        r < n): the geometric rate the engine's draft budget learns.
-    accepted_fraction: accepted / proposed, every chain drafting its full length.
-    mean_run: mean accepted run per chain start.
-    tokens_per_forward: response tokens / verify forwards when every verify drafts k tokens:
-        walking each response from t = 0, a verify at t emits run + 1 tokens.
-    by_position[i]: acceptance of draft position i (1-based) given positions 1..i-1 landed:
-        chains whose run reached i over chains whose run reached i - 1 and that draft an i-th."""
+    """Acceptance figures of chains of k = 1..max_k tokens: per_token (accepted / compared),
+    accepted_fraction, mean_run, tokens_per_forward; by_position[i]: given positions 1..i-1 landed."""
     flat = [rn for r in runs for rn in r]
     if not flat:
         raise ValueError("no chain starts: every response is shorter than 2 tokens")

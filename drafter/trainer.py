@@ -1,15 +1,8 @@
-"""Training the draft head: soft cross-entropy to the policy's processed distribution, unrolled.
-
-For head row j (features h_j, token x_{j+1}) the teacher is the distribution the policy samples
-x_{j+2} from: softmax(process_logits(lm_head(h_{j+1}), T, top-k, top-p)) with the sample's own
-params (rollout/sampling.py; one-hot at its argmax for T = 0), recomputed through the live lm_head
-from stored features. The head's drafts are coupled samples of softmax(u / T) over the same
-processing, so matching this distribution is what maximises acceptance (Gumbel coupling lands a
-token with probability >= (1 - TV) / (1 + TV)).
-
-Training-time test: step s >= 1 feeds each row the head's own output of step s - 1 (as a draft
-chain would see it) with loss weight step_decay ** s. Only rows that draft a response token count.
-Optional reward weighting (ReSpec): a sample's rows weigh 1 + reward_beta * max(0, advantage).
+"""Training the draft head: soft cross-entropy to the policy's processed distribution of x_{j+2}
+(the sample's own params, one-hot for T = 0), through the live lm_head from stored features.
+Drafts are coupled samples of the same processing, so matching it maximises acceptance. Steps
+s >= 1 feed each row the head's own output (training-time test), weighted step_decay ** s;
+optional ReSpec weighting: a sample's rows weigh 1 + reward_beta * max(0, advantage).
 """
 from __future__ import annotations
 
@@ -31,12 +24,8 @@ from .head import DraftHead
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """lr, weight_decay, max_grad_norm: AdamW and clipping. decay: "constant" (online slices) or
-    "cosine" (the learning rate falls to lr / 20 over each call's time budget or max_steps,
-    whichever runs out first: a warm start, whose budget is its whole training). ttt_steps: unrolled steps per row.
-    step_decay: loss weight of step s is step_decay ** s. reward_beta: ReSpec weighting (0 = off).
-    batch_tokens: padded prompt + response tokens per optimizer step. num_threads: torch threads
-    while training on a CPU (None: leave torch's setting). seed: which samples form each batch."""
+    """decay "cosine": to lr / 20 over each call's time budget or max_steps (a warm start). ttt_steps:
+    unrolled steps per row. batch_tokens: padded tokens per step. num_threads None: torch's as it is."""
 
     lr: float = 3e-3
     decay: str = "constant"
@@ -95,13 +84,8 @@ def teacher(policy: CausalLM, head: DraftHead, rb: RowBatch, b: torch.Tensor, j:
 
 
 def batch_loss(head: DraftHead, policy: CausalLM, rb: RowBatch, cfg: TrainConfig) -> tuple[torch.Tensor, float]:
-    """(the weighted soft cross-entropy to optimise, its KL part: the KL of the teacher, restricted to
-    the draft vocabulary and renormalised, to the head; 0 for a perfect head), over the unrolled steps.
-
-    With a draft vocabulary S the teacher's mass outside S is ignored: the cross-entropy is
-    -sum over v in S of p_v log q_v, whose optimum is q = p restricted to S and renormalised --
-    the head that, under the shared Gumbel noise, lands a token exactly with probability p(S),
-    the most any draft over S can. A row with little mass in S weighs little (it can hardly land)."""
+    """(the weighted soft cross-entropy over the unrolled steps, its KL part). The teacher's mass outside a
+    draft vocabulary S is ignored: the optimum, p renormalised over S, lands a token with probability p(S)."""
     b0, j0 = rb.valid(0).nonzero(as_tuple=True)
     if b0.numel() == 0:
         raise ValueError("no training rows: every response is shorter than 3 tokens")
@@ -158,12 +142,8 @@ def train(state: TrainState, policy: CausalLM, entries: Iterable[Entry], cfg: Tr
           time_budget_s: float = 1.0, max_steps: Optional[int] = None,
           before_step: Optional[Callable[[list[Entry]], None]] = None,
           should_stop: Optional[Callable[[], bool]] = None) -> dict:
-    """Optimizer steps on these entries until time_budget_s has passed (checked before each
-    step) or max_steps are done. before_step(batch): called with each step's entries before
-    they are read (say to refresh their features). should_stop(): also checked before each
-    step; True ends the call there, keeping the steps done (a Ray worker's slice gives the
-    engine back to a chunk: scheduler/engine_turns.py). Returns {steps, seconds, loss (mean KL
-    of these steps), tokens, stopped (should_stop ended it)}."""
+    """Optimizer steps on these entries until time_budget_s or max_steps; before_step(batch) runs
+    before a batch is read, should_stop() True ends the call. loss in the result: the mean KL."""
     cfg.validate()
     state.head.check_policy(policy)
     entries = [e for e in entries if len(e.sample.response_ids) >= 2]

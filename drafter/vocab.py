@@ -1,20 +1,8 @@
-"""The head's draft vocabulary: a frequency-ranked token subset S (EAGLE-3's draft vocabulary, FR-Spec).
-
-A real model's output layer is a large share of its weights (SmolLM2-135M's tied 49,152 x 576
-embedding is a fifth): a head that reads all of it per draft position costs a sizable part of a
-decode step. With a draft vocabulary the head's logits are computed only for the rows of the
-policy's live lm_head whose ids are in S, and the coupled draft is
-
-    d = argmax over v in S of (u_v / T + G(seed, t, v))
-
-with v the REAL vocabulary id, so each candidate carries the same noise the policy's sampler
-gives it: the draft is the token a full-vocabulary draft would pick from logits that are -inf
-outside S (tested bit for bit), verification stays a comparison, and a token outside S is
-simply never drafted. S is kept sorted by id so that ties break as torch.argmax over the full
-vocabulary does (the first index).
-
-S is a selection of the policy's output rows, not a part of the head's weights: the head
-predicts a hidden state, so S can be re-chosen from newer rollouts without retraining.
+"""The head's draft vocabulary S (EAGLE-3's, FR-Spec; docs/architecture.md, `vocab.py`): the
+head's logits cover only the policy's lm_head rows of S, and the draft is argmax over v in S of
+u_v / T + G(seed, t, v) with v the real id, the token a full-vocabulary draft would pick from
+logits that are -inf outside S. S is sorted so that ties break as torch.argmax does; it selects
+output rows, not weights, so it can be re-chosen without retraining.
 """
 from __future__ import annotations
 
@@ -27,10 +15,8 @@ from rollout import sampling
 
 
 def frequent_tokens(token_lists: Iterable[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` most frequent ids of these sequences (say the policy's responses), sorted by id:
-    [size] int64. Ties, and the places left when fewer distinct ids were seen, go to the lowest
-    ids (a BPE tokenizer numbers its merges in order of corpus frequency, so low ids are the
-    common ones)."""
+    """The `size` most frequent ids of these sequences, sorted: [size] int64. Ties, and places left
+    when fewer ids were seen, go to the lowest ids (a BPE tokenizer numbers common merges first)."""
     if not 1 <= size <= vocab_size:
         raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}] (the policy's vocabulary), got {size}")
     counts = Counter(int(t) for seq in token_lists for t in seq)
@@ -58,34 +44,12 @@ def check_ids(ids: torch.Tensor, vocab_size: int, where: str = "draft vocabulary
 
 
 def keys32(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[|S|] int32 vocabulary keys of these ids for the CPU noise kernel: the kernel's noise of
-    column i is then G(seed, t, ids[i])."""
+    """[|S|] int32 vocabulary keys of these ids for the CPU noise kernel (column i: G(seed, t, ids[i]))."""
     return sampling.vocab_keys32(vocab_size)[ids.cpu()].contiguous()
 
 
-def subset_gumbel(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """G(seed, t, ids[i]) of each row: [M, |S|] float32 on the seeds' device, the same bits as
-    sampling.gumbel_noise(seeds, positions, vocab_size)[:, ids] without making the other columns."""
-    seeds = torch.as_tensor(seeds, dtype=torch.int64)
-    device = seeds.device
-    out = torch.empty(seeds.shape[0], ids.numel(), dtype=torch.float32, device=device)
-    if out.numel() == 0:
-        return out
-    positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
-    kernel = sampling._kernel() if device.type == "cpu" else None
-    if kernel is not None:
-        from rollout import noise_kernel
-
-        return noise_kernel.gumbel(kernel, seeds, positions, keys32(ids, vocab_size), out)
-    a, b = sampling._row_keys(seeds, positions)
-    hv = sampling._vocab_keys(vocab_size, device)[:, ids.to(device)]
-    scratch = sampling._scratch(out.shape[0], ids.numel(), device)
-    return sampling._log_exponential_(a, b, hv, out, scratch).neg_()
-
-
 def expand(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[..., |S|] -> [..., V] with -inf outside S: the full-vocabulary logits a sub-vocabulary
-    draft is equivalent to (the offline simulation and the tests use it)."""
+    """[..., |S|] -> [..., V], -inf outside S: the logits a sub-vocabulary draft is equivalent to."""
     full = torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=logits.dtype, device=logits.device)
     full[..., ids.to(logits.device)] = logits
     return full

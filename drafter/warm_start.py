@@ -1,9 +1,5 @@
-"""Warm start: a draft head trained offline for a policy, from sampled sequences.
-
-Epoch 0 of an RL run needs a drafter most (nothing to copy from yet, and the copy proposers land
-only likely tokens under fresh noise), so the demo's warm start samples rollouts from the
-warm-started policy and trains a head on them before the first step, the way the online trainer
-will between steps: the same buffer, the same loss.
+"""Warm start: a draft head trained offline for a policy, from sampled sequences, before the first
+RL step (when a drafter is needed most), the way the online trainer trains: same buffer, same loss.
 """
 from __future__ import annotations
 
@@ -29,12 +25,8 @@ def warm_start(policy: CausalLM, rollouts: Sequence[SavedRollout], head_config: 
                max_steps: Optional[int] = None, head: Optional[DraftHead] = None,
                seed: int = 0, max_passes: Optional[float] = None,
                features: Optional[Sequence[Optional[torch.Tensor]]] = None) -> tuple[DraftHead, TrainState, dict]:
-    """Train `head` (or a fresh one of head_config, float32 on the policy's device) on these
-    rollouts for time_budget_s, max_steps or max_passes over their tokens, whichever ends first.
-    features: each rollout's [N, d] features if already made (say collected by the engine that
-    sampled them); the policy runs over those given as None, or over all when not given.
-    Returns (head, its training state, a report: samples, tokens, feature_seconds, and the
-    trainer's steps / seconds / loss)."""
+    """Train `head` (or a fresh float32 one) on these rollouts for time_budget_s, max_steps or max_passes,
+    whichever ends first; features: those already made (None: the policy runs). -> (head, state, report)."""
     if not rollouts:
         raise ValueError("warm_start needs at least one rollout")
     t0 = time.perf_counter()
@@ -72,10 +64,8 @@ def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Seq
                        head_config: HeadConfig = HeadConfig(), train_config: TrainConfig = TrainConfig(decay="cosine"),
                        time_budget_s: float = 60.0, max_steps: Optional[int] = None,
                        max_passes: Optional[float] = None) -> tuple[DraftHead, dict]:
-    """The head exported in `folder` (say beside a cached policy), else one warm-started on
-    make_rollouts() and exported there. A folder that does not load for this policy (another
-    shape, NaN weights, a broken file) is trained over, with a warning. Returns (head, report);
-    report["cached"] says which happened."""
+    """The head exported in `folder`, else one warm-started on make_rollouts() and exported there
+    (`load_cached`). Returns (head, report); report["cached"] says which happened."""
     cached = load_cached(folder, policy)
     if cached is not None:
         return cached, {"cached": True}
@@ -87,9 +77,8 @@ def load_or_warm_start(folder, policy: CausalLM, make_rollouts: Callable[[], Seq
 
 
 def load_cached(folder, policy: CausalLM) -> Optional[DraftHead]:
-    """The float32 head exported in `folder`, or None when there is none; one that does not load
-    for this policy (another shape, NaN weights, a broken file) is None, with a warning (it is
-    trained over)."""
+    """The float32 head exported in `folder`; None when there is none, or with a warning when it
+    does not load for this policy (it is trained over)."""
     folder = Path(folder)
     if not folder.exists():
         return None

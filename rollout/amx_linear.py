@@ -1,11 +1,8 @@
-"""Exact bfloat16 linear layers at AMX's speed, through rollout/amx_kernel.c (built on first use,
-rollout/c_kernels.py), where the CPU has AMX tiles and Linux lets the process use them.
-
-oneDNN runs bfloat16 matmuls on AMX with a blocking, and on several threads a split of the sum,
-chosen by the call's row count, so a row's bits depend on the batch; spectail caps oneDNN below
-AMX (rollout/cpu_isa.py), where bfloat16 runs at float32's speed. The kernel sums each output
-down k in one fixed order of tile instructions, and splits only columns between threads: a row
-gets the same bits in any call (tests/rollout/test_amx_linear.py).
+"""Exact bfloat16 linear layers at AMX's speed through rollout/amx_kernel.c, where the CPU has AMX
+tiles and Linux lets the process use them. oneDNN's AMX kernels choose their blocking by the row
+count, so spectail caps oneDNN below AMX (rollout/cpu_isa.py); this kernel sums each output in one
+fixed order of tile instructions and splits only columns between threads: a row gets the same
+bits in any call.
 """
 from __future__ import annotations
 
@@ -17,20 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from . import c_kernels
+from .c_kernels import I64, INT, PTR
 
 PANEL = 16  # output columns per tile (the C file's)
 KBLOCK = 32  # k per tile instruction (the C file's)
-
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.pack_weight.argtypes = [i64, i64, i64, ptr, ptr]
-    library.pack_weight.restype = None
-    library.linear_panels.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.linear_panels.restype = None
-    library.amx_ready.argtypes = []
-    library.amx_ready.restype = ctypes.c_int
-    return library
+_bind = c_kernels.binder(pack_weight=(None, [I64] * 3 + [PTR] * 2), linear_panels=(None, [I64] * 5 + [PTR] * 4),
+                         amx_ready=(INT, []))
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,8 +34,7 @@ def padded_k(k: int) -> int:
 
 
 def pack(library: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] bfloat16 -> the tiles' layout [ceil(N / 16), K' / 2, 16, 2], K' = K rounded
-    up to 32, zero in the padding."""
+    """weight [N, K] bfloat16 -> the tiles' layout [ceil(N / 16), K' / 2, 16, 2] (K' = K rounded to 32)."""
     w = weight.detach().contiguous()
     n, k = w.shape
     kp = padded_k(k)

@@ -1,13 +1,8 @@
 """Attention on the CPU through rollout/attention_kernel.c: each token attends to its own slot's
 cached keys up to its position by a fixed sequence of arithmetic, so its output has the same bits
-in any batch (a request's consecutive tokens, a verify row or a prompt chunk, share the loads of
-those keys and values, not the arithmetic).
-
-This replaces, on the CPU, the grids of rollout/batch.py (rows padded into [R, L] query grids
-against a bucket of keys, with masks) and torch's fused attention, which picks its blocking by
-the grid's shape and in bfloat16 rounds a lone query differently from several (the reason the
-engine padded bfloat16 grids to four queries and whole buckets: `model.invariant_grid`). The
-kernel reads only the keys a token sees, in float32 arithmetic for float32 and bfloat16 caches.
+in any batch. It replaces, on the CPU, the padded grids of rollout/batch.py and torch's fused
+attention, whose blocking depends on the grid's shape (`model.invariant_grid`), and reads only the
+keys a token sees, in float32 arithmetic for float32 and bfloat16 caches.
 """
 from __future__ import annotations
 
@@ -17,18 +12,10 @@ from typing import Optional
 import torch
 
 from . import c_kernels
+from .c_kernels import FLOAT, I64, INT, PTR
 
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.attend_tokens.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64,
-                                      ctypes.c_float, ptr]
-    library.attend_tokens.restype = ctypes.c_int
-    library.write_keys.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.write_keys.restype = None
-    library.write_values.argtypes = [i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.write_values.restype = None
-    return library
+_bind = c_kernels.binder(attend_tokens=(INT, [I64] * 7 + [INT] + [PTR] * 5 + [I64, FLOAT, PTR]),
+                         write_keys=(None, [I64] * 5 + [PTR] * 4), write_values=(None, [I64] * 5 + [PTR] * 4))
 
 
 def load() -> Optional[ctypes.CDLL]:
@@ -55,11 +42,9 @@ def key_stride(k_cache: torch.Tensor) -> Optional[int]:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
            positions: torch.Tensor, window: Optional[int]) -> torch.Tensor:
-    """q [N, H, D] -> [N, H, D]: token i attends to the keys and values of slot slots[i] at
-    positions lo..positions[i] (lo = positions[i] - window + 1 with a window, else 0), scaled by
-    1/sqrt(D). k_cache: [slots, Hkv, D, max_len] (transposed, `KVCache(keys_transposed=True)`: its
-    rows may be padded), v_cache: [slots, Hkv, max_len, D] contiguous, of q's dtype, already
-    holding the tokens' own keys and values."""
+    """q [N, H, D] -> [N, H, D]: token i attends to slot slots[i]'s positions up to positions[i]
+    (the last `window` of them with one). k_cache [slots, Hkv, D, max_len] (transposed, rows maybe
+    padded), v_cache [slots, Hkv, max_len, D], already holding the tokens' own keys and values."""
     library = load()
     q = q.contiguous()
     n, heads, head_dim = q.shape
@@ -86,9 +71,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots:
 
 
 def write_keys(k_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor) -> None:
-    """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache [slots, Hkv, D,
-    max_len] (CPU, rows maybe padded) and k [N, Hkv, D] of its dtype. Slots and positions must be
-    in range: the caller's (the engine's) are."""
+    """k_cache[slots[i], :, :, positions[i]] = k[i] for a transposed key cache (rows maybe padded) and k
+    [N, Hkv, D]; slots and positions must be in range (the engine's are)."""
     library = load()
     stride = key_stride(k_cache)
     if library is None or k_cache.device.type != "cpu" or stride is None or k_cache.element_size() not in (2, 4):

@@ -1,18 +1,7 @@
-"""One forward's worth of ragged rows, and the attention layout derived from it.
-
-A row is the run of new tokens of one request: a prompt chunk (prefill), one token (decode)
-or the last token plus k drafts (verify). Linear layers see all rows packed as [N, d] so no
-FLOP is spent on padding. Attention pads rows into [R, L] grids against [R, K] cached keys;
-a single grid would make every row pay for the longest context and the longest row of the
-step, which in a long-tail rollout is most of the work. So rows are grouped by context length
-(powers of two) and by whether they are long prompt chunks, and each group gets its own grid.
-Where many decodes would pad to a few verify rows' 1 + k queries (a full batch with a draft or
-two), the verify rows get a grid of their own; a few decodes pay less in padding than another
-attention call per layer costs.
-
-That trade is the CPU's, where attention FLOPs cost time. On a GPU a small model's step is bound
-by kernel launches, a dozen per group and layer, while padded FLOPs are nearly free: there
-`min_bucket` is the model length, and decodes and drafts share one grid.
+"""One forward's ragged rows (prompt chunks, decodes, verify rows), packed as [N, d] for the linear
+layers, and the grids torch's attention pads them into: grouped by context bucket (powers of two)
+and by long prompt chunks, verify rows apart where they would pad many decodes. That trade is the
+CPU's; on a GPU `min_bucket` is the model length and decodes and drafts share one grid.
 """
 from __future__ import annotations
 
@@ -88,11 +77,8 @@ class ForwardBatch:
     def build(rows: list[tuple[int, int, list[int]]], logit_index: list[int],
               device: torch.device | str, min_bucket: int = MIN_BUCKET,
               hidden_index: Optional[list[int]] = None) -> ForwardBatch:
-        """rows: (slot, start position, new token ids) per row; slots distinct.
-        logit_index: indices into the concatenated tokens that need logits.
-        min_bucket: context lengths up to this share one attention group.
-        hidden_index: indices whose final hidden states the forward returns (a draft head's
-        features: prompt rows too), without paying the lm_head for them; None: logit_index."""
+        """rows: (slot, start position, new token ids) per row, slots distinct; logit_index, hidden_index:
+        the tokens that need logits, and final hidden states (None: the logit rows)."""
         if not rows:
             raise ValueError("a forward needs at least one row")
         slots = [r[0] for r in rows]
@@ -130,11 +116,8 @@ def bucket(kv_len: int, min_bucket: int = MIN_BUCKET) -> int:
 
 
 def _group(rows: list[tuple[int, int, int, list[int]]], device) -> AttentionGroup:
-    """rows: (offset of the row's first token in the batch, slot, start, ids), sorted by slot.
-    Grid row j holds slot first + j when the slots span at most twice as many as there are rows
-    (decodes around a few verify rows, which have a group of their own): the cache is then read
-    in place, and a slot of the span that is not in the group is a row of padding, cheaper than
-    gathering every other slot's keys. Sparser slots are gathered, one grid row each."""
+    """rows: (offset of the row's first token, slot, start, ids), sorted by slot. Slots spanning at most
+    twice the rows are read in place (a missing slot is a padding row); sparser ones are gathered."""
     length = max(len(r[3]) for r in rows)
     slots = [r[1] for r in rows]
     span = slots[-1] - slots[0] + 1

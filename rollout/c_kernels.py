@@ -1,13 +1,11 @@
 """C kernels for the CPU, compiled on first use with the system's C compiler.
 
-Each kernel is one C file beside the module that calls it (rollout/noise_kernel.c,
-rollout/attention_kernel.c, rollout/linear_kernel.c, rollout/pointwise_kernel.c,
-drafter/head_kernel.c), compiled into ~/.cache/spectail/kernels (or
-$SPECTAIL_KERNEL_DIR), keyed by the source, the flags and the CPU, so a shared home directory
-never hands one CPU another's build; processes racing to build one each write their own file and
-rename it into place. Without a compiler, or with SPECTAIL_C_KERNELS=0, `load` is None (and says
-why, once) and the caller runs its torch code. Calls go through ctypes, which lets go of the GIL,
-so `over_rows` can split rows across threads.
+Each kernel is one C file beside the module that binds it (rollout/*_kernel.c, drafter/head_kernel.c),
+compiled into ~/.cache/spectail/kernels (or $SPECTAIL_KERNEL_DIR), keyed by the source, the flags
+and the CPU (a shared home never hands one CPU another's build); racing builds each write their
+own file and rename it into place. Without a compiler, or with SPECTAIL_C_KERNELS=0, `load` is
+None (and says why, once) and the caller runs its torch code. ctypes lets go of the GIL, so
+`over_rows` can split rows across threads.
 """
 from __future__ import annotations
 
@@ -31,6 +29,18 @@ HERE = Path(__file__).parent
 # -ffp-contract=off: products are rounded before they are added, as in the torch code they mirror.
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11")
 MIN_ROWS_PER_THREAD = 4  # fewer rows than this per thread are not worth a thread hand-off
+I64, PTR, INT, FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+def binder(**signatures: tuple) -> Callable[[ctypes.CDLL], ctypes.CDLL]:
+    """A `bind` for `load`: name=(restype, argtypes) for each function of the library."""
+    def bind(library: ctypes.CDLL) -> ctypes.CDLL:
+        for name, (restype, argtypes) in signatures.items():
+            function = getattr(library, name)
+            function.restype, function.argtypes = restype, argtypes
+        return library
+
+    return bind
 
 
 def _cpu_identity() -> str:
@@ -78,9 +88,7 @@ def compiler() -> Optional[str]:
 
 @functools.cache
 def load(name: str, bind: Callable[[ctypes.CDLL], ctypes.CDLL], folder: Path = HERE) -> Optional[ctypes.CDLL]:
-    """<folder>/<name>.c (folder: rollout/ unless another package keeps its own kernel) as a
-    library, built if needed and bound by `bind` (which sets each function's argtypes); None (and
-    one warning) where it cannot be had."""
+    """<folder>/<name>.c as a library, built if needed and bound by `bind`; None (one warning) if not."""
     if os.environ.get("SPECTAIL_C_KERNELS", "1") == "0":
         return None
     cc = compiler()

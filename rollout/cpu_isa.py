@@ -1,26 +1,8 @@
-"""bfloat16 matmuls on the CPU without AMX, so a row gets the same bits whatever call computes it.
-
-On a CPU with AMX (Intel Xeon from Sapphire Rapids on, where the kernel lets a process use its
-tiles) oneDNN runs bfloat16 matmuls on AMX tiles and chooses its kernel, its blocking and, on
-several threads, whether to split the sum, by the call's row count: a row computed in a decode of
-3 requests, in a verify step or in a prefill of 300 tokens then differs in its last bits, and
-speculation or the batch size changes tokens (tests/rollout/test_bf16_identity.py fails). Running
-every call in fixed-size chunks of rows gives the same bits on one thread, but not on many when
-the weight has few outputs (oneDNN then splits the sum between threads). oneDNN's AVX-512 BF16
-kernels gave a row the same bits at every row count and thread count tried (docs/dtypes.md).
-
-The engine's linear layers reach AMX through a kernel of our own that keeps a row's bits
-(rollout/amx_linear.py); the cap keeps torch's other bfloat16 matmuls exact.
-
-`cap_isa` caps oneDNN at AVX512_CORE_BF16 (`ONEDNN_MAX_CPU_ISA`), unless the user chose a cap of
-their own. Importing spectail does not call it: `rollout.cpu.configure()` does, where spectail owns
-the process (its command line, its Ray workers) or when a user asks. oneDNN reads the variable
-once, when it creates its first kernel, so the cap holds only if nothing in the process ran a
-oneDNN matmul before. The cost: torch's own bfloat16 matmuls of many rows run several times
-slower than on AMX; float32, the CPU's default dtype, never runs on AMX and is unchanged; a GPU
-is not concerned. An engine in bfloat16 on the CPU whose linear layers would run through oneDNN
-(the tile kernel unusable) checks, once per process, that oneDNN gives rows the same bits
-(`rows_invariant`), and warns when it does not.
+"""oneDNN capped below AMX, so a bfloat16 row gets the same bits whatever call computes it
+(docs/dtypes.md): on AMX oneDNN chooses its kernel and split of the sum by the call's row count.
+`cap_isa` runs from `rollout.cpu.configure()` (never on import) and holds only if no oneDNN
+matmul ran before; the engine's linear layers reach AMX through rollout/amx_linear.py instead,
+and an engine whose layers would go through an uncapped oneDNN warns (`check`).
 """
 from __future__ import annotations
 
@@ -42,17 +24,15 @@ def cap_isa() -> None:
 
 
 def uncapped(env) -> dict:
-    """The variables to set for a process that is not spectail's engine (vLLM's), so that it runs
-    at its own best, AMX included, where the cap in `env` is the one set here. "ALL" lifts
-    oneDNN's limit, and `cap_isa` leaves it alone should that process configure spectail."""
+    """The variables that lift our cap (set in `env`) for a process that is not spectail's engine
+    (vLLM's), so it runs at its best, AMX included; `cap_isa` leaves "ALL" alone."""
     return {ISA_VARS[0]: "ALL"} if env.get(ISA_VARS[0]) == CAP else {}
 
 
 @functools.lru_cache(maxsize=1)
 def rows_invariant() -> bool:
-    """Whether this process's oneDNN gives a bfloat16 row the same bits in a call of 128 rows as
-    in calls of 2 (False where it runs on AMX). True where oneDNN cannot run bfloat16 at all
-    (torch's own matmul then runs it)."""
+    """Whether this process's oneDNN gives a bfloat16 row the same bits in a call of 128 rows as in
+    calls of 2 (False on AMX; True where oneDNN runs no bfloat16)."""
     import torch
 
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):

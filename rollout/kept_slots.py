@@ -1,22 +1,8 @@
-"""Kept KV slots: a paused request's keys and values, held by the engine between runs, so the
-same request continues on this engine without prefilling its context again (divided rollout
-with affinity, scheduler/rollout_scheduler.py).
-
-When a run pauses a request (its chunk's budget or the run's step limit reached) and the caller
-gave it a key, the KV of the request's first `num_cached` context tokens is copied out of its
-engine slot into one of `capacity` slots of a side cache, with the tokens it was computed from.
-A later run that brings a request under the same key whose context begins with exactly those
-tokens gets the KV copied back into the slot it is admitted to, and feeds only the rest. The KV
-at position p is a function of the weights and of tokens 0..p alone, so any prefix of a kept
-context is valid for any request that shares it, and the tokens are those a re-prefill gives;
-what makes an entry stale is a weight change, so the engine drops every entry on update_weights.
-
-The entries live in a side cache rather than in extra engine slots so that running requests keep
-the lowest, contiguous slots (attention reads a run of consecutive slots in place): copying n
-positions is a memory copy, prefilling them is a forward over n tokens. The side cache is
-bounded: keeping a new entry evicts the least recently kept one when no side slot is free; an
-entry a run has claimed is that run's until its request is admitted (or the run ends, when an
-unadmitted claim goes back to the store).
+"""Kept KV slots: a paused request's keys and values, held by the engine between runs in a bounded
+side cache under the caller's key with the tokens they were computed from, so the same request
+continues here without prefilling them again (docs/architecture.md, `kept_slots.py`). The KV at
+position p depends on the weights and tokens 0..p alone: only update_weights makes an entry stale.
+A side cache, not extra engine slots, keeps running requests in the lowest contiguous slots.
 """
 from __future__ import annotations
 
@@ -62,10 +48,8 @@ class KeptSlots:
             self.free.append(self.entries.pop(key).slot)
 
     def begin(self, requests: Sequence[Request], keys: Sequence[Optional[Hashable]]) -> KeptRun:
-        """One run's use of the store: each request's entry, if its context still begins with the
-        kept tokens, is claimed for it; an entry under its key that does not match is dropped.
-        Takes no error after the first claim (the keys are checked first): a claim is only given
-        back by the run's `close`."""
+        """One run's use of the store: each request's entry whose tokens its context still begins with is
+        claimed (one that does not match is dropped); only the run's `close` gives a claim back."""
         check_keys(keys, len(requests))
         run = KeptRun(self)
         for req, key in zip(requests, keys):

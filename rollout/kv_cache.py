@@ -1,10 +1,8 @@
-"""A static, slot-based KV cache: one slot per running request, preallocated once.
-
-A request's keys and values for sequence position p live at [slot, :, p] (keys at
-[slot, :, :, p] where they are held transposed for the CPU attention kernel). Nothing is ever
-freed: a rejected draft is rolled back by the engine lowering the request's cached length, and
-stale entries beyond it are masked out by position until they are overwritten. A request may be
-moved to another slot between steps (rollout/slot_order.py), its cached positions copied once.
+"""A static, slot-based KV cache: one slot per running request, preallocated once. A request's
+keys and values for position p live at [slot, :, p] (keys at [slot, :, :, p] where transposed for
+the CPU attention kernel). Nothing is freed: a rejected draft is rolled back by lowering the
+request's cached length, stale entries beyond it are masked until overwritten. A request may move
+to another slot between steps (rollout/slot_order.py).
 """
 from __future__ import annotations
 
@@ -16,11 +14,8 @@ KEY_ROW_PAD_BYTES = 64  # one cache line after each transposed key row
 
 
 class KVCache:
-    """keys_transposed: keys are held [slot, head, head_dim, position] (the CPU attention kernel
-    reads a position's score as a sum down a column, rollout/attention_kernel.c), else
-    [slot, head, position, head_dim] like the values. A transposed key row is padded by a cache
-    line (self.k holds views without the padding): with max_len a multiple of 1024, rows 4 KiB
-    apart map to one set of the CPU's cache, and a score's column of D entries evicts itself."""
+    """keys_transposed: keys held [slot, head, head_dim, position] for the CPU kernel, each row padded by
+    a cache line (self.k holds views without it): rows 4 KiB apart would share one cache set."""
 
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str, keys_transposed: bool = False):
@@ -60,9 +55,8 @@ class KVCache:
 
     def read(self, layer: int, slots: torch.Tensor, first_slot: int | None,
              length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [R, kv_heads, length, head_dim] of these slots: a view when the slots
-        are a contiguous range, else a gather of just the `length` positions they need (torch's
-        attention, whose caches do not transpose their keys)."""
+        """Keys and values [R, kv_heads, length, head_dim] of these slots for torch's attention: a
+        view when the slots are a contiguous range, else a gather of the `length` positions."""
         if self.keys_transposed:
             raise RuntimeError("KVCache.read: this cache holds its keys transposed for the CPU attention kernel")
         if first_slot is not None:

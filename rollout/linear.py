@@ -1,27 +1,9 @@
-"""The engine's linear layers on the CPU: oneDNN with each weight packed once.
-
-`F.linear` in float32 goes to MKL's sgemm, which repacks the weight on every call and takes a
-separate kernel for one, two to three, and four or more rows: a step that feeds one draft token
-beside its decode row costs far more than a decode step, so speculation pays a jump for its
-first draft token that later ones do not (docs/dtypes.md). oneDNN with the weight reordered ahead of time into its
-blocked layout (the path inductor's weight prepacking emits: torch/_inductor/fx_passes/
-mkldnn_fusion.py, `_reorder_linear_weight` then `_linear_pointwise`) runs the same matmul at
-small row counts at a fraction of that cost, and gives a row the same bits for any row count
-from two up and at any row position, in float32 and bfloat16 (`tests/rollout/test_linear.py`).
-A single row can take a matrix-vector kernel that sums in another order, so one-row calls run as
-two rows: a request decoding alone is computed as it is in a batch, or in a verify row.
-
-bfloat16 weights on a CPU with AMX run through our own tile kernel (rollout/amx_linear.py):
-oneDNN, capped below AMX for its bits (rollout/cpu_isa.py), runs them at float32's speed.
-
-Weights too small to pay for oneDNN's per-call cost run in float32 through our own kernel where
-the CPU has AVX-512 or AVX2 with FMA (rollout/linear_kernel.py: one chain of fused multiply-adds
-per output, so any row count gives the same bits; MKL's sgemm takes other kernels for one to
-three rows), else through MKL.
-
-A pack is a derived copy of the module's weight, which stays the owner (state_dict,
-update_weights, the drafter reading lm_head): it is rebuilt whenever the weight is written or
-replaced.
+"""The engine's linear layers on the CPU (docs/architecture.md, `linear.py`): oneDNN with each
+weight packed once (inductor's prepacking path, `_reorder_linear_weight` / `_linear_pointwise`),
+cheap at small row counts where MKL's sgemm repacks every call, and giving a row the same bits
+for any row count from two up (one-row calls run as two); bfloat16 on AMX through
+rollout/amx_linear.py; weights too small for oneDNN in float32 through rollout/linear_kernel.py.
+A pack is a derived copy of the module's weight, which stays the owner: rebuilt when it changes.
 """
 from __future__ import annotations
 
@@ -39,20 +21,17 @@ from . import amx_linear, linear_kernel
 PACK_MIN_WEIGHTS = 1 << 17
 PACK_ROWS = 32  # the row count oneDNN tunes the packed layout for; any row count works with it
 MIN_ROWS = 2  # one row of a wide input takes another kernel than two or more
-# oneDNN builds (and caches, ONEDNN_PRIMITIVE_CACHE_CAPACITY: 1024 by default) a kernel per row
-# count and weight shape. Calls of up to EXACT_ROWS rows run as they are: a draft token beside a
-# full decode batch then costs one row, as the draft budget's step-cost table measures
-# (rollout/budget.py). Larger calls run padded to a multiple of 1/PAD_PARTS of the power of
-# two at or under their size: padding adds less than that share of the rows, and each doubling
-# of the row count adds PAD_PARTS kernels per shape.
+# oneDNN builds and caches a kernel per row count and weight shape. Calls of up to EXACT_ROWS rows
+# run as they are (a draft token beside a decode batch costs one row, as rollout/budget.py
+# assumes); larger ones are padded to a multiple of 1/PAD_PARTS of their power of two, so each
+# doubling of the row count adds PAD_PARTS kernels per shape.
 EXACT_ROWS = 128
 PAD_PARTS = 16
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether a linear layer with this weight runs packed through oneDNN (in bfloat16 only where
-    the CPU has oneDNN's bfloat16 path: AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere it refuses
-    to pack)."""
+    """Whether a linear layer with this weight runs packed through oneDNN (bfloat16 only where the
+    CPU has oneDNN's bfloat16 path)."""
     return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
             and weight.numel() >= PACK_MIN_WEIGHTS and torch.backends.mkldnn.is_available()
             and torch.backends.mkldnn.enabled and (weight.dtype == torch.float32 or onednn_bf16()))
@@ -75,10 +54,8 @@ def padded_rows(n: int) -> int:
 
 
 class PackedLinear(nn.Linear):
-    """nn.Linear that runs packed through oneDNN where `packs` says so, through linear_kernel for
-    other float32 CPU weights where it was built (inference only: neither has a gradient), and
-    plain elsewhere. One-row bfloat16 calls that stay plain run as two rows, for the same reason
-    as above."""
+    """nn.Linear that runs through `make_route`'s call outside autograd, and plain elsewhere
+    (one-row bfloat16 CPU calls as two rows, as above)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -91,9 +68,8 @@ class PackedLinear(nn.Linear):
         return super().forward(x)
 
     def _route(self):
-        """The call (x, bias) -> y that runs this layer for the current weight (None: torch's
-        own), holding the weight's pack: rebuilt when the weight object, its storage or its
-        version (any in-place write) changed since it was made."""
+        """make_route's call for the current weight, rebuilt when the weight object, its storage or
+        its version (any in-place write) changed."""
         w = self.weight
         key = (w.data_ptr(), w._version, w.dtype)
         cached: Optional[tuple] = self.__dict__.get("_packed")
@@ -104,8 +80,7 @@ class PackedLinear(nn.Linear):
         return cached[2]
 
     def __getstate__(self):
-        # A copy (deepcopy, pickle) repacks on its first call rather than carrying a pack (oneDNN's
-        # layout, or the kernel's panels with its library handle, which does not pickle).
+        # A copy repacks on its first call (a pack may hold a library handle, which does not pickle).
         state = super().__getstate__()
         state.pop("_packed", None)
         return state
@@ -113,8 +88,7 @@ class PackedLinear(nn.Linear):
 
 def make_route(w: torch.Tensor) -> Optional[Callable]:
     """The call (x, bias) -> y that runs a linear layer with the (detached, contiguous) weight w
-    outside autograd: in bfloat16 on a CPU with AMX amx_linear, else oneDNN with w packed, or
-    linear_kernel with w packed; None: torch's own."""
+    outside autograd: amx_linear, else oneDNN, else linear_kernel, each with w packed; None: torch's."""
     amx = amx_linear.load() if w.device.type == "cpu" and w.dtype == torch.bfloat16 else None
     if amx is not None:
         return functools.partial(amx_linear.linear, amx, amx_linear.pack(amx, w), w.shape[0])
@@ -127,9 +101,8 @@ def make_route(w: torch.Tensor) -> Optional[Callable]:
 
 
 def bound(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> F.linear(x, weight, bias) through make_route's call, for inference with a weight that
-    no module owns (the draft head's projections packed into one). Made once per weight value:
-    it holds a pack, so a later write to `weight` is not seen."""
+    """x -> F.linear(x, weight, bias) through make_route's call, for a weight no module owns (the
+    draft head's projections packed into one). It holds a pack: a later write is not seen."""
     with torch.no_grad():
         route = make_route(weight.detach().contiguous())
     if route is None:

@@ -1,12 +1,7 @@
-"""Small float32 linear layers on the CPU through rollout/linear_kernel.c (built on first use,
-rollout/c_kernels.py), where the CPU has AVX-512 or AVX2 with FMA (the same fused multiply-add
-chains on both: the same bits).
-
-MKL's sgemm, which torch calls for float32 weights too small to pay for oneDNN's per-call cost
-(rollout/linear.py), takes other kernels for one to three rows than for four or more, so a
-request's logits had other bits in a step of one to three rows; and on some CPUs it runs
-narrower vectors than the CPU has. The kernel computes every output by the same chain of fused
-multiply-adds in any call (tests/rollout/test_linear_kernel.py).
+"""Small float32 linear layers on the CPU through rollout/linear_kernel.c, where the CPU has
+AVX-512 or AVX2 with FMA (the same chains of fused multiply-adds on both: the same bits). MKL's
+sgemm takes other kernels for one to three rows than for four or more, so a row's bits depended on
+the step; the kernel computes every output by one chain in any call.
 """
 from __future__ import annotations
 
@@ -16,19 +11,11 @@ from typing import Optional
 import torch
 
 from . import c_kernels
+from .c_kernels import I64, INT, PTR
 
 PANEL = 16  # output columns per packed panel (the C file's)
-
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.pack_weight.argtypes = [i64, i64, ptr, ptr]
-    library.pack_weight.restype = None
-    library.linear_rows.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.linear_rows.restype = None
-    library.linear_vectorized.argtypes = []
-    library.linear_vectorized.restype = ctypes.c_int
-    return library
+_bind = c_kernels.binder(pack_weight=(None, [I64, I64, PTR, PTR]), linear_rows=(None, [I64] * 4 + [PTR] * 4),
+                         linear_vectorized=(INT, []))
 
 
 def load() -> Optional[ctypes.CDLL]:

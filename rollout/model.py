@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention_kernel, pointwise_kernel
+from . import ops
 from .batch import MIN_BUCKET, AttentionGroup, ForwardBatch
 from .kv_cache import KVCache
 from .linear import PackedLinear
@@ -100,24 +100,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = pointwise_kernel.rms_norm(x, self.weight, self.eps)  # (float32, bfloat16 on the CPU)
-        if out is not None:
-            return out
-        # Normalise in float32 and cast back before the weight, as transformers does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, D]; cos/sin: [N, 1, D]. The half-split rotation of the HF checkpoints (on
-    the CPU in float32 and bfloat16 by rollout/pointwise_kernel.c, with the same bits)."""
-    out = pointwise_kernel.rotate(x, cos, sin)
-    if out is not None:
-        return out
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def keys_read(kv_len: int) -> int:
@@ -125,12 +108,8 @@ def keys_read(kv_len: int) -> int:
 
 
 def invariant_grid(group: AttentionGroup, cache_len: int) -> AttentionGroup:
-    """The group's grid with at least MIN_QUERIES queries per row, reading all of its context
-    bucket's keys (a power of two, at least MIN_BUCKET; at most the cache's length, a multiple of
-    KEY_STEP). torch's bfloat16 CPU attention rounds a query differently with 1-3 queries per row
-    than with more, and with more it picks its blocking by the key count; so without this a decode
-    and the same position in a verify row, or in a grid whose other rows reach further, would not
-    give the same bits. A row's bucket depends only on its own context length."""
+    """The group's grid with at least MIN_QUERIES queries per row and its whole context bucket's keys:
+    torch's bfloat16 CPU attention rounds 1-3 queries per row differently and blocks by key count."""
     bucket = max(MIN_BUCKET, 1 << (group.kv_len - 1).bit_length())
     length, kv_len = max(group.max_row_len, MIN_QUERIES), min(bucket, cache_len)
     if length == group.max_row_len and kv_len == group.kv_len:
@@ -177,11 +156,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k = ops.rotate(q, cos, sin), ops.rotate(k, cos, sin)
         cache.write(layer, batch.token_slots, batch.positions, k, v)
-        if grids is None:  # the CPU kernel (rollout/attention_kernel.py)
-            o = attention_kernel.attend(q, cache.k[layer], cache.v[layer], batch.token_slots, batch.positions,
-                                        self.window)
+        if grids is None:  # the CPU kernel
+            o = ops.attend(q, cache.k[layer], cache.v[layer], batch.token_slots, batch.positions, self.window)
             return self.o_proj(o.view(n, -1))
 
         out = q.new_empty(n, cfg.num_heads * cfg.head_dim)
@@ -206,12 +184,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, d: int, inner: int, bias: bool):
         super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
-        self.up_proj = PackedLinear(d, i, bias=cfg.mlp_bias)
-        self.down_proj = PackedLinear(i, d, bias=cfg.mlp_bias)
+        self.gate_proj = PackedLinear(d, inner, bias=bias)
+        self.up_proj = PackedLinear(d, inner, bias=bias)
+        self.down_proj = PackedLinear(inner, d, bias=bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -221,7 +198,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, window: Optional[int]):
         super().__init__()
         self.self_attn = Attention(cfg, window)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -276,7 +253,7 @@ class CausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
-        kernel = attention_kernel.supports(p.device, p.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
+        kernel = ops.attention_in_kernel(p.device, p.dtype, self.cfg.num_heads, self.cfg.num_kv_heads)
         # room for a grid's keys rounded up to KEY_STEP at the longest context
         return KVCache(self.cfg.num_layers, num_slots, keys_read(max_len), self.cfg.num_kv_heads,
                        self.cfg.head_dim, p.dtype, p.device, keys_transposed=kernel)
@@ -314,45 +291,61 @@ class CausalLM(nn.Module):
         return model.eval()
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy Hugging Face-named tensors in, all or nothing: every name, shape, dtype and
-        value is checked before the first copy, so a bad update leaves the weights untouched."""
+        """Copy Hugging Face-named tensors in, all or nothing: every one is checked
+        (`checked_weights`) before the first copy, so a bad update leaves the weights untouched."""
         params = dict(self.named_parameters(remove_duplicate=False))
-        checked = []
-        for name, t in named:
-            if name.endswith("rotary_emb.inv_freq"):
-                continue  # a buffer older checkpoints carry; we compute our own
-            if name not in params:
-                raise ValueError(f"unknown parameter {name!r} for {self.cfg.arch} "
-                                 f"(expected Hugging Face names like 'model.layers.0.self_attn.q_proj.weight')")
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"parameter {name!r} must be a torch.Tensor, got {type(t).__name__}")
-            if tuple(t.shape) != tuple(params[name].shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}")
-            if not t.is_floating_point():
-                raise ValueError(f"parameter {name!r} has dtype {t.dtype}; weights must be floating point")
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"parameter {name!r} contains NaN or Inf")
-            checked.append((params[name], t))
+        checked = checked_weights(named, {n: tuple(p.shape) for n, p in params.items()}, f" for {self.cfg.arch}")
         with torch.no_grad():
-            for p, t in checked:
-                p.copy_(t)
+            for name, t in checked:
+                params[name].copy_(t)
         return len(checked)
+
+
+def checked_weights(named, shapes: dict, unknown: str) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a weight update, rotary buffers left out, each checked (a known name:
+    `unknown` says whose; its shape; floating point; finite): a ValueError names the first bad one."""
+    out = []
+    for name, t in named:
+        if not isinstance(name, str):
+            raise ValueError(f"weight names must be strings, got {name!r}")
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name not in shapes:
+            raise ValueError(f"unknown parameter {name!r}{unknown} "
+                             f"(expected Hugging Face names like 'model.layers.0.self_attn.q_proj.weight')")
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"parameter {name!r} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"parameter {name!r} has shape {tuple(t.shape)}, expected {shapes[name]}")
+        if not t.is_floating_point():
+            raise ValueError(f"parameter {name!r} has dtype {t.dtype}; weights must be floating point")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"parameter {name!r} contains NaN or Inf")
+        out.append((name, t))
+    return out
+
+
+def read_config(folder: Path) -> dict:
+    """A Hugging Face checkpoint folder's config.json (ValueError where there is none)."""
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
+    return json.loads((folder / "config.json").read_text())
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """A checkpoint folder's *.safetensors files (ValueError where there is none)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no *.safetensors weights")
+    return files
 
 
 def _read_checkpoint(folder: Path):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    model_type = read_config(folder).get("model_type")
     if model_type not in SUPPORTED:
         raise ValueError(f"unsupported architecture {model_type!r}; spectail's engine supports {list(SUPPORTED)}")
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights")
-    tensors = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    return hf_config, tensors
+    return hf_config, {name: t for f in weight_files(folder) for name, t in load_file(str(f)).items()}

@@ -1,9 +1,6 @@
-"""The CPU kernel for the coupled noise (rollout/noise_kernel.c), built on first use (rollout/c_kernels.py).
-
-In torch the noise takes about twenty passes over a [rows, vocabulary] block, two of them
-logarithms (docs/results.md has what that cost). The kernel makes one pass per row and keeps no
-[rows, vocabulary] scratch. It gives bit for bit what sampling.py's torch
-reference gives (tests/rollout/test_noise_kernel.py), so which path ran never shows in a token.
+"""The CPU kernel for the coupled noise (rollout/noise_kernel.c): one pass per row, no [rows,
+vocabulary] scratch, where torch takes about twenty passes; bit for bit sampling.py's torch
+reference (tests/rollout/test_noise_kernel.py).
 """
 from __future__ import annotations
 
@@ -13,15 +10,9 @@ from typing import Optional
 import torch
 
 from . import c_kernels
+from .c_kernels import I64, PTR
 
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.gumbel_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.gumbel_rows.restype = None
-    library.perturbed_argmax_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
-    library.perturbed_argmax_rows.restype = None
-    return library
+_bind = c_kernels.binder(gumbel_rows=(None, [I64] * 3 + [PTR] * 4), perturbed_argmax_rows=(None, [I64] * 3 + [PTR] * 6))
 
 
 def load() -> Optional[ctypes.CDLL]:
@@ -35,8 +26,7 @@ def _rows(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, t
 
 def gumbel(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, hv32: torch.Tensor,
            out: torch.Tensor) -> torch.Tensor:
-    """out [M, V] float32 (contiguous, CPU) <- G(seed, position, .) of each row; hv32: [V] int32
-    vocabulary keys."""
+    """out [M, V] float32 (contiguous, CPU) <- G(seed, position, .); hv32: [V] int32 keys."""
     seeds, positions = _rows(seeds, positions)
     rows, vocab = out.shape
     c_kernels.over_rows(lambda r0, r1: library.gumbel_rows(
@@ -46,9 +36,8 @@ def gumbel(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, h
 
 def perturbed_argmax(library: ctypes.CDLL, seeds: torch.Tensor, positions: torch.Tensor, hv32: torch.Tensor,
                      z: torch.Tensor, margins: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), as torch.argmax breaks ties.
-    margins ([M] float32, or None): set to each row's maximum of z + G less the largest of its
-    other entries, as drafter/coupled.py computes it in torch."""
+    """argmax(z + G) per row of z [M, V] float32 (contiguous, CPU), ties as torch.argmax; margins ([M]
+    or None) <- each row's best z + G less its runner-up, as drafter/coupled.py computes it."""
     seeds, positions = _rows(seeds, positions)
     rows, vocab = z.shape
     tokens = torch.empty(rows, dtype=torch.int64)

@@ -1,8 +1,7 @@
-"""A decoder layer's row-wise operations through rollout/pointwise_kernel.c on the CPU, in
-float32 or bfloat16 and outside autograd: the rotary embedding with the same bits as
-`model.rotate`'s torch expression, and RMSNorm with a fixed order of its own (each row's result
-depends on that row alone, as the engine's batch invariance needs). torch takes several passes
-and as many temporary tensors for each (tests/rollout/test_pointwise_kernel.py)."""
+"""A decoder layer's row-wise operations through rollout/pointwise_kernel.c on the CPU, in float32
+or bfloat16 and outside autograd, one pass per row where torch takes several: the rotary embedding
+with the bits of `ops.rotate`'s torch expression, and RMSNorm in a fixed order of its own (a
+row's result depends on that row alone)."""
 from __future__ import annotations
 
 import ctypes
@@ -11,19 +10,11 @@ from typing import Optional
 import torch
 
 from . import c_kernels
+from .c_kernels import FLOAT, I64, PTR
 
-
-def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.rotate_rows.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr]
-    library.rotate_rows.restype = None
-    library.rms_norm_rows.argtypes = [i64, i64, ptr, ptr, ctypes.c_float, ptr]
-    library.rms_norm_rows.restype = None
-    library.rotate_rows_bf16.argtypes = library.rotate_rows.argtypes
-    library.rotate_rows_bf16.restype = None
-    library.rms_norm_rows_bf16.argtypes = [i64, i64, ptr, ptr, ctypes.c_float, ptr, ptr]
-    library.rms_norm_rows_bf16.restype = None
-    return library
+_bind = c_kernels.binder(rotate_rows=(None, [I64] * 3 + [PTR] * 4), rotate_rows_bf16=(None, [I64] * 3 + [PTR] * 4),
+                         rms_norm_rows=(None, [I64, I64, PTR, PTR, FLOAT, PTR]),
+                         rms_norm_rows_bf16=(None, [I64, I64, PTR, PTR, FLOAT, PTR, PTR]))
 
 
 def load() -> Optional[ctypes.CDLL]:
@@ -38,7 +29,7 @@ def _applies(*tensors: torch.Tensor) -> bool:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[torch.Tensor]:
-    """`model.rotate(x, cos, sin)` for x [N, heads, D] and cos, sin [N, 1, D]; None where the
+    """`ops.rotate(x, cos, sin)` for x [N, heads, D] and cos, sin [N, 1, D]; None where the
     kernel does not apply (the caller runs torch's)."""
     if (x.dim() != 3 or x.shape[-1] % 2 or cos.shape != (x.shape[0], 1, x.shape[2]) or sin.shape != cos.shape
             or not _applies(x, cos, sin)):

@@ -1,57 +1,23 @@
 """Coupled sampling: every token is argmax(z/T + G(seed, t, .)) over the kept tokens.
 
-This file holds the one invariant of spectail (see DESIGN.md, "The one invariant"). The
-Gumbel noise G is a counter-based hash of (seed, t, v) -- no generator state -- so the
-token at response position t of a sample is a pure function of that row's logits, seed,
-position and sampling params. Nothing here may let one row's result depend on another row,
-on the batch size or on how rows are chunked: that is what lets the engine verify drafts by
-plain comparison, and makes speculation, batching and retries invisible in the output.
-
-Public API (others rely on these names):
-    gumbel_noise(seeds, positions, vocab_size)            -> [M, V] float32 Gumbel(0, 1)
-    process_logits(logits, temperature, top_k, top_p)     -> [M, V] float32 z/T, -inf if dropped
-    sample(logits, seeds, positions, temperature, top_k, top_p) -> (tokens [M], logprobs [M])
-    sampling_tensors(params_list, device)                 -> (temperature, top_k, top_p)
-
-How the noise is made
----------------------
-All integer work uses 32-bit values held in int64 tensors, masked back to 32 bits after
-every multiply. Multipliers are kept in (-2**31, 2**31) (a constant c >= 2**31 is used as
-c - 2**32, the same number mod 2**32), so no product ever leaves the int64 range: the hash
-is plain, fully defined integer arithmetic and its bits are identical on CPU and CUDA.
-
-    row state (a, b), 64 bits:  absorb seed (all 64 bits) then position t, with `_mix32`
-                                steps that are each invertible -- so for a fixed t distinct
-                                seeds give distinct states, and for a fixed seed distinct t do.
-    vocabulary key hv[v]     :  _mix32(v ^ K_V), a bijection of v.
-    per element              :  x = a ^ hv[v];  first half of _mix32;  x ^= b;  second half.
-                                For one row v -> x is a bijection, and both halves of the
-                                64-bit row state enter every element.
-    u = (x + 1/2) / 2**32       in (0, 1) strictly, exact in float64.
-    E = -log(u)                 in float64, so E stays accurate when u -> 1 (large G, which
-                                is what decides whether a rare token wins).
-    G = -log(E)                 in float32.
-
-The two logarithms are written out (`_log_positive`: integer work on the bits, then correctly
-rounded +, -, *, / only, within a few ulp of the true log) instead of calling the device's
-`log`, whose last bit differs between libraries: so G has the same bits on every device, and
-the CPU kernel (rollout/noise_kernel.c, the same arithmetic in C) matches this file bit for bit.
-
-Speed: on CPU `sample` and `gumbel_noise` run that kernel, one pass per row with the argmax
-fused in and no [M, V] scratch (rollout/noise_kernel.py builds it on first use; without a C
-compiler they run the torch code below). Elsewhere the [M, V] work runs in row chunks of bounded
-size on every device (on CPU about half a million elements, so the scratch stays in cache), so
-`sample` needs little memory beyond the logits whatever the vocabulary and batch. Every step is
-elementwise or a per-row reduction (argmax, log_softmax), none of which mixes rows.
+The one invariant of spectail (DESIGN.md): G is a counter-based hash of (seed, t, v), so a token
+is a pure function of its row's logits, seed, position and params; nothing here may let one row
+depend on another, the batch or the chunking (that is what lets the engine verify drafts by
+comparison). The hash is 32-bit integer work held in int64 with multipliers in (-2**31, 2**31),
+so no product overflows; the row state absorbs seed and t by invertible `_mix32` steps; then
+u = (x + 1/2) / 2**32, E = -log(u) in float64 (accurate as u -> 1, where rare tokens win) and
+G = -log(E). Both logarithms are `_log_positive` (integer work and correctly rounded arithmetic),
+not the device's `log`, so every device and the CPU kernel (rollout/noise_kernel.c, through
+rollout/ops.py) give the same bits. Off that kernel the [M, V] work runs in bounded row chunks.
 """
 from __future__ import annotations
 
 import functools
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
-from . import noise_kernel
+from . import noise_kernel, ops
 
 _M32 = 0xFFFFFFFF
 # lowbias32 multipliers (Chris Wellons' hash-prospector). _C2 >= 2**31, so it is stored as
@@ -66,12 +32,9 @@ _K_VOCAB = 0x13198A2E
 
 _TWO_POW_M32 = 2.0 ** -32
 _TWO_POW_M33 = 2.0 ** -33
-# Elements per chunk. The torch path's scratch is about 36 bytes an element (two int64 hash
-# buffers, float64 u, float32 noise, the processed logits and their log_softmax), nine times the
-# float32 logits: whole batches of a large vocabulary would need gigabytes. On CPU a chunk's
-# scratch stays in L2/L3; an accelerator takes bigger chunks (fewer launches), still a bounded
-# few tens of MB. Chunking never changes a value (everything is per element or per row); it
-# only changes speed and memory.
+# Elements per chunk: the torch path's scratch is nine times the float32 logits, so whole batches
+# of a large vocabulary would need gigabytes. A CPU chunk's scratch stays in cache; an accelerator
+# takes bigger chunks (fewer launches). Chunking never changes a value.
 _CPU_CHUNK_ELEMENTS = 1 << 19
 _DEVICE_CHUNK_ELEMENTS = 1 << 21
 # top-k / top-p first rank only this many of each row's largest logits, then this many,
@@ -91,11 +54,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M] seeds and positions -> two [M, 1] 32-bit keys (a 64-bit row state).
-
-    Cheap ([M] sized), so it uses full _mix32 rounds freely. Each step maps the state
-    (a, b) to a new state invertibly, which is why the state is injective in the seed for a
-    fixed t and in t for a fixed seed."""
+    """[M] seeds and positions -> two [M, 1] 32-bit keys (a 64-bit row state), by invertible steps."""
     seeds = seeds.to(torch.int64)
     positions = positions.to(device=seeds.device, dtype=torch.int64)
     # The masks make the halves well defined for any int64 (negative values are read as
@@ -111,9 +70,8 @@ def _row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _row_keys_to(device: torch.device, seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """_row_keys computed where the seeds lie, then both keys copied to `device` at once. The
-    engine passes its seeds from the host: on an accelerator the keys' many small integer ops
-    would each be a launch, and a copy is one."""
+    """_row_keys computed where the seeds lie (the host: on an accelerator each small op would be a
+    launch), then both keys copied to `device` at once."""
     a, b = _row_keys(seeds, positions)
     if a.device == device:
         return a, b
@@ -123,8 +81,7 @@ def _row_keys_to(device: torch.device, seeds: torch.Tensor, positions: torch.Ten
 
 @functools.lru_cache(maxsize=8)
 def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[1, V] per-token keys: a bijective scramble of the token id. Cached: it is the same
-    every step, and read-only here."""
+    """[1, V] per-token keys: a bijective scramble of the token id (cached, read-only)."""
     v = torch.arange(vocab_size, dtype=torch.int64, device=device)
     return _mix32(v ^ _K_VOCAB)[None, :]
 
@@ -157,9 +114,8 @@ _LOG_F32 = (tuple(_f32_quotient(1.0, n) for n in range(11, 0, -2)), float.fromhe
 
 
 def _log_positive(x: torch.Tensor) -> torch.Tensor:
-    """log x for positive, normal float64 or float32 x, by the arithmetic of rollout/noise_kernel.c:
-    only integer work and correctly rounded +, -, *, /, so every device gives the same bits.
-    x = 2^e m, m in [sqrt(1/2), sqrt(2)); s = (m - 1) / (m + 1); log m = 2 atanh(s)."""
+    """log x (x positive, normal, float64 or float32) by rollout/noise_kernel.c's arithmetic, integer work
+    and correctly rounded +, -, *, / only: x = 2^e m, s = (m - 1) / (m + 1), log m = 2 atanh(s)."""
     wide = x.dtype == torch.float64
     int_type, shift, bias, mantissa, one = ((torch.int64, 52, 1023, 0x000FFFFFFFFFFFFF, 0x3FF0000000000000) if wide
                                             else (torch.int32, 23, 127, 0x007FFFFF, 0x3F800000))
@@ -181,11 +137,8 @@ def _log_positive(x: torch.Tensor) -> torch.Tensor:
 
 def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
                       out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Write log(E) into out [m, V] float32, where E = -log(u) ~ Exp(1); G = -log(E).
-
-    a, b: [m, 1] row keys; hv: [1, V] vocabulary keys. The hash runs in place on the scratch
-    buffers; the two logarithms are `_log_positive`. This is the reference the CPU kernel
-    (rollout/noise_kernel.c) matches bit for bit, and the path of every other device."""
+    """out [m, V] <- log(E), E = -log(u) ~ Exp(1) (G = -log E), from row keys a, b [m, 1] and vocabulary
+    keys hv [1, V], hashed in place on the scratch: the reference the CPU kernel matches bit for bit."""
     m = out.shape[0]
     x, tmp, u = (s[:m] for s in scratch)
     torch.bitwise_xor(a, hv, out=x)
@@ -206,37 +159,32 @@ def _log_exponential_(a: torch.Tensor, b: torch.Tensor, hv: torch.Tensor,
     return out.copy_(_log_positive(out))
 
 
-def _kernel():
-    """The CPU noise kernel, or None (rollout/noise_kernel.py says why)."""
-    return noise_kernel.load()
-
-
 @functools.lru_cache(maxsize=8)
 def vocab_keys32(vocab_size: int) -> torch.Tensor:
     """[V] int32: the CPU vocabulary keys with the kernel's 32-bit layout (the same bits)."""
     return _vocab_keys(vocab_size, torch.device("cpu"))[0].to(torch.int32).contiguous()
 
 
-def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int) -> torch.Tensor:
-    """G(seed, t, v) ~ Gumbel(0, 1), i.i.d. over distinct (seed, t, v). [M], [M] -> [M, V] float32.
-
-    seeds: int64, 0 <= seed < 2**63 (all 64 bits are used); positions: int64 response
-    positions t (0-based). Computed on the device of `seeds`; a pure function of
-    (seed, t, v): no generator state, no dependence on other rows."""
+def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_size: int,
+                 ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """G(seed, t, v) ~ Gumbel(0, 1), i.i.d. over distinct (seed, t, v). [M], [M] -> [M, V] float32
+    on the seeds' device. seeds: int64 in [0, 2**63); positions: response positions t (0-based).
+    ids: only these columns (a draft vocabulary's sorted ids: [M, |ids|], the same bits)."""
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     device = seeds.device
-    m = seeds.shape[0]
-    out = torch.empty(m, vocab_size, dtype=torch.float32, device=device)
-    if m == 0 or vocab_size == 0:
+    m, width = seeds.shape[0], vocab_size if ids is None else ids.numel()
+    out = torch.empty(m, width, dtype=torch.float32, device=device)
+    if out.numel() == 0:
         return out
     positions = torch.as_tensor(positions, device=device)
-    kernel = _kernel() if device.type == "cpu" else None
+    kernel = ops.noise_library(device)
     if kernel is not None:
-        return noise_kernel.gumbel(kernel, seeds, positions, vocab_keys32(vocab_size), out)
+        keys = vocab_keys32(vocab_size) if ids is None else vocab_keys32(vocab_size)[ids.cpu()].contiguous()
+        return noise_kernel.gumbel(kernel, seeds, positions, keys, out)
     a, b = _row_keys(seeds, positions)
-    hv = _vocab_keys(vocab_size, device)
-    chunks = list(_row_chunks(m, vocab_size, device))
-    scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), vocab_size, device)
+    hv = _vocab_keys(vocab_size, device) if ids is None else _vocab_keys(vocab_size, device)[:, ids.to(device)]
+    chunks = list(_row_chunks(m, width, device))
+    scratch = _scratch(max(r1 - r0 for r0, r1 in chunks), width, device)
     for r0, r1 in chunks:
         _log_exponential_(a[r0:r1], b[r0:r1], hv, out[r0:r1], scratch).neg_()
     return out
@@ -246,16 +194,10 @@ def gumbel_noise(seeds: torch.LongTensor, positions: torch.LongTensor, vocab_siz
 
 def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> torch.Tensor:
-    """[M, V] logits -> [M, V] float32: z / T for kept tokens, -inf for dropped ones.
-
-    temperature [M] (>= 0; rows with T == 0 use T = 1 here: they are sampled greedily, and
-    their logprob is under the T = 1 kept distribution), top_k [M] int (0 or >= V = off),
-    top_p [M] float in (0, 1] (1 = off). Logits are cast to float32 first.
-
-    top-k keeps exactly the k largest; ties at the cut go to the lower token id.
-    top-p, applied after top-k on the temperature-scaled distribution renormalised over what
-    top-k kept, keeps the smallest prefix of the sorted tokens whose cumulative probability
-    reaches top_p -- always at least the top token. Rows that use neither skip the sort."""
+    """[M, V] logits -> [M, V] float32: z / T for kept tokens, -inf for dropped ones. T == 0 rows use
+    T = 1 here (sampled greedily); top_k 0 or >= V and top_p 1 are off. top-k keeps the k largest,
+    ties to the lower id; top-p then keeps the smallest sorted prefix of what top-k kept
+    (renormalised) reaching top_p, at least the top token."""
     logits = logits.to(torch.float32)
     device = logits.device
     vocab_size = logits.shape[-1]
@@ -274,13 +216,8 @@ def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 
 
 def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf what top-k then top-p drop, for rows that use at least one of them.
-
-    Sorting a whole row is slow on CPU (a large vocabulary per row), and the cut usually falls
-    among the few largest logits. So each row first ranks only its _TOP_CANDIDATES[0]
-    largest, rows whose cut is not provably among them try the next size, and the rest get
-    a full sort. Which path a row takes depends on that row alone (and every path computes
-    the same kept set, up to float64 rounding of the mass), so this never couples rows."""
+    """Mask to -inf what top-k then top-p drop. The cut usually falls among the largest logits, so
+    each row ranks its _TOP_CANDIDATES[0] largest first, then more, then all (that row's choice alone)."""
     vocab_size = z.shape[-1]
     k = torch.where((top_k > 0) & (top_k < vocab_size), top_k, torch.full_like(top_k, vocab_size))
     keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
@@ -296,12 +233,8 @@ def _top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
 
 def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
                         num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keep [R, V] bool, settled [R] bool) from each row's num_candidates largest logits.
-
-    Tokens are ranked by logit descending, ties by ascending token id (the one order every
-    path uses). top-k keeps the first k; top-p keeps a token while the tokens ranked before
-    it hold less than top_p of the distribution top-k left. A row is settled when its cut
-    provably falls among the candidates; with num_candidates == V every row is."""
+    """(keep [R, V], settled [R]) from each row's num_candidates largest logits, ranked by value then
+    id; settled: the row's cut provably falls among the candidates (every row when all are)."""
     vocab_size = z.shape[-1]
     c = num_candidates
     if c == vocab_size:
@@ -346,14 +279,9 @@ def _keep_among_largest(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
 def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongTensor,
            temperature: torch.Tensor, top_k: torch.Tensor,
            top_p: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
-    """The coupled sample of each row: (tokens [M] int64, logprobs [M] float32).
-
-    token = argmax(processed + G(seed, t, .)) for rows with T > 0, argmax(processed) for T == 0
-    (the first index on exact ties); logprob = log_softmax(processed)[token] in float32, where
-    processed = process_logits(...). Logits of any float dtype (float64, bfloat16, ...) are
-    cast to float32 first, so every dtype of the engine samples through the same arithmetic.
-
-    Row m's result depends only on (logits[m], seeds[m], positions[m], its params)."""
+    """The coupled sample of each row: (tokens [M] int64, logprobs [M] float32): argmax(processed +
+    G(seed, t, .)), or argmax(processed) for T == 0 (first index on ties), and its log_softmax, where
+    processed = process_logits of the logits in float32. Row m depends on its own inputs alone."""
     logits = logits.to(torch.float32).contiguous()
     device = logits.device
     m, vocab_size = logits.shape
@@ -365,38 +293,41 @@ def sample(logits: torch.Tensor, seeds: torch.LongTensor, positions: torch.LongT
     logprobs = torch.empty(m, dtype=torch.float32, device=device)
     if m == 0:
         return tokens, logprobs
-
     greedy = temperature == 0
     any_greedy, any_random = bool(greedy.any()), not bool(greedy.all())
     chunks = list(_row_chunks(m, vocab_size, device))
-    kernel = _kernel() if device.type == "cpu" else None
-    if kernel is not None:
-        seeds, positions = seeds.to(device), positions.to(device)
-    if any_random and kernel is None:
-        a, b = _row_keys_to(device, seeds, positions)
-        hv = _vocab_keys(vocab_size, device)
-        rows = max(r1 - r0 for r0, r1 in chunks)
-        scratch = _scratch(rows, vocab_size, device)
-        noise = torch.empty(rows, vocab_size, dtype=torch.float32, device=device)
-
+    if any_random:
+        noisy = _noisy_argmax(seeds, positions, vocab_size, device, max(r1 - r0 for r0, r1 in chunks))
     for r0, r1 in chunks:
         z = process_logits(logits[r0:r1], temperature[r0:r1], top_k[r0:r1], top_p[r0:r1])
-        if any_random:
-            if kernel is not None:
-                tok = noise_kernel.perturbed_argmax(kernel, seeds[r0:r1], positions[r0:r1], vocab_keys32(vocab_size),
-                                                    z.contiguous())
-            else:
-                log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
-                # z + G == z - log(E) exactly (G = -log E and IEEE a + (-b) == a - b), so this is
-                # bit-for-bit argmax(process_logits(...) + gumbel_noise(...)).
-                tok = torch.sub(z, log_e, out=log_e).argmax(dim=-1)
-            if any_greedy:
-                tok = torch.where(greedy[r0:r1], z.argmax(dim=-1), tok)
-        else:
-            tok = z.argmax(dim=-1)
+        tok = noisy(r0, r1, z) if any_random else z.argmax(dim=-1)
+        if any_random and any_greedy:
+            tok = torch.where(greedy[r0:r1], z.argmax(dim=-1), tok)
         tokens[r0:r1] = tok
         logprobs[r0:r1] = torch.log_softmax(z, dim=-1).gather(1, tok[:, None]).squeeze(1)
     return tokens, logprobs
+
+
+def _noisy_argmax(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device,
+                  chunk_rows: int) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
+    """(r0, r1, z) -> argmax(z + G(seed, t, .)) of rows r0..r1 (z: their processed logits): the CPU
+    kernel's one pass per row, else the torch reference on scratch reused across chunks."""
+    kernel = ops.noise_library(device)
+    if kernel is not None:
+        seeds, positions, keys = seeds.to(device), positions.to(device), vocab_keys32(vocab_size)
+        return lambda r0, r1, z: noise_kernel.perturbed_argmax(kernel, seeds[r0:r1], positions[r0:r1], keys,
+                                                               z.contiguous())
+    a, b = _row_keys_to(device, seeds, positions)
+    hv = _vocab_keys(vocab_size, device)
+    scratch = _scratch(chunk_rows, vocab_size, device)
+    noise = torch.empty(chunk_rows, vocab_size, dtype=torch.float32, device=device)
+
+    def run(r0: int, r1: int, z: torch.Tensor) -> torch.Tensor:
+        log_e = _log_exponential_(a[r0:r1], b[r0:r1], hv, noise[: r1 - r0], scratch)
+        # z + G == z - log(E) exactly (G = -log E, and IEEE a + (-b) == a - b)
+        return torch.sub(z, log_e, out=log_e).argmax(dim=-1)
+
+    return run
 
 
 def sampling_tensors(params_list: Sequence, device: torch.device | str) -> tuple[torch.Tensor, ...]:

@@ -1,31 +1,8 @@
-"""How many threads torch uses, and how they wait: decided in one place for every entry point.
-
-torch's CPU kernels run on an OpenMP pool. By default its threads spin at the end of every
-parallel region waiting for their siblings. On a machine where another program holds a core,
-the sibling is often descheduled, so the spinning thread burns its whole time slice waiting,
-at every op: a small model (where every op is a parallel region) then runs tens of times
-slower with 2 threads than with 1. Three choices fix that:
-
-- the wait policy. `OMP_WAIT_POLICY=PASSIVE` makes waiting threads sleep. OpenMP reads it
-  once, when torch loads it, so `set_wait_policy` must run before torch is imported: spectail's
-  command line does so (`rollout.cpu.configure()`; importing spectail sets nothing), unless the
-  user set a policy of their own (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME). Ray workers
-  get it in their environment (scheduler/ray_backend.py).
-- the thread count. A passive wait costs a wake-up per parallel region, which a small
-  model's tiny ops cannot amortise: below `SMALL_MODEL_PARAMS` parameters per token an
-  engine uses one thread (measured: `python -m benchmarks.bench --busy`, bench_results/threads.json),
-  above it the cores this process may use (affinity, cgroup quota and OMP_NUM_THREADS, which
-  Ray sets to an actor's num_cpus), unless one thread ran a decode-shaped forward faster when
-  the engine was built (`Engine._fastest_threads`: virtual CPUs may share a physical core). The
-  engine and the trainer take turns in one process, so each sets its own count while it runs
-  (`using`).
-- cores other programs hold. Beside a program that keeps a core busy, a second thread waits
-  for its descheduled sibling at every parallel region, which costs more than the split saves.
-  So an engine that chose its own count takes, at the start of each run, one thread per core
-  that other programs left free over the time since its previous run (`CoreWatch`).
-
-Overrides: EngineConfig.num_threads (rollout.engine.num_threads in a run config: a fixed count),
-trainer.num_threads, and the OpenMP variables above.
+"""How many threads torch uses, and how they wait, decided in one place for every entry point
+(docs/threads.md): passive OpenMP waiting set before torch loads (`set_wait_policy`, through
+`rollout.cpu.configure()`), one thread for a model too small to amortise a wake-up per parallel
+region (SMALL_MODEL_PARAMS), else the cores this process may use less those other programs keep
+busy (`CoreWatch`); engine and trainer each set their own count while they run (`using`).
 """
 from __future__ import annotations
 
@@ -35,18 +12,16 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional
 
-# A model whose matmuls per token are smaller than this gains nothing from a second thread
-# with passive waiting (the wake-ups cost more than the split saves).
 SMALL_MODEL_PARAMS = 4_000_000
 _USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 _announced: set = set()
 
 
 def set_wait_policy() -> None:
-    """Passive OpenMP waiting, unless the user chose a policy. Has effect only before torch is
-    imported (OpenMP reads it when it loads); `wait_policy()` says what is in force."""
+    """Passive OpenMP waiting, unless the user chose a policy (only before torch is imported)."""
     if any(v in os.environ for v in _USER_WAIT_VARS) or "torch" in sys.modules:
         return
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -68,8 +43,7 @@ def wait_policy() -> str:
 
 
 def usable_cores() -> int:
-    """The cores this process may use: its CPU affinity, the cgroup's CPU quota, and
-    OMP_NUM_THREADS when set (Ray sets it to an actor's num_cpus)."""
+    """The cores this process may use: its affinity, the cgroup's quota, OMP_NUM_THREADS (Ray's num_cpus)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -86,26 +60,19 @@ def usable_cores() -> int:
 def _cgroup_quota() -> Optional[int]:
     """ceil(quota / period) of the cgroup's CPU limit (v2 cpu.max, v1 cfs files), None if unlimited."""
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            return max(1, math.ceil(int(quota) / int(period)))
-        return None
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         pass
     try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            quota = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period = int(f.read())
+        quota, period = (int(Path(f"/sys/fs/cgroup/cpu/cpu.cfs_{n}_us").read_text()) for n in ("quota", "period"))
         return max(1, math.ceil(quota / period)) if quota > 0 else None
     except (OSError, ValueError):
         return None
 
 
 def engine_threads(requested: Optional[int], params_per_token: int) -> int:
-    """The intra-op threads of an engine on the CPU: as requested, else 1 for a small model,
-    else every usable core."""
+    """An engine's threads on the CPU: as requested, else 1 for a small model, else every usable core."""
     if requested:
         return int(requested)
     return 1 if params_per_token < SMALL_MODEL_PARAMS else usable_cores()
@@ -113,9 +80,8 @@ def engine_threads(requested: Optional[int], params_per_token: int) -> int:
 
 @dataclass
 class CoreWatch:
-    """How many of this process's cores other programs keep busy, from /proc/stat: the busy time
-    of those cores since the last look, less this process's own CPU time (so an engine's own run
-    does not count against it), over the wall time between the looks."""
+    """How many of this process's cores other programs keep busy, from /proc/stat: their busy time
+    since the last look, less this process's own CPU time, over the wall time between the looks."""
 
     cores: tuple
     last: Optional[tuple] = None  # (wall s, busy core-seconds of `cores`, own CPU s)
@@ -156,8 +122,7 @@ class CoreWatch:
 
 
 def free_threads(cores: int, others_busy: float, most: int) -> int:
-    """Threads for `cores` cores of which other programs keep `others_busy` busy: the free ones,
-    rounded to the nearest whole core, at least 1 and at most `most`."""
+    """The cores other programs left free, rounded, from 1 to `most`."""
     return max(1, min(most, math.floor(cores - others_busy + 0.5)))
 
 

