@@ -1,14 +1,12 @@
 """The continuous-batching engine: each step is plan -> forward -> verify.
 
-plan: every running request gets a row of the step's one forward: a prompt chunk while it is
-    prefilling, otherwise its last sampled token plus the draft the budget grants it
-    (rollout/budget.py owns the whole draft budget; proposers return drafts as values).
-forward: one pass of the model over all rows (a ForwardBatch) against the slot KV cache.
-verify: the token at response position t is always sample(z_t, seed, t), the coupled
-    Gumbel-max draw (rollout/sampling.py), so a draft token is accepted exactly when it equals
-    that sample; the first mismatch emits the sample itself, and a fully accepted draft earns
-    the next sample as a bonus. The output never depends on drafts, batch composition or
-    chunking. A finished request frees its slot for the next one at once.
+plan: each running request gets a row of the step's one forward: a prompt chunk, or its last
+    sampled token plus the draft the budget (rollout/budget.py) grants it.
+forward: one pass of the model over all rows against the slot KV cache.
+verify: the token at response position t is always sample(z_t, seed, t) (rollout/sampling.py),
+    so a draft token is accepted exactly when it equals that sample; the first mismatch emits the
+    sample, a fully accepted draft earns the next one as a bonus. The output never depends on
+    drafts, batch composition or chunking.
 """
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ from .proposers import make_proposers
 from .proposers.base import Draft, StepResult, Verified
 from .request import Request, make_requests
 
-# The step-cost profile (`_step_cost`): its long-context forward reads this many cached tokens per
-# row (or what fits); each forward is timed this many times, the fastest kept.
+# The step-cost profile: cached tokens per row of its long-context forward; timings per forward.
 PROFILE_CONTEXT = 512
 PROFILE_REPEATS = 2
 MODEL_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -76,18 +73,15 @@ class Engine:
         self.min_bucket = min_bucket_for(self.device, config.max_model_len)
         self.cache = model.new_cache(config.max_batch_size, config.max_model_len)
         self.proposers = make_proposers(config.spec, model, config)
-        # Slots ordered by context bucket let torch's attention grids read the cache in place
-        # (rollout/slot_order.py); the CPU kernel reads each token's own slot wherever it is.
+        # torch's attention reads the cache in place only with slots ordered (rollout/slot_order.py)
         self.reorders_slots = not model.attends_in_kernel(self.cache)
-        # A proposer that reads the hidden states of a request's whole context (a draft head) would
-        # find none for a request resumed from kept KV: such an engine keeps none.
+        # a proposer reading the whole context's hidden states finds none after kept KV
         kept = 0 if any(p.wants_hidden for p in self.proposers) else config.kept_slots
         self.kept = KeptSlots(lambda n: model.new_cache(n, config.max_model_len), kept)
         self.lenience = config.spec.lenience if config.spec else None
         self.budget = budgets.Budget.from_spec(config.spec) if config.spec else None
         self.last_run = RunStats()
-        # On an accelerator torch's CPU threads are not the engine's business. `cores` watches the
-        # cores other programs hold, where the engine chose its own thread count.
+        # `cores` watches the cores other programs hold, where the engine chose its thread count
         self.num_threads, self.cores = self._threads(config.num_threads) if self.device.type == "cpu" else (None, None)
 
     def _threads(self, requested: Optional[int]) -> tuple[int, Optional[threads.CoreWatch]]:
@@ -106,10 +100,8 @@ class Engine:
         return n, cores
 
     def _fastest_threads(self, most: int) -> int:
-        """1 or `most` threads, whichever ran a decode-shaped forward (up to 8 rows) faster here,
-        interleaved: on some machines (virtual CPUs that share a physical core, say) a second
-        thread slows every forward even when nothing else runs. Like `_profile` it writes into
-        slots at position 0, which every request overwrites."""
+        """1 or `most` threads, whichever ran a decode-shaped forward faster here (virtual CPUs that
+        share a core can make a second thread slower). Writes slots at position 0, which requests overwrite."""
         rows = min(self.config.max_batch_size, 8)
         batch = ForwardBatch.build([(slot, 0, [0]) for slot in range(rows)], list(range(rows)), self.device,
                                    self.min_bucket)
@@ -134,9 +126,8 @@ class Engine:
         return self.model.cfg.vocab_size
 
     def update_weights(self, weights) -> int:
-        """A state dict, (name, tensor) pairs or a torch module, with Hugging Face names.
-        Validated as a whole before anything is copied; returns the number of tensors loaded.
-        Kept KV (rollout/kept_slots.py) was computed with the old weights: it is dropped first."""
+        """A state dict, (name, tensor) pairs or a module, with Hugging Face names, validated as a
+        whole before anything is copied (kept KV is dropped). Returns the number of tensors loaded."""
         self.kept.clear()
         if isinstance(weights, torch.nn.Module):
             weights = weights.state_dict()
@@ -146,8 +137,6 @@ class Engine:
         self.model.weights_version += 1
         return n
 
-    # ---- the public entry point --------------------------------------------------------------
-
     def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                  seeds: Optional[Sequence[int]] = None,
@@ -155,10 +144,8 @@ class Engine:
                  groups: Optional[Sequence[Optional[int]]] = None,
                  draft_logprobs: Optional[Sequence[Optional[Sequence[float]]]] = None,
                  on_finish: Optional[Callable[[Request], None]] = None) -> list[Completion]:
-        """Complete every prompt. seeds default to fresh random ones (returned in Completion.seed);
-        drafts are previous responses for the "history" proposer; groups tie GRPO siblings
-        together for the "suffix" proposer; draft_logprobs (the drafts' old logprobs) tell the
-        budget how sure the old policy was of each token (and the lenient mode compares them);
+        """Complete every prompt. seeds: fresh random ones by default; drafts: previous responses
+        ("history"), draft_logprobs their old logprobs; groups tie GRPO siblings ("suffix");
         on_finish(request) is called as each request finishes."""
         requests = self.make_requests(prompt_token_ids, sampling_params, seeds, drafts, groups,
                                       draft_logprobs=draft_logprobs)
@@ -173,9 +160,7 @@ class Engine:
         self._tell(StepResult(dropped=frozenset(groups)))
 
     def state_sizes(self) -> dict[str, int]:
-        """What the engine holds between calls beyond its weights, cache and learnt rates:
-        {"<proposer>.<table>": entries}, every one 0 when idle (a request's own state goes with
-        the request)."""
+        """{"<proposer>.<table>": entries} the proposers hold between calls: every one 0 when idle."""
         return {f"{p.name}.{table}": n for p in self.proposers for table, n in p.state_sizes().items()}
 
     def make_requests(self, prompt_token_ids, sampling_params=SamplingParams(), seeds=None,
@@ -184,19 +169,14 @@ class Engine:
         return make_requests(self.vocab_size, self.config.max_model_len, prompt_token_ids, sampling_params,
                              seeds, drafts, groups, outputs, draft_logprobs)
 
-    # ---- the loop ----------------------------------------------------------------------------
-
     def run(self, requests: list[Request], max_new_tokens: Optional[int] = None,
             on_finish: Optional[Callable[[Request], None]] = None,
             keep: Optional[Sequence[Optional[Hashable]]] = None, max_steps: Optional[int] = None) -> RunStats:
-        """Run requests until each finishes, or has produced max_new_tokens more tokens in this
-        call (then it is returned unfinished, to be continued anywhere: divided rollout).
-        keep: a key per request (or None): a request that pauses keeps its KV in this engine under
-        its key, and one whose key and context prefix match a kept entry resumes from it without
-        prefill (rollout/kept_slots.py; needs EngineConfig.kept_slots).
-        max_steps: after this many forwards every running request pauses and those never admitted
-        are returned as they came: a chunk that keeps every slot busy to its end (more requests
-        than slots refill the slots freed inside it)."""
+        """Run requests until each finishes or has max_new_tokens more tokens (then it is returned
+        unfinished, to be continued anywhere: divided rollout). keep: a key per request (or None)
+        under which a paused request keeps its KV here, to resume without prefill
+        (rollout/kept_slots.py). max_steps: after this many forwards running requests pause and
+        those never admitted are returned as they came."""
         waiting = self._admit(requests, max_new_tokens, keep, max_steps)
         if self.budget is not None:
             self.budget.new_run()
@@ -204,9 +184,7 @@ class Engine:
                 self.budget.cost = step_cost.StepCost.from_dict(self._step_cost())
         kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
-        # The loop allocates many small lists and tuples per step and makes no reference cycles;
-        # with the collector on, every few hundred steps it would also scan the caller's whole
-        # heap (a trainer's is large).
+        # the loop makes no reference cycles; the collector would scan a trainer's whole heap
         gc.disable()
         try:
             with threads.using(self.cores.threads(self.num_threads) if self.cores else self.num_threads):
@@ -232,15 +210,13 @@ class Engine:
                 r.num_cached, r.slot = 0, -1
                 r.budget_end = len(r.output_ids) + max_new_tokens if max_new_tokens else None
                 self._finish_if_done(r)
-        # Longest expected first (LPT): a request's old response predicts its length, and a long
-        # request admitted late is what stretches a rollout's tail. Requests without one keep their
-        # order, ahead of the rest (they may be long). Order never changes a token.
+        # Longest expected first (an old response predicts the length): a long request admitted
+        # late stretches the tail. Requests without one go first, in order.
         return deque(sorted((r for r in requests if r.finish_reason is None),
                             key=lambda r: -len(r.history) if r.history else -math.inf))
 
     def _abandon(self, requests: list[Request]) -> None:
-        """A run that raised: every request leaves, so proposers keep nothing of it (the caller
-        sees the original error, not one of these)."""
+        """A run that raised: every request leaves, so proposers keep nothing of it."""
         for p in self.proposers:
             with contextlib.suppress(Exception):
                 p.on_step(StepResult(left=requests))
@@ -274,8 +250,7 @@ class Engine:
         return RunStats(steps, spec_off, fed)
 
     def _arrange(self, running: list[Request], free: list[int]) -> list[int]:
-        """Move running requests into slots ordered by context bucket (rollout/slot_order.py), so
-        attention reads the cache in place. Returns the free slots, as a heap."""
+        """Move running requests into slots ordered by context bucket; returns the free slots (a heap)."""
         keys = [bucket(r.num_tokens, self.min_bucket) for r in running]
         moved = [(r, s) for r, s in zip(running, slot_order.arrange([r.slot for r in running], keys))
                  if s != r.slot]
@@ -290,8 +265,7 @@ class Engine:
         return list(range(len(running), self.config.max_batch_size))  # sorted: a heap
 
     def _leave(self, req: Request, free: list, kept, on_finish) -> None:
-        """A finished or paused request leaves this engine: its slot is freed (a paused one's KV
-        may stay kept under its key; the proposers were told)."""
+        """A finished or paused request frees its slot (a paused one's KV may stay kept)."""
         if kept is not None and req.paused:
             kept.pause(req, self.cache)
         heapq.heappush(free, req.slot)
@@ -318,8 +292,6 @@ class Engine:
         for p in self.proposers:
             for draft, accepted, judged in p.on_step(result):
                 self.budget.learn(draft, accepted, judged)
-
-    # ---- plan -> forward -> verify -----------------------------------------------------------
 
     def _plan(self, running: list[Request], plan, hidden: bool = False) -> tuple[list[Row], ForwardBatch]:
         """Rows within the step's token budget: decoding requests first, then prompt chunks, then
@@ -360,8 +332,7 @@ class Engine:
 
     def _verify(self, rows: list[Row], logits: torch.Tensor, hidden: bool) -> tuple[list[Verified], list]:
         """Sample every logit row, then accept and emit row by row. hidden: also the spans of rows
-        whose context was correct: every row now in the cache (prompt chunks, the pending token,
-        accepted drafts; never a row past a rejected draft)."""
+        now in the cache (their context was correct; never a row past a rejected draft)."""
         tokens, logprobs = self._sample(rows, logits)
         verified, spans = [], []
         for row in rows:
@@ -390,8 +361,7 @@ class Engine:
             ys, lps = ys[:accepted], lps[:accepted]
             req.num_cached -= 1  # re-feed the last draft token: the next draft is judged from it
         emitted = self._emit(req, ys[:accepted + 1], lps[:accepted + 1])
-        # Draft tokens past a stop token, max_tokens or the chunk's end were compared with samples
-        # nobody emits: they count as neither accepted nor rejected.
+        # draft tokens past the request's end count as neither accepted nor rejected
         judged = min(len(row.draft_tokens), len(emitted))
         accepted = min(accepted, judged)
         if row.draft is not None:
@@ -432,8 +402,7 @@ class Engine:
             r.new, new = new[:len(r.draft_tokens)], new[len(r.draft_tokens):]
 
     def _step_cost(self) -> dict:
-        """The step-cost table (rollout/step_cost.py): the config's, else the one cached for this
-        device, model shape, dtype and thread count, else measured now and cached."""
+        """The step-cost table: the config's, else the one cached for this machine, else measured."""
         cfg, mcfg = self.config, self.model.cfg
         if cfg.spec.step_cost is not None:
             return cfg.spec.step_cost
@@ -451,9 +420,8 @@ class Engine:
             return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context))
 
     def _time_forward(self, fed: int, cached: int) -> float:
-        """The fastest of PROFILE_REPEATS forwards (and their sampling) feeding `fed` tokens over
-        the slots after `cached` positions each, after one untimed. They write into slots at
-        positions no request has yet: each request overwrites its slot from position 0."""
+        """The fastest of PROFILE_REPEATS forwards (with sampling) feeding `fed` tokens over the slots
+        after `cached` positions each, after one untimed (requests overwrite those positions)."""
         rows = min(self.config.max_batch_size, fed)
         per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
         assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)

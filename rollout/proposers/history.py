@@ -2,23 +2,18 @@
 this epoch's.
 
 With a per-sample seed the old response was drawn with the same Gumbel noise, so wherever the
-policy barely moved the new tokens equal the old ones. The proposer keeps, per request, a
-pointer into the old response that is aligned with the end of the current output and drafts
-the next `k` old tokens from it. On a mismatch it re-aligns:
+policy barely moved the new tokens equal the old ones. Per request the proposer keeps a pointer
+into the old response aligned with the end of the output, and drafts the next k old tokens.
+On a mismatch it re-aligns:
 
-1. it looks for the current output's last `n` tokens (n = max_match down to min_match) in the
-   old response — the longest match wins, and among equally long ones the closest occurrence
-   at or after the old pointer (else the closest before it) — and drafts from right after it;
-2. if nothing matches it guesses a deletion (the new token is the old one after the pointer)
-   or else a substitution (the new token replaced the old one at the pointer) and drafts from
-   just past it; a second miss in a row drops the guess;
-3. otherwise, with no guess left, the last token alone re-aligns if it occurs within
-   `max_match` positions of where the alignment was lost;
-4. otherwise it offers nothing until a later suffix matches.
+1. on the longest of the output's last max_match..min_match tokens found in the old response
+   (ties: the nearest at or after the pointer, else before it);
+2. else on a guessed deletion or substitution at the pointer (a second miss drops the guess);
+3. else, with no guess left, on the last token alone within max_match of where alignment was lost;
+4. else it offers nothing until a later suffix matches.
 
-While aligned a step costs O(emitted + k). The n-gram index of the old response is built
-lazily, on the first mismatch, so an unchanged response never pays for it. Drafts are only
-guesses: the engine verifies every token, so a wrong alignment costs a forward, never a token.
+While aligned a step costs O(emitted + k); the old response's bigram index is built on the first
+mismatch only.
 """
 from __future__ import annotations
 
@@ -47,11 +42,8 @@ class _State:
 class HistoryProposer(Proposer):
     """Drafts from `req.history`, re-aligning after insertions, deletions and substitutions.
 
-    max_match / min_match: the longest and shortest output suffix looked up in the old response
-        when re-aligning (min_match >= 2: a single shared token is trusted only within
-        max_match positions of where the alignment was lost).
-    max_candidates: occurrences of the last bigram examined per re-alignment, nearest to the
-        old pointer first (bounds the cost on very repetitive responses).
+    max_match / min_match (>= 2): the longest and shortest output suffix looked up when re-aligning.
+    max_candidates: bigram occurrences examined per re-alignment (bounds repetitive responses).
     """
 
     name = "history"
@@ -64,24 +56,18 @@ class HistoryProposer(Proposer):
             raise ValueError(f"HistoryProposer.max_match must be >= min_match, got {max_match} < {min_match}")
         if max_candidates < 1:
             raise ValueError(f"HistoryProposer.max_candidates must be >= 1, got {max_candidates}")
-        self.max_match = max_match
-        self.min_match = min_match
-        self.max_candidates = max_candidates
+        self.max_match, self.min_match, self.max_candidates = max_match, min_match, max_candidates
 
     @classmethod
     def from_config(cls, spec, model=None, engine_config=None) -> HistoryProposer:
         return cls()
 
-    # -- the Proposer interface ------------------------------------------------------------
-
     def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
         return [self._draft(req, k) for req in requests]
 
     def _draft(self, req: Request, k: int) -> Optional[Draft]:
-        """The next k old tokens while aligned. evidence: tokens of agreement behind the
-        alignment (the prompt and every output token while the old response has been followed
-        from its start, else the re-alignment match plus the tokens that agreed since).
-        confidence: how likely the old policy found each token (from the old logprobs)."""
+        """The next k old tokens while aligned. evidence: tokens of agreement behind the alignment
+        (the prompt too while followed from the start); confidence: the old policy's probabilities."""
         if k <= 0 or not req.history:
             return None
         st = self._sync(req)
@@ -99,8 +85,7 @@ class HistoryProposer(Proposer):
         return st.probs[st.ptr : st.ptr + n]
 
     def on_step(self, result: StepResult) -> tuple:
-        """Catches up only in steps the budget let it draft (`propose` catches up too), so a
-        budget that has switched it off costs no bookkeeping per token."""
+        """Catches up only in steps the budget let it draft: switched off, it costs nothing per token."""
         if self in result.drafting:
             for row in result.rows:
                 if row.req.history:
@@ -108,8 +93,6 @@ class HistoryProposer(Proposer):
         for req in result.left:
             req.proposer_state.pop(self.name, None)
         return ()
-
-    # -- alignment -------------------------------------------------------------------------
 
     def _sync(self, req: Request) -> _State:
         """Bring the state up to date with req.output_ids (only the new tokens are read)."""
@@ -155,9 +138,8 @@ class HistoryProposer(Proposer):
         return st
 
     def _realign(self, st: _State, out: list[int], anchor: int) -> Optional[tuple[int, int]]:
-        """(position in hist right after the longest match of out's suffix (>= min_match
-        tokens) that has a continuation, match length); ties go to the occurrence nearest
-        after `anchor`."""
+        """(position in hist right after the longest match (>= min_match) of out's suffix with a
+        continuation, its length); ties go to the occurrence nearest after `anchor`."""
         if len(out) < self.min_match:
             return None
         if st.index is None:
@@ -184,9 +166,8 @@ class HistoryProposer(Proposer):
 
 
 def _near(hist: list[int], tok: int, anchor: int, window: int) -> Optional[tuple[int, int]]:
-    """Position right after the occurrence of tok nearest to `anchor` (within `window`,
-    at or after it first) that has a continuation; a single token is weak evidence, so only
-    the neighbourhood of where the alignment was lost is searched."""
+    """(position right after the occurrence of tok nearest to `anchor` within `window`, at or after
+    it first, that has a continuation, 1): one token is weak evidence, so only nearby counts."""
     n = len(hist)
     for d in range(window + 1):
         for i in (anchor + d, anchor - d - 1):
@@ -202,18 +183,7 @@ def _bigram_index(hist: list[int]) -> dict:
     return index
 
 
-def _nearest_first(positions: list[int], anchor: int, limit: int):
-    """Positions (ascending) in order: those >= anchor nearest first, then those below
-    anchor nearest first; at most `limit` of them."""
+def _nearest_first(positions: list[int], anchor: int, limit: int) -> list[int]:
+    """At most `limit` ascending positions: those >= anchor nearest first, then those below it."""
     j = bisect.bisect_left(positions, anchor)
-    taken = 0
-    for i in range(j, len(positions)):
-        if taken >= limit:
-            return
-        taken += 1
-        yield positions[i]
-    for i in range(j - 1, -1, -1):
-        if taken >= limit:
-            return
-        taken += 1
-        yield positions[i]
+    return (positions[j:j + limit] + positions[max(0, j - limit):j][::-1])[:limit]

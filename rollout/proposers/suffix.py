@@ -1,30 +1,21 @@
-"""Group speculation (Seer): the responses of a GRPO group — siblings in flight, siblings
-already finished, and the group's past responses — draft for each other.
+"""Group speculation (Seer): the responses of a GRPO group (siblings in flight or finished, and
+the group's past responses) draft for each other.
 
-Each group has a suffix index over its responses. It answers the question a suffix tree
-answers — where does the longest suffix of this context occur, and what follows it how often —
-but stores only positions: every response is a token list starting with a START marker, and
-for each position the index remembers where its last 1, 2 and 4 tokens occurred. Insertion is
-O(1) per token (three list appends, no per-depth nodes), so memory stays linear in the tokens.
+Each group has a suffix index over its responses: like a suffix tree it finds where the longest
+suffix of a context occurs and what follows, but stores only positions. Every response is a token
+list starting with a START marker (the shared prompt), and the index remembers where each
+position's last 1, 2 and 4 tokens occurred: O(1) per token inserted, memory linear in tokens.
 
 Drafting for a request:
-1. match: the longest suffix (up to `max_depth` tokens) of [START] + output that occurs in the
-   group's responses with a continuation. START stands for the prompt, which all members of
-   a group share, so an empty output drafts the beginnings of the siblings' responses. The
-   occurrences are found from the longest indexed n-gram of the suffix, newest first (at most
-   `max_candidates`), and each is extended backwards to its true match length; the
-   occurrences of the longest length are kept.
-2. follow: take the most frequent next token among those occurrences (ties: smaller id); stop
-   if its share of them is under `min_share`; otherwise draft it, keep only the occurrences
-   that continue with it and repeat, up to k tokens. The context grows with the draft, so
-   there is no depth cap on following.
+1. match: the longest suffix (up to `max_depth` tokens) of [START] + output that occurs with a
+   continuation, found from its longest indexed n-gram (newest first, at most `max_candidates`)
+   and extended backwards; the occurrences of the longest length are kept.
+2. follow: the most frequent next token among them (ties: smaller id) is drafted unless its share
+   is under `min_share`; keep the occurrences that continue with it and repeat, up to k tokens.
 
-Each indexed token also keeps the probability the policy gave it where it was sampled (a
-sibling's logprob, an old response's logprob; -1 when unknown). A draft token's `confidence`
-is that of its newest occurrence that knows it: siblings in flight share the weights and, matched back to
-the start, the very context, so it is the acceptance chance of that token under fresh noise.
-
-A request's own tokens are indexed too (siblings and its own repetitions draft from them); its
+A draft token's `confidence` is the probability the policy gave it at its newest occurrence that
+knows it (-1 unknown): siblings share weights and, matched back to START, the context, so it is
+the token's acceptance chance under fresh noise. A request's own tokens are indexed too; its
 current end has no continuation, so it never matches itself trivially.
 """
 from __future__ import annotations
@@ -79,10 +70,6 @@ class SuffixIndex:
                 if end >= 4:
                     g4[seq[-4], seq[-3], seq[-2], t].append(occ)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(q) - 1 for q in self.seqs)
-
     def match(self, ctx: list[int], max_depth: int, max_candidates: int) -> tuple[int, list[tuple[int, int]]]:
         """(length, occurrences (seq, pos)) of the longest suffix of ctx (<= max_depth tokens)
         that has a continuation (pos < len(seq)); pos is where the continuation starts."""
@@ -95,8 +82,7 @@ class SuffixIndex:
             lst = grams.get(key)
             if not lst:
                 continue
-            best, found = 0, []
-            seen = 0
+            best, found, seen = 0, [], 0
             for i in range(len(lst) - 1, -1, -1):  # newest first
                 s, p = lst[i]
                 seq = seqs[s]
@@ -120,8 +106,7 @@ class SuffixIndex:
         """Up to k tokens along the most frequent continuation of the occurrences, and the
         confidence of each (see the module docstring)."""
         live = [(self.seqs[s], self.probs[s], p) for s, p in occs]  # newest first
-        draft: list[int] = []
-        conf: list[float] = []
+        draft, conf = [], []
         while live and len(draft) < k:
             if len(live) == 1:  # one source left: copy it (a response holds no START after 0)
                 seq, probs, p = live[0]
@@ -169,17 +154,12 @@ class _State:
 class SuffixProposer(Proposer):
     """Drafts from a per-group suffix index of the group's responses.
 
-    min_share: stop drafting when the chosen continuation is followed by fewer than this
-        share of the matched occurrences (a fork among the siblings).
-    max_depth: the longest context suffix matched (tokens).
-    max_candidates: occurrences examined per match, newest first, and followed while drafting
-        (their cost is per drafted token).
+    min_share: the least share of the matched occurrences the drafted continuation needs.
+    max_depth: the longest context suffix matched; max_candidates: occurrences examined per match.
 
-    A request with group None gets a private index (its own tokens and history) that lives in
-    its state and goes with it. A group's index outlives its requests (it keeps their responses,
-    siblings still draft from it); the caller frees it (`StepResult.dropped`) when the group is done
-    -- group ids reused by a later batch for another prompt would otherwise draft from the wrong
-    responses (harmless to the output, wasteful for speed).
+    A request with group None gets a private index that goes with its state. A group's index
+    outlives its requests; the caller frees it (`StepResult.dropped`) when the group is done, or a
+    reused group id would draft from the wrong responses (harmless, but wasteful).
     """
 
     name = "suffix"
@@ -191,9 +171,7 @@ class SuffixProposer(Proposer):
             raise ValueError(f"SuffixProposer.max_depth must be >= 1, got {max_depth}")
         if max_candidates < 1:
             raise ValueError(f"SuffixProposer.max_candidates must be >= 1, got {max_candidates}")
-        self.min_share = min_share
-        self.max_depth = max_depth
-        self.max_candidates = max_candidates
+        self.min_share, self.max_depth, self.max_candidates = min_share, max_depth, max_candidates
         self._groups: dict[Hashable, SuffixIndex] = {}
 
     @classmethod
@@ -240,8 +218,6 @@ class SuffixProposer(Proposer):
         st = req.proposer_state[self.name] = _State(key=key, index=index, seq=index.new_sequence())
         return st
 
-    # -- the Proposer interface ------------------------------------------------------------
-
     def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
         return [self._draft(req, k) for req in requests]
 
@@ -260,10 +236,8 @@ class SuffixProposer(Proposer):
         return Draft(tokens, self, evidence=evidence, confidence=confidence)
 
     def on_step(self, result: StepResult) -> tuple:
-        """Siblings see a member's new tokens from now on, but only in steps the budget let this
-        proposer draft (a member's tokens are indexed too when it is asked or leaves), so a
-        budget that has switched it off costs no bookkeeping per token. A group's index keeps
-        the whole response of a member that leaves."""
+        """Indexes members' new tokens only in steps the budget let it draft (else when asked or
+        leaving): switched off, it costs nothing per token. A leaving member's response stays."""
         if self in result.drafting:
             for row in result.rows:
                 self._sync(row.req)
@@ -283,8 +257,7 @@ def _newest_known(live: list[tuple[list, list, int]], offset: int) -> float:
 
 
 def _agreed_run(live: list[tuple[list, list, int]], k: int) -> int:
-    """How many tokens (<= k) every occurrence in live continues with alike, none running out.
-    Slices compare in C, so an agreeing run costs no Python step per token."""
+    """How many tokens (<= k) every occurrence in live continues with alike (slices compare in C)."""
     seq0, _, p0 = live[0]
     run = min(k, min(len(seq) - p for seq, _, p in live))
     for seq, _, p in live[1:]:
