@@ -1,28 +1,15 @@
 """The draft budget: which proposer drafts for each request, and how many tokens, each step.
 
-Deterministic given its inputs: the acceptance counts of the run so far and a step-cost table
-measured once per engine (or given in the config). No clock is read while a rollout runs, so
-the same rollout drafts the same tokens on an idle machine and on a loaded one.
+Deterministic given the run's acceptance counts and a step-cost table measured once (no clock is
+read while a rollout runs). docs/architecture.md tells the whole rule; in short:
 
-Acceptance. Token i of a draft is accepted with probability a_i given the ones before it were,
-so it is emitted with probability P_i = a_1 x ... x a_i: its value, in emitted tokens. `a` is
-learnt per proposer and evidence level (the tokens of context that back the draft, in powers of
-two: token i is judged at evidence + i, as the i before it agreed), and per confidence bin (a
-copied token lands under fresh noise about as often as the policy picked it, `Draft.confidence`),
-each shrunk towards the coarser rate, the coarsest towards the proposer's `prior`. Counts only.
-
-Cost. A forward that feeds F tokens whose attention reads A context tokens in all costs
-`table(F) + per_attended x A` seconds: `table` is piecewise linear through a short profile of
-forwards taken once per (device, model shape, dtype, threads) and cached on disk.
-
-The rule. A plain step of B decoding requests emits B tokens for `cost(B)`. A draft token adds
-its value to what the step emits and the marginal cost of one more fed token to what it costs;
-tokens are granted greedily, the most valuable first, while each raises the step's emitted
-tokens per second. So a request drafts deep where a fed token is nearly free (a small batch: the
-tail) and not at all where drafts miss. A proposer with a per-position cost of its own (a draft
-head's batched forward, `Proposer.position_cost`) runs the positions whose tokens pay for it.
-A fixed `min_draft_prob` replaces the cost by a threshold (`min_draft_prob` x the fraction of
-slots in use) on each token's value.
+Acceptance. Token i of a draft is emitted with probability P_i = a_1 x ... x a_i, its *value*;
+`a` is learnt per proposer, evidence level (token i at evidence + i, in powers of two) and
+confidence bin, each rate shrunk towards the coarser one, the coarsest towards `prior`.
+Cost. A forward feeding F tokens that attend over A context tokens costs
+`table(F) + per_attended x A` seconds (rollout/step_cost.py).
+The rule. Tokens are granted the most valuable first while each raises the step's emitted tokens
+per second; a fixed `min_draft_prob` instead floors each token's value at min_draft_prob x load.
 """
 from __future__ import annotations
 
@@ -55,9 +42,6 @@ def confidence_bin(q: Optional[float]) -> int:
     if q is None or not q >= 0:
         return 0
     return 1 + bisect.bisect_right(CONFIDENCE_EDGES, q)
-
-
-# ---- the plan of a step ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -111,9 +95,6 @@ def longest(top: float, k: int, floor: float) -> int:
     return n
 
 
-# ---- the budget ------------------------------------------------------------------------------
-
-
 @dataclass
 class Budget:
     """min_draft_prob: None prices tokens by `cost` (set by the engine before its first run), a
@@ -136,8 +117,6 @@ class Budget:
     @property
     def priced(self) -> bool:
         return self.min_draft_prob is None
-
-    # ---- acceptance ----
 
     def new_run(self) -> None:
         for key in self.trials:
@@ -173,10 +152,9 @@ class Budget:
 
     def table(self, proposer: Proposer) -> list:
         """rates[level][bin] of the proposer; bin 0 (confidence unknown) is the level's rate."""
-        cached_table = self._tables.get(proposer.name)
-        if cached_table is None:
-            cached_table = self._tables[proposer.name] = self._table(proposer.name, proposer.prior)
-        return cached_table
+        if proposer.name not in self._tables:
+            self._tables[proposer.name] = self._table(proposer.name, proposer.prior)
+        return self._tables[proposer.name]
 
     def _table(self, name: str, prior: float) -> list:
         acc, tri, w = self.accepted, self.trials, PRIOR_WEIGHT
@@ -194,8 +172,7 @@ class Budget:
         return {"version": STATE_VERSION, "accepted": pairs(self.accepted), "trials": pairs(self.trials)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Learnt counts; a state of another format (an older budget's) is ignored with a warning:
-        the budget only changes how fast tokens come, never which."""
+        """Learnt counts; one of another format is ignored with a warning (it never changes a token)."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             warnings.warn("draft budget state of an older format ignored: acceptance is learnt afresh", stacklevel=2)
             return
@@ -203,8 +180,6 @@ class Budget:
             return {tuple(k) if isinstance(k, list) else k: float(v) for k, v in items}
         self.accepted, self.trials = table(state["accepted"]), table(state["trials"])
         self._tables.clear()
-
-    # ---- the plan ----
 
     def plan_step(self, proposers: Sequence[Proposer], running: int, load: float,
                   context: int = 0) -> Optional[StepPlan]:
@@ -235,9 +210,9 @@ class Budget:
         return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)
 
     def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
-        """Per request (at most rooms[i] tokens), every live proposer's draft cut at the floor; the
-        one with the longest expected accepted run, with its tokens' values, or None. A proposer is
-        asked, once for all, for the requests where its best rate could beat the draft in hand."""
+        """Per request (at most rooms[i] tokens): the live proposers' draft, cut at the floor, with the
+        longest expected accepted run, and its tokens' values, or None. A proposer is asked once, for
+        the requests where its best rate could beat the draft in hand."""
         best, runs = [None] * len(requests), [0.0] * len(requests)
         for offer in plan.live:
             caps = [min(offer.most, room) for room in rooms]
@@ -255,10 +230,9 @@ class Budget:
 
     def allocate(self, plan: StepPlan, values: Sequence[Sequence[float]], contexts: Sequence[int],
                  spare: int, fed: Optional[int] = None) -> list[int]:
-        """Draft tokens per emitting request (values[i]: its chosen draft's token values, non-
-        increasing; contexts[i]: what its first draft token attends over), at most `spare` in all:
-        the most valuable first, each while it raises the step's emitted tokens per second. fed:
-        the tokens the step feeds without drafts (one per request: decoding)."""
+        """Draft tokens per emitting request (values[i]: its draft's non-increasing token values;
+        contexts[i]: what its first draft token attends over), at most `spare`, the most valuable
+        first while each raises emitted tokens per second. fed: the step's tokens without drafts."""
         lengths = [0] * len(values)
         cost, emitted = plan.cost, float(len(values))
         fed = len(values) if fed is None else fed

@@ -1,8 +1,5 @@
-"""User-facing configuration of the engine: what to sample and how to run.
-
-Validation lives next to the fields so every bad value is rejected with a message
-that names the field, before any state of the engine is touched.
-"""
+"""User-facing configuration of the engine: what to sample and how to run. Each bad value is
+rejected, naming its field, before any state of the engine is touched."""
 from __future__ import annotations
 
 import math
@@ -85,26 +82,18 @@ def is_device(name) -> bool:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The online drafter's settings, once: a draft head over the policy's hidden states that
-    drafts with each sample's own noise (the "drafter" proposer, drafter/proposer.py). The engine
-    reads it as SpecConfig.drafter, a run config sets it as rollout.drafter, and the warm start,
-    the online trainer (drafter/online.py) and Ray's idle slices read it from the engine's spec.
+    """The online drafter's settings, once: a draft head over the policy's hidden states (the
+    "drafter" proposer, drafter/proposer.py), read as SpecConfig.drafter by the engine, the warm
+    start, the online trainer and Ray's idle slices; a run config sets it as rollout.drafter
+    (every key: docs/configuration.md).
 
-    enabled: a run adds "drafter" to the engine's proposers (off by default: on a CPU its cost
-        and training do not yet pay for its drafts after the first step, docs/results.md).
-    path: an exported head (drafter.export) to start from. None: in a run, the policy's warm
-        start, cached, trained on first use within warm_start_s (a checkpoint's on its own
-        samples, drafting over its draft_vocab most frequent tokens; None: all); in an engine, no
-        head until one is set (`DrafterProposer.of(engine).set_head`). A head that does not fit
-        the policy switches the drafter off with a warning; the other proposers keep working.
-    kind ("attention" | "mlp"), window (rows its attention sees; None: all), intermediate_size,
-        num_heads, num_kv_heads (None: the policy's): a fresh head's, wherever it is made.
-    lr, ttt_steps (unrolled steps fed the head's own outputs), reward_beta (ReSpec's weight
-        1 + beta x max(0, advantage)): its training (drafter/trainer.py); the local backend
-        trains between_steps_s after each step's updates (0: not), a Ray worker with no chunk
-        in slices of idle_slice_s (None: not; a chunk sent to it waits at most that long).
-    collect, buffer_tokens: keep every request's hidden states and hand finished (and paused)
-        responses to the training buffer (drafter/buffer.py) of this many tokens.
+    enabled: a run adds "drafter" to the engine's proposers. path: an exported head to start
+        from; None: a run's warm start (trained within warm_start_s, drafting over draft_vocab
+        tokens), an engine's none until `set_head`. A head that does not fit switches it off.
+    kind, window, intermediate_size, num_heads, num_kv_heads (None: the policy's): a fresh head's.
+    lr, ttt_steps, reward_beta: its training; between_steps_s (local backend, 0: none) and
+        idle_slice_s (a Ray worker with no chunk, None: none): when it trains.
+    collect, buffer_tokens: hand responses and hidden states to a training buffer of this size.
     """
 
     enabled: bool = False
@@ -151,9 +140,8 @@ class DrafterSpec:
         need(is_int(self.buffer_tokens), "DrafterSpec.buffer_tokens", "must be an integer >= 1", self.buffer_tokens)
 
 
-# Draft sources by name, as "module:Class": rollout/proposers/__init__.py imports a class only when
-# a SpecConfig names it. Kept here so that checking a SpecConfig imports no proposer (they import
-# request.py, which imports this module).
+# Draft sources by name, as "module:Class" (rollout/proposers/__init__.py imports them): here, so
+# that checking a SpecConfig imports no proposer.
 PROPOSERS = {
     "ngram": "rollout.proposers.ngram:NgramProposer",
     "history": "rollout.proposers.history:HistoryProposer",
@@ -167,27 +155,18 @@ PROPOSERS = {
 class SpecConfig:
     """Speculative decoding. Drafts never change the output, only how many forwards it takes.
 
-    proposers: which draft sources to consult, in order of preference on ties.
+    proposers: the draft sources, in order of preference on ties.
     max_draft_tokens: the most draft tokens verified per request per step (k).
-    max_batch_for_spec: when more requests than this are running, the step is compute-bound
-        and drafts are skipped (None = always speculate).
-    ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
-    min_draft_prob: None (the default) prices each draft token by the step-cost table: tokens are
-        drafted, the likeliest to land first, while each raises the step's emitted tokens per
-        second (rollout/budget.py): deep where a fed token is nearly free (small batches, the
-        tail), none where drafts miss. A number instead drafts every token whose chance of being
-        reached and accepted is at least min_draft_prob x the fraction of slots in use (0 always
-        drafts max_draft_tokens). Either way the drafts depend only on what the run accepted.
-    step_cost: None (the default) measures the cost of a forward by fed tokens once per device,
-        model shape, dtype and thread count, at the first priced run, and caches it under
-        $SPECTAIL_CACHE (else ~/.cache/spectail)/step_cost; or a table {"tokens": [...],
-        "seconds": [...], "per_attended": s}: seconds of a forward feeding that many tokens, and
-        seconds per context token their attention reads.
-    lenience: EXPERIMENTAL. None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance
-        (rollout/lenient.py). A history draft token that differs from the exact sample is still
-        accepted when its new probability is at least 1/l of its old one. BIASED: outputs are no
-        longer exact samples of the policy; every completion it touched says so in stats["lenient"].
-    drafter: the "drafter" proposer's settings (DrafterSpec; a run config sets them as rollout.drafter).
+    max_batch_for_spec: no drafts while more requests than this run (None: always speculate).
+    ngram_sizes: n-gram lengths the prompt-lookup proposer tries.
+    min_draft_prob: None prices draft tokens by the step-cost table (rollout/budget.py); a number
+        drafts every token whose chance to land is at least min_draft_prob x the share of slots used.
+    step_cost: None measures it once per machine and model shape, cached; or {"tokens": [...],
+        "seconds": [...], "per_attended": s} (rollout/step_cost.py).
+    lenience: EXPERIMENTAL. None (exact) or l >= 1: SPEC-RL's lenient acceptance (rollout/lenient.py)
+        of a history token whose new probability is at least 1/l of its old one. BIASED: outputs
+        are no longer exact samples; stats["lenient"] counts what it accepted.
+    drafter: the "drafter" proposer's settings (DrafterSpec).
     """
 
     proposers: tuple[str, ...] = ("ngram",)
@@ -232,11 +211,8 @@ class EngineConfig:
     max_batch_size: KV-cache slots; at most this many requests run at once.
     max_model_len: prompt + response tokens per request.
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
-    num_threads: torch intra-op threads while the engine runs on a CPU; None picks them by model
-        size and the cores this process may use (rollout/threads.py).
-    kept_slots: KV slots beyond max_batch_size that hold paused requests' KV between runs, so a
-        request continued on the same engine is not prefilled again (rollout/kept_slots.py; the
-        Ray workers of a divided rollout use them); 0 keeps none.
+    num_threads: torch threads on a CPU; None: by model size and free cores (rollout/threads.py).
+    kept_slots: extra KV slots that keep paused requests' KV between runs (rollout/kept_slots.py).
     """
 
     max_batch_size: int = 64

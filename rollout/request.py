@@ -1,9 +1,8 @@
-"""A request: its state inside the engine, how it is made from a caller's input (validated),
-its wire form (what crosses to a Ray worker) and the Completion it ends as.
+"""A request: its state inside the engine, how it is made from a caller's input, its wire form
+(what crosses to a Ray worker) and the Completion it ends as.
 
-Everything is checked before a Request exists, so bad input raises a ValueError that names the
-problem and no engine state is touched. Making requests needs only the vocabulary size and
-max_model_len, so a Ray driver validates exactly as a local engine does, without a model.
+Input is checked before a Request exists (a ValueError naming the problem, no engine state
+touched), from the vocabulary size and max_model_len alone: a Ray driver needs no model.
 """
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ STAT_FIELDS = ("forward_passes", "proposed", "accepted", "lenient", "by_position
 
 @dataclass
 class Request:
-    """A prompt being completed. Tokens in `prompt_ids + output_ids` at positions below
-    `num_cached` are in this request's KV-cache slot; the rest are `pending` (fed next step).
-    Rolling back a rejected draft is only lowering `num_cached`."""
+    """A prompt being completed. Tokens of `prompt_ids + output_ids` below `num_cached` are in its
+    KV-cache slot, the rest are `pending`: rolling back a rejected draft lowers `num_cached`."""
 
     index: int  # position in the caller's list
     prompt_ids: list[int]
@@ -42,8 +40,7 @@ class Request:
     proposed: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
     lenient: int = 0  # tokens accepted by the (biased) lenient mode
-    # proposer name -> [offered, accepted]: per draft position i, the drafts that offered a token
-    # there (among those compared) and those whose first i + 1 tokens were all accepted
+    # proposer -> [offered, accepted]: per draft position, drafts compared there and accepted to there
     by_position: dict = field(default_factory=dict)
     proposer_state: dict = field(default_factory=dict)  # proposer name -> its state for this request
 
@@ -75,11 +72,8 @@ class Request:
     def chunk_left(self) -> int:
         return 1 << 62 if self.budget_end is None else self.budget_end - len(self.output_ids)
 
-    # ---- what leaves the engine ------------------------------------------------------------
-
     def stats(self) -> dict:
-        """The per-sample counters: forward_passes, proposed, accepted (per proposer), lenient,
-        by_position (per proposer, [offered, accepted] per draft position)."""
+        """The per-sample counters (STAT_FIELDS)."""
         return {"forward_passes": self.forward_passes, "proposed": dict(self.proposed),
                 "accepted": dict(self.accepted), "lenient": self.lenient,
                 "by_position": {k: [list(o), list(a)] for k, (o, a) in self.by_position.items()}}
@@ -106,8 +100,7 @@ class Request:
                           self.stats())
 
     def to_wire(self) -> dict:
-        """Everything another engine needs to continue this request with the same tokens: every
-        token is a pure function of (weights, prompt, seed, position), so nothing else is."""
+        """What another engine needs to continue this request with the same tokens."""
         return {"prompt_ids": self.prompt_ids, "output_ids": self.output_ids, "logprobs": self.logprobs,
                 "seed": self.seed, "params": self.params, "history": self.history,
                 "history_logprobs": self.history_logprobs, "group": self.group, "stats": self.stats()}
@@ -126,13 +119,9 @@ class Request:
         return req
 
 
-# ---- making requests from a caller's input -------------------------------------------------
-
 def make_requests(vocab_size: int, max_model_len: int, prompt_token_ids, sampling_params=SamplingParams(),
                   seeds=None, drafts=None, groups=None, outputs=None, draft_logprobs=None) -> list[Request]:
-    """seeds default to fresh random ones; drafts are previous responses (the "history"
-    proposer), draft_logprobs their old logprobs (how sure the old policy was of each token),
-    groups tie GRPO siblings, outputs are tokens already generated (to continue a divided rollout)."""
+    """As Engine.generate's arguments; outputs: tokens already generated (a divided rollout)."""
     prompt_token_ids = _sequence(prompt_token_ids, "prompt_token_ids")
     n = len(prompt_token_ids)
     params = _per_prompt_params(sampling_params, n)
@@ -207,9 +196,7 @@ def _sequence(value, what: str) -> list:
 def _per_prompt_params(value, n: int) -> list:
     if isinstance(value, SamplingParams):
         return [value] * n
-    value = _sequence(value, "sampling_params")
-    if len(value) != n:
-        raise ValueError(f"sampling_params has {len(value)} entries for {n} prompts")
+    value = _per_prompt(_sequence(value, "sampling_params"), n, "sampling_params")
     if not all(isinstance(v, SamplingParams) for v in value):
         raise ValueError("sampling_params must be a SamplingParams or a list of them")
     return value

@@ -1,11 +1,9 @@
-"""The cost of a forward, measured once per engine: the step-cost table the draft budget
-(rollout/budget.py) prices draft tokens with.
+"""The step-cost table the draft budget (rollout/budget.py) prices draft tokens with.
 
-A forward that feeds F tokens whose attention reads A context tokens in all costs
-`table(F) + per_attended x A` seconds: `table` is piecewise linear through a short profile of
-forwards taken once per (device, CPU model, model shape, dtype, threads) and cached on disk
-($SPECTAIL_CACHE, else ~/.cache/spectail, under step_cost/), or given in the config
-(SpecConfig.step_cost). Nothing here is read while a rollout runs.
+A forward feeding F tokens that attend over A context tokens costs `table(F) + per_attended x A`
+seconds: `table` is piecewise linear through a short profile of forwards taken once per (device,
+CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else ~/.cache/spectail)
+/step_cost, or given as SpecConfig.step_cost.
 """
 from __future__ import annotations
 
@@ -47,9 +45,6 @@ class StepCost:
             seconds[i] = max(seconds[i], seconds[i - 1])
         return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)))
 
-    def to_dict(self) -> dict:
-        return {"tokens": list(self.tokens), "seconds": list(self.seconds), "per_attended": self.per_attended}
-
     def table(self, fed: float) -> float:
         """Linear between the measured points; beyond them, along the nearest segment (flat with one point)."""
         t, s = self.tokens, self.seconds
@@ -70,8 +65,7 @@ def cache_path(key: dict) -> str:
 
 
 def cached(key: dict, measure: Callable[[], dict]) -> dict:
-    """The measurement stored under `key`, else `measure()` stored there (atomically: a reader
-    never sees half a file, and two engines measuring at once both leave a whole one)."""
+    """The measurement stored under `key`, else `measure()` stored there (atomically)."""
     path = cache_path(key)
     try:
         with open(path) as f:
@@ -111,9 +105,8 @@ def profile_grid(most: int) -> list[int]:
 
 
 def profile(time_forward: Callable[[int, int], float], grid: Sequence[int], rows: int, context: int) -> dict:
-    """A StepCost dict from timed forwards: time_forward(fed, cached) -> seconds of one forward
-    feeding `fed` tokens spread over the slots after `cached` tokens per slot; the context's
-    cost from `rows` one-token rows after `context` cached tokens each."""
+    """A StepCost dict from time_forward(fed, cached): seconds of a forward feeding `fed` tokens
+    over the slots after `cached` each; per_attended from `rows` rows after `context` tokens each."""
     seconds = [time_forward(f, 0) for f in grid]
     cost = StepCost.from_dict({"tokens": list(grid), "seconds": seconds})
     per_attended = 0.0

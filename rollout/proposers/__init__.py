@@ -1,10 +1,8 @@
 """Draft sources, by name. Each is a guesser: the engine verifies every draft token exactly.
 
-The registry (rollout/config.py's PROPOSERS: a SpecConfig checks its names without importing a
-proposer) maps a name to the proposer's class as "module:Class", imported only when a SpecConfig
-asks for it (the drafter lives in a higher package, which `rollout` never imports).
-A class is built with `Class.from_config(spec, model, engine_config)` (the engine's model and
-config, for proposers that size state by them).
+The registry (rollout/config.py's PROPOSERS) names each class as "module:Class", imported only
+when a SpecConfig asks for it (the drafter lives in a package `rollout` never imports), and built
+with `Class.from_config(spec, model, engine_config)`.
 """
 from __future__ import annotations
 

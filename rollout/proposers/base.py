@@ -1,6 +1,5 @@
-"""What a draft source is (the contract vLLM v1 uses): a guesser that returns its drafts as values
-and hears what each step did. The engine verifies every token against the exact coupled sample,
-so a proposer can be wrong but never unsafe."""
+"""What a draft source is (vLLM v1's contract): a guesser that returns drafts as values and hears
+what each step did. Every token is verified, so a proposer can be wrong but never unsafe."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,19 +1,13 @@
 """Lookahead: the target's own samples past a rejected draft token draft the next step.
 
-A verify step samples every draft position. Past the first mismatch those samples are
-conditioned on the wrong token, so the engine emits none of them, but they are good guesses:
-what a model writes a few tokens on rarely hangs on one earlier token (a digit, a word choice).
-So this proposer keeps them (from the step's result, with their probabilities) and offers them,
-after the corrected token, as the next draft. When a request's text has drifted from everything
-the group wrote (an early slip shifts every later line), history and siblings have nothing to
-copy, and this is what still drafts. Like every draft, these are verified against the exact
-sample: a wrong guess costs a forward slot, never a token.
+Past the first mismatch a verify step's samples are conditioned on the wrong token, so none is
+emitted, but what a model writes a few tokens on rarely hangs on one earlier token: kept with
+their probabilities, they draft after the corrected token. When a request's text has drifted
+from everything its group wrote, this is what still drafts.
 
 Samples no draft used are judged against what the request emitted in their place, as a draft
-that was not fed: exact, since an emitted token never depends on what was drafted. So the
-budget learns this proposer's rates from every rejection, not only from those it already thought
-worth drafting. A step usually emits one token: samples whose tokens have all landed so far wait
-(`_judging`) to be judged further.
+that was not fed (exact: no emitted token depends on a draft), so the budget learns from every
+rejection. Samples whose tokens have all landed so far wait (`_judging`) to be judged further.
 """
 from __future__ import annotations
 
