@@ -1,14 +1,11 @@
 """A warm start for any policy: the head trained on the policy's own samples, cached by its weights.
 
-`load_or_warm_start_for(policy, prompts)` is what a run on a checkpoint spectail did not train
-calls before its first step (rl_integration/online_drafter.py): the policy samples its own
-responses to the prompts at T = 1 with the spectail Engine (plain decoding), the draft
-vocabulary is the most frequent tokens of those responses (drafter/vocab.py), and the head trains
-on them (drafter/warm_start.py) within one time budget that sampling and training share. The
-result is exported under the spectail cache ($SPECTAIL_CACHE, else ~/.cache/spectail), never
-beside the user's checkpoint, in a folder named by a hash of the policy's weights, the head's
-config and the recipe (prompts, samples, lengths): the same checkpoint and settings load it
-in seconds the next time.
+`load_or_warm_start_for(policy, prompts)`, called before a run's first step on a checkpoint
+(rl_integration/online_drafter.py): the policy samples its own responses at T = 1 (plain
+decoding), the draft vocabulary is their most frequent tokens (drafter/vocab.py), and the head
+trains on them (drafter/warm_start.py), all within one time budget. The result is exported under
+the spectail cache, never beside the user's checkpoint, named by a hash of the weights, the
+head's config and the recipe: the same checkpoint and settings load it in seconds next time.
 """
 from __future__ import annotations
 
@@ -36,11 +33,9 @@ RECIPE_FORMAT = 1  # bump when the recipe changes in a way the key's inputs do n
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """How the warm start samples and trains. samples: responses per prompt (T = 1); max_tokens:
-    a response's length at most; time_budget_s: sampling and training together (sampling stops
-    after the wave that passes sample_share of it); batch: requests per engine wave; seed: the
-    samples' noise and the head's initial weights; max_steps: optimizer steps at most (None: the
-    time budget alone)."""
+    """samples: responses per prompt; time_budget_s: sampling (stopping after the wave that passes
+    sample_share of it) and training; batch: requests per engine wave; seed: the samples' noise
+    and the head's initial weights; max_steps: optimizer steps at most (None: the budget alone)."""
 
     samples: int = 4
     max_tokens: int = 192
@@ -63,8 +58,7 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 
 def weights_digest(policy: CausalLM) -> str:
-    """sha256 of the policy's parameters and buffers (names, dtypes, shapes, bytes); a tied
-    weight is read once."""
+    """sha256 of the policy's parameters and buffers; a tied weight is read once."""
     h, seen = hashlib.sha256(), set()
     for name, t in sorted(policy.state_dict().items()):
         key = (t.data_ptr(), t.dtype, tuple(t.shape))
@@ -90,11 +84,9 @@ def cache_key(policy: CausalLM, prompts: Sequence[Sequence[int]], stop_token_ids
 def sample_own_rollouts(policy: CausalLM, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int],
                         recipe: Recipe, seconds: float,
                         num_threads: Optional[int] = None) -> tuple[list[SavedRollout], list[Optional[torch.Tensor]]]:
-    """The policy's own responses at T = 1, recipe.samples per prompt, in waves of recipe.batch
-    requests (prompt by prompt), and each one's features as the engine's forwards made them (the
-    drafter proposer's collecting, with no head: plain decoding; None where none were kept), so
-    the warm start need not run the policy over them again. A wave starts only while the last
-    one's seconds still fit in `seconds` (the first always runs)."""
+    """The policy's own responses at T = 1, recipe.samples per prompt, in waves of recipe.batch,
+    with the features the engine's forwards made (the drafter proposer collecting, with no head;
+    None where none were kept). A wave starts only while the last one's time still fits `seconds`."""
     from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
     from rollout.config import DrafterSpec
     from rollout.seeds import prompt_key, sample_seed
@@ -132,11 +124,9 @@ def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], s
                            train_config: TrainConfig = TrainConfig(decay="cosine"), cache_dir: Optional[str] = None,
                            num_threads: Optional[int] = None,
                            progress: bool = False) -> tuple[DraftHead, Path, dict]:
-    """The draft head for this policy (any checkpoint) warm-started on its own samples of these
-    prompts (token ids, chat template applied), from the spectail cache when an entry for the
-    same weights, head config and recipe exists. head_config.draft_vocab: the draft vocabulary's
-    size (its ids are then the responses' most frequent tokens). Returns (head, its folder,
-    report); report["cached"] says whether it was loaded."""
+    """The draft head for this policy warm-started on its own samples of these prompts (token ids),
+    from the spectail cache when there. head_config.draft_vocab: the draft vocabulary's size.
+    Returns (head, its folder, report); report["cached"] says whether it was loaded."""
     recipe.validate()
     head_config.resolved(policy.cfg)  # a bad config fails before any work
     folder = cache_root(cache_dir) / cache_key(policy, prompts, stop_token_ids, head_config, recipe)

@@ -1,16 +1,12 @@
 """Coupled draft chains for many requests at once, through the head's KV cache.
 
-What the engine's "drafter" proposer runs each step, for every request that wants a draft:
-one batched head forward that writes the request's new rows (the target features it has not seen
-yet, ending at the pending token) and drafts the first token, then one batched forward per
-further draft position, each row fed its own previous draft token and output feature. Every
-draft token is rollout.sampling's coupled sample on the head's logits with the request's seed,
-response position and params, so a head whose distribution matches the policy's lands nearly
-always (Gumbel coupling), whatever the temperature.
+One batched head forward writes each request's new rows (target features up to the pending
+token) and drafts the first token, then one batched forward per further position. Every draft
+token is rollout.sampling's coupled sample on the head's logits with the request's seed, position
+and params, so a head whose distribution matches the policy's lands nearly always.
 
-Rollback is free, as in the engine's cache: a row's key lives at [slot, position]; the next call
-for the request starts at its first row whose input was a draft (or was never written) and
-overwrites from there, and attention never reads past the row being written.
+Rollback is free: a row's key lives at [slot, position], and the next call overwrites from the
+first row whose input was a draft; attention never reads past the row being written.
 """
 from __future__ import annotations
 
@@ -28,14 +24,10 @@ from .head_cache import HeadCache, Rows
 
 @dataclass(frozen=True)
 class Chain:
-    """One request's draft request.
-
-    slot: its slot in the head's cache. start: its first row to write (rows below hold keys made
-    from target features of this same context). tokens: x_{j+1} of rows start..p, the last being
-    the pending token; feats [len(tokens), d]: h_j of those rows, from the policy's forwards.
-    position: the response position of the first draft token (the pending token's + 1).
-    k: draft tokens wanted. stop: the request's stop tokens: a chain ends at one (nothing after
-    it is ever emitted)."""
+    """One request's draft request. slot: in the head's cache; start: its first row to write.
+    tokens: x_{j+1} of rows start..p, the last the pending token; feats [len(tokens), d]: their h_j.
+    position: the response position of the first draft token. k: draft tokens wanted; a chain
+    ends at one of its stop tokens."""
 
     slot: int
     start: int
@@ -60,11 +52,8 @@ def draft_chains(head: DraftHead, policy: CausalLM, cache: Optional[HeadCache], 
                  margins: bool = False, keep: Optional[Callable[[int, ChainDraft], bool]] = None,
                  proceed: Optional[Callable[[list[int]], bool]] = None) -> list[ChainDraft]:
     """Draft chains[i].k coupled tokens for every chain: 1 + (max k - 1) batched head forwards.
-    A chain ends early at one of its stop tokens, or when keep(i, its draft so far) is False;
-    all end when proceed(the chains that would go on) is False (the next forward does not pay).
-    After the first position a forward's rows are made on the device from the previous one's
-    (Rows.advance): the draft tokens and output features never leave it, the host only says
-    which chains go on."""
+    A chain ends early at a stop token or when keep(i, its draft so far) is False; all end when
+    proceed(the chains that would go on) is False. Later rows are made on the device (Rows.advance)."""
     if not chains:
         return []
     _check(chains, cache)

@@ -1,19 +1,10 @@
 """Training the drafter online, on the rollouts its own engine just ran.
 
-The engine's drafter proposer (drafter/proposer.py) leaves every finished or paused response in
-its buffer with the policy's hidden states, so training needs no extra forward for data made
-under the current weights; entries made under older weights are recomputed lazily, just before
-a training step reads them (`FeatureBuffer.refresh` on the step's batch), so a budget that ends
-early never pays for features it does not use. Where the time comes from is the caller's choice:
-
-- the local backend trains between steps, after the optimizer steps pushed the new weights
-  to the engine, within `between_steps_s` (rl_integration/online_drafter.py);
-- on Ray a worker with no chunk trains in slices of `idle_slice_s` while the rollout runs, on
-  what it ran itself (scheduler/worker.py); versions travel as `drafter.export.head_state`.
-
-Each call ends by handing the engine the trained head under a new version (`set_head`), so what
-its cache rows meant before is dropped. `measure` is the exact offline acceptance
-(drafter/simulate.py) of the head on the newest rollout, made before the policy moves on.
+The drafter proposer leaves every finished or paused response in its buffer with the policy's
+hidden states: no extra forward under the current weights; older entries are recomputed just
+before a training step reads them (`FeatureBuffer.refresh`). The local backend trains between
+steps (rl_integration/online_drafter.py), a Ray worker with no chunk in idle slices
+(scheduler/worker.py). Each call hands the engine the trained head under a new version.
 """
 from __future__ import annotations
 
@@ -35,13 +26,9 @@ from .warm_start import steps_for_passes
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    """drafter: the drafter's settings (rollout.config.DrafterSpec, the engine's `spec.drafter` in
-    every caller that may make a fresh head: the local trainer between steps, a Ray worker's idle
-    slice): a fresh head's shape (kind, window, layer sizes) when the engine has none, and the
-    training's lr, ttt_steps and reward_beta. batch_tokens, num_threads, seed: the trainer's
-    (drafter/trainer.py), at a constant rate. max_passes: a call stops after reading its data
-    about this many times (more would only fit the head to these few responses), or when its
-    time is up."""
+    """drafter: the engine's DrafterSpec (a fresh head's shape, the training's keys).
+    batch_tokens, num_threads, seed: the trainer's. max_passes: a call stops after reading its
+    data about this many times (more would only fit the head to these few responses)."""
 
     drafter: DrafterSpec = DrafterSpec()
     batch_tokens: int = 1024
@@ -68,9 +55,8 @@ class OnlineState:
 
 
 def measure(proposer: DrafterProposer, max_samples: int = 32, max_k: int = 8) -> dict:
-    """Simulated acceptance of the engine's head on the newest rollout in its buffer (entries of
-    the current policy version, at most max_samples of them, the latest first): call it before
-    the weights move on. {} when there is no head or no such entry."""
+    """Simulated acceptance of the engine's head on the newest rollout in its buffer (at most
+    max_samples of the current policy version): call it before the weights move on. {}: none."""
     if proposer.head is None or proposer.buffer is None:
         return {}
     entries = [e for e in proposer.buffer if e.version == proposer.policy_version and e.finished
@@ -88,17 +74,16 @@ def measure(proposer: DrafterProposer, max_samples: int = 32, max_k: int = 8) ->
 def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineConfig, budget_s: float,
                     advantages: Optional[dict] = None, current_only: bool = False,
                     should_stop: Optional[Callable[[], bool]] = None) -> dict:
-    """Train the engine's head (a fresh one of cfg.kind if it has none) on its buffer for up to
-    budget_s seconds, then set it as the next version. advantages: {seed: advantage} for reward
-    weighting. current_only: only entries of the current policy version (an idle slice that
-    must not spend its time recomputing features). should_stop: checked between optimizer steps
-    (drafter/trainer.py `train`); what was trained until then is kept as the next version all the
-    same. Returns the drafter_* metrics (drafter_train_stopped: should_stop ended it)."""
+    """Train the engine's head (a fresh one if it has none) on its buffer for up to budget_s, then
+    set it as the next version. advantages: {seed: advantage} for reward weighting. current_only:
+    only entries of the current policy version (no recomputed features). should_stop: checked
+    between optimizer steps. Returns the drafter_* metrics."""
     start = time.perf_counter()
     buf = proposer.buffer
     if buf is None:
         return {}
-    head = proposer.head or (online.train.head if online.train is not None else _fresh_head(proposer, cfg))
+    head = proposer.head or (online.train.head if online.train is not None else DraftHead.for_policy(
+        proposer.model, cfg.head_config(), dtype=torch.float32, seed=cfg.seed))
     tcfg = cfg.train_config()
     if online.train is None or online.train.head is not head:
         online.train = new_state(head, tcfg)
@@ -125,7 +110,3 @@ def train_on_buffer(proposer: DrafterProposer, online: OnlineState, cfg: OnlineC
     return {"drafter_train_steps": report["steps"], "drafter_train_seconds": time.perf_counter() - start,
             "drafter_train_loss": report["loss"], "drafter_refreshed_tokens": refreshed[0],
             "drafter_version": proposer.head_version, "drafter_train_stopped": report["stopped"]}
-
-
-def _fresh_head(proposer: DrafterProposer, cfg: OnlineConfig) -> DraftHead:
-    return DraftHead.for_policy(proposer.model, cfg.head_config(), dtype=torch.float32, seed=cfg.seed)

@@ -1,24 +1,17 @@
 """The "drafter" proposer: the draft head inside the engine (registered in rollout/proposers).
 
-Each step's result hands it the policy's final hidden states of the rows whose context was correct
-(never a row past a rejection), which it keeps per slot in a feature store beside the engine's KV
-cache. `propose` drafts for every request it is asked for at once (drafter/draft.py: one batched
-head forward per position), with each request's own seed, response position and sampling params,
-so the drafts are coupled samples of the head's distribution. The engine's budget decides which
-requests to ask, how many positions pay for what one costs (`position_cost`: profiled when a head
-of a new shape is set, cached on disk; never timed while a rollout runs) and where to cut each draft.
+Each step's result hands it the policy's final hidden states of the rows whose context was
+correct, kept per slot in a feature store beside the engine's KV cache. `propose` drafts for all
+requests asked at once (drafter/draft.py), each with its own seed, position and sampling params:
+coupled samples of the head's distribution. The budget decides which requests to ask and how many
+positions pay for what one costs (`position_cost`, profiled when a head of a new shape is set).
 
-Per request (`req.proposer_state["drafter"]`): the slot its rows are at (they follow the request
-when the engine moves it), how many positions have features, how many head rows were written from
-them (rows past that were written from the head's own drafts and are rewritten next time: a
-rollback costs nothing), and the run of accepted drafter tokens (the draft's evidence). A token's
-confidence comes from the margin between the best and the second-best perturbed head score.
-A request that leaves (finished, or paused at a chunk's end) takes its tokens and features to the
-training buffer (drafter/buffer.py), tagged with the policy version: no extra forward to train on.
-
-A head that does not fit the policy (another vocabulary or hidden size, NaN weights, a state that
-does not load) is refused with a ValueError by `set_head`, and switches the drafter off with a
-warning when it comes from a folder or a published state: an absent drafter changes no token.
+Per request: its slot, positions with features, head rows written from them (rows past that came
+from drafts and are rewritten: rollback is free) and the run of accepted drafter tokens (the
+evidence). A token's confidence comes from the margin between the two best perturbed head scores.
+A request that leaves takes its tokens and features to the training buffer (drafter/buffer.py).
+A head that does not fit the policy is refused by `set_head`, and switches the drafter off with a
+warning when loaded from a folder or a published state: an absent drafter changes no token.
 """
 from __future__ import annotations
 
@@ -68,7 +61,6 @@ class DrafterProposer(Proposer):
         self.cost: dict = {"requests": [1], "seconds": [0.0]}  # seconds per draft position by requests (`_profile`)
         self.requests: dict[int, Request] = {}  # id -> a request with state here
         self.stats = {"seconds": 0.0, "positions": 0, "chains": 0, "steps": 0, "tokens": 0, "compared": 0}
-        self.off_reason: Optional[str] = None
 
     @classmethod
     def from_config(cls, spec, model=None, engine_config=None) -> DrafterProposer:
@@ -96,12 +88,9 @@ class DrafterProposer(Proposer):
     def policy_version(self) -> int:
         return self.model.weights_version
 
-    # ---- the head ----------------------------------------------------------------------------
-
     def set_head(self, head: DraftHead, version: int) -> None:
-        """Draft with this head from now on (used as is, not copied: an in-process trainer may
-        keep training it, calling set_head again to say so). ValueError, changing nothing, for a
-        head of another policy shape or with NaN / Inf weights."""
+        """Draft with this head (not copied: a trainer may go on training it and set it again).
+        ValueError, changing nothing, for a head of another policy shape or with NaN / Inf weights."""
         if not isinstance(head, DraftHead):
             raise ValueError(f"set_head needs a drafter.head.DraftHead, got {type(head).__name__}")
         head.check_policy(self.model)
@@ -114,17 +103,14 @@ class DrafterProposer(Proposer):
         fresh = self.cache is None or self.head is None or self.head.cfg != head.cfg
         if fresh:
             self.cache = head.new_cache(self.num_slots, self.max_len, self.max_positions)
-        self.head, self.head_version, self.off_reason = head.eval(), int(version), None
+        self.head, self.head_version = head.eval(), int(version)
         self.gen += 1
         if fresh:
             self.cost = self._profile()
 
     def _profile(self) -> dict:
-        """Seconds per draft position for one request and for a full batch: chains of k positions
-        timed (the fastest of two, after one untimed), over k; cached on disk for this policy
-        shape, head shape, device and thread count (rollout/budget.py `cached`). Rows are written
-        from position 0 of the slots: every request rewrites its slot from row 0 after a new head
-        (the generation changes)."""
+        """Seconds per draft position for one request and for a full batch, cached on disk
+        (step_cost.cached). Writes rows from 0, which every request rewrites after a new head."""
         w = self.model.lm_head.weight
         key = {"drafter": repr(self.head.cfg), "policy": repr(self.model.cfg), "dtype": str(w.dtype),
                "device": str(w.device), "machine": step_cost.machine(), "threads": torch.get_num_threads(),
@@ -151,10 +137,7 @@ class DrafterProposer(Proposer):
         """Seconds of one draft position for n requests: linear between the profiled sizes."""
         if self.head is None:
             return 0.0
-        sizes, seconds = self.cost["requests"], self.cost["seconds"]
-        if len(sizes) == 1:
-            return seconds[0]
-        return max(seconds[0] + (seconds[-1] - seconds[0]) * (n - sizes[0]) / (sizes[-1] - sizes[0]), 0.0)
+        return step_cost.StepCost(tuple(self.cost["requests"]), tuple(self.cost["seconds"])).table(n)
 
     def load(self, source, version: int) -> bool:
         """A head from an export folder (path) or a published state (drafter.export.head_state).
@@ -169,10 +152,8 @@ class DrafterProposer(Proposer):
 
     def switch_off(self, reason: str) -> None:
         warnings.warn(f"drafter switched off: {reason}", stacklevel=2)
-        self.head, self.cache, self.off_reason = None, None, reason
+        self.head, self.cache = None, None
         self.gen += 1
-
-    # ---- the proposer ------------------------------------------------------------------------
 
     def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
         """Draft up to k positions for every request at once (fewer where the head's cache ends)."""
@@ -212,10 +193,8 @@ class DrafterProposer(Proposer):
     def _chain(self, req: Request, st: _State, most: int) -> Optional[Chain]:
         q = req.num_tokens - 1  # the pending token's position: features up to q - 1 are needed
         k = min(most, self.max_positions, self.max_len - 1 - q)  # (what the head's cache holds)
-        if k < 1 or st.known < q or req.slot < 0:
+        if k < 1 or st.known < q or req.slot < 0 or q < 1:  # (q < 1: no row to start from)
             return None
-        if q < 1:
-            return None  # a one-token prompt with no output yet: no row to start from
         if st.made != (self.gen, self.policy_version):
             st.written, st.made = 0, (self.gen, self.policy_version)
         start = min(st.written, q - 1)
@@ -271,8 +250,7 @@ class DrafterProposer(Proposer):
             store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
     def _follow(self) -> None:
-        """The engine moves requests between slots (rollout/slot_order.py): their features and head
-        rows follow them, before anything here reads or writes a slot."""
+        """Features and head rows follow requests the engine moved between slots."""
         moved = [(st, req.slot) for req in self.requests.values()
                  if (st := req.proposer_state[self.name]).slot != req.slot and req.slot >= 0]
         if moved:
@@ -281,8 +259,7 @@ class DrafterProposer(Proposer):
                 st.slot = slot
 
     def _move(self, src: list[int], dst: list[int]) -> None:
-        """Whole slots: a head's rows may run a draft past the context, and a windowed head's ring
-        is shorter."""
+        """Whole slots: head rows may run past the context; a windowed head's ring is shorter."""
         if self.store is not None:
             move_slots(self.store, src, dst)
         if self.cache is not None:
@@ -290,8 +267,8 @@ class DrafterProposer(Proposer):
             move_slots(self.cache.v, src, dst)
 
     def _collect(self, req: Request, st: _State) -> None:
-        """The request's tokens and features into the buffer. The last token's own feature is
-        never used in training (nothing follows it), so when it was not fed it is left zero."""
+        """The request's tokens and features into the buffer (the last token's, never used in
+        training, is left zero when it was not fed)."""
         n = req.num_tokens
         rows = min(st.known, n)
         if rows < n - 1 or not req.output_ids or n > self.buffer.max_tokens:

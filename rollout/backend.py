@@ -1,9 +1,6 @@
-"""The rollout-backend contract, and its in-process implementation.
-
-Every way spectail runs rollouts -- one engine in this process (`LocalBackend`), Ray workers
-(scheduler.ray_backend.RayRolloutBackend), vLLM (rollout.vllm_backend) -- is a RolloutBackend,
-so RolloutClient and the trainer adapters never ask which one they hold.
-"""
+"""The rollout-backend contract, and its in-process implementation. Local, Ray
+(scheduler.ray_backend) and vLLM (rollout.vllm_backend) backends all fulfil it, so RolloutClient
+and the trainer adapters never ask which one they hold."""
 from __future__ import annotations
 
 import math
@@ -22,12 +19,10 @@ class RolloutBackend(Protocol):
         """Engine.generate's contract: one Completion per prompt, in order."""
 
     def update_weights(self, weights) -> None:
-        """Load the trainer's weights (a state dict, module or (name, tensor) pairs with Hugging
-        Face names), all or nothing: a bad name or shape raises ValueError and changes nothing."""
+        """Load the trainer's weights (Engine.update_weights' forms), all or nothing (ValueError)."""
 
     def metrics(self) -> dict:
-        """Figures of the last generate: rollout_seconds, tail_seconds, engine_steps,
-        spec_off_steps, worker_busy_fraction, ... (rl_integration/metrics.py reads them)."""
+        """Figures of the last generate: rollout_seconds, tail_seconds, engine_steps, ..."""
 
     def shutdown(self) -> None:
         """Release what the backend holds (workers, a local Ray)."""
@@ -42,8 +37,7 @@ def tail_seconds(finish_times: Sequence[float], fraction: float = 0.9) -> float:
 
 
 class LocalBackend:
-    """One Engine in this process. It measures what only an in-process engine can: when each
-    request finished (tail_seconds, and a progress bar) and the engine's own step counts."""
+    """One Engine in this process, timing when each request finished (tail_seconds, a progress bar)."""
 
     def __init__(self, model, engine_config: EngineConfig, progress: bool = False, desc: str = "rollout"):
         self.engine = Engine.from_pretrained(model, engine_config)
@@ -56,7 +50,6 @@ class LocalBackend:
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
-            # disable=None: off when not a terminal
             bar = tqdm(total=len(prompt_token_ids), desc=self.desc, unit="sample", leave=False, disable=None)
         start = time.perf_counter()
 

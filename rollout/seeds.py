@@ -1,10 +1,8 @@
 """The seeds of the sampling noise: one 63-bit seed per sample, derived from what identifies it.
 
-Every token is argmax(z/T + G(seed, t, v)) (rollout/sampling.py), so the seed is all of a
-sample's randomness. It must depend only on the run seed, the prompt's identity, the sample's
-index in its group and (fresh noise) the step: never on where or when the sample runs, nor on
-the history store, so that every backend (local, Ray, vLLM) and every trainer adapter (TRL,
-verl) draws the same sample for the same inputs.
+The seed is all of a sample's randomness (rollout/sampling.py). It depends only on the run seed,
+the prompt's identity, the sample's index and (fresh noise) the step, never on where or when it
+runs, so every backend and trainer adapter draws the same sample for the same inputs.
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Running requests kept in KV-cache slots ordered by context bucket.
 
-Attention groups rows by context bucket (rollout/batch.py). A group whose slots are a run of
-consecutive slots reads the cache in place; one whose slots are scattered gathers its keys and
-values into a copy first, every layer of every step. In a long-tail rollout the slots drift out
-of order: requests finish anywhere, and a new (short) request takes the freed slot in the middle
-of long ones. So before each step the engine lays the running requests out with the longest
-bucket in the lowest slots, one run of slots per bucket, and moves the few that are out of place.
-A move copies a request's cached positions once; the gather it saves would copy them each step.
-Slots never change a token: a request's keys are the same wherever they are stored.
+Attention groups rows by context bucket (rollout/batch.py); a group in consecutive slots reads
+the cache in place, a scattered one gathers a copy every layer of every step. Slots drift out of
+order as requests finish and new ones fill the holes, so before each step the engine moves the few
+out of place: a move copies once what the gather would copy each step. Slots never change a token.
 """
 from __future__ import annotations
 
