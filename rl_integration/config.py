@@ -2,18 +2,13 @@
 
     cfg = load_config("examples/demo.yaml", ["trainer.steps=3", "rollout.engine.spec.max_draft_tokens=16"])
 
-The dataclass defaults ARE the embedded demo (`spectail demo` runs `RunConfig()`), and
-examples/demo.yaml spells the same values out (a test keeps the two equal), so the demo needs
-no file shipped as package data. Loading (rl_integration/config_loader.py) checks every key and
-type; `validate()` then checks ranges and choices, each error naming its dotted key. The
-engine's settings are its own EngineConfig, embedded as `rollout.engine` and checked by its own
-validate(); `rollout.engine.spec=null` turns speculation off. The drafter's settings are the
-engine's own DrafterSpec too, set once as `rollout.drafter` (online_drafter.start hands them to
-the engine's spec); `rollout.engine.spec.drafter` and `rollout.drafter.train.*` are gone (`MOVED`).
+The dataclass defaults ARE the embedded demo (`spectail demo` runs `RunConfig()`; a test keeps
+examples/demo.yaml equal). Loading (config_loader.py) checks keys and types, `validate()` ranges
+and choices, each error naming its dotted key. The engine's EngineConfig is `rollout.engine`
+(`spec=null`: no speculation), its DrafterSpec `rollout.drafter`, each checked by its own validate().
 
 Words, as in TRL and verl: a *step* is one rollout plus the optimizer updates made from it; an
-*epoch* is one pass over the data set. Keys that counted steps under the name "epoch" were
-renamed; the old names raise a ValueError saying the new one (`RENAMED` on a section).
+*epoch* is one pass over the data set (old names raise a ValueError saying the new one, `RENAMED`).
 """
 from __future__ import annotations
 
@@ -34,19 +29,10 @@ RG_SYSTEM_PROMPT = ("Answer the question. Put the final answer alone inside <ans
                     "Example:\nQuestion: What is 3 + 4?\nReply: 3 + 4 = 7. <answer>7</answer>")
 STEP_WORDS = "a step is one rollout plus its updates; an epoch is one pass over the data set"
 
-# ------------------------------------------------------------------------------ the embedded demo
-
-
 @dataclass(frozen=True)
 class TaskConfig:
-    """Knobs of the problem generator.
-
-    num_problems: how many problems make_problems returns.
-    seed: the generator's seed; the same config always gives the same problems.
-    min_start, max_start: the left addend (the running total's start) is uniform in [min_start, max_start].
-    min_count, max_count: the range of the right addend (the count), one response line per unit.
-    tail_alpha: P(count) is proportional to count ** -tail_alpha; smaller means a heavier tail.
-    """
+    """The problem generator: the left addend is uniform in [min_start, max_start]; the right one
+    (one response line per unit) in [min_count, max_count] with P(count) ~ count ** -tail_alpha."""
 
     num_problems: int = 256
     seed: int = 0
@@ -67,27 +53,15 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The tiny policy and its supervised warm start.
+    """The tiny policy (embeddings tied) and its supervised warm start.
 
-    arch: "llama" or "qwen2". Prefer llama: transformers 5's AutoTokenizer replaces the tokenizer of
-        any qwen2 checkpoint with Qwen2Tokenizer (demo/policy.py's load_checkpoint sidesteps that).
-    attention_bias: biases on the llama attention projections (qwen2 always has q/k/v biases).
-        They let a head attend by relative position alone from the first step, which this task
-        (each line computed from the line above) needs: without them a tiny model learns it far
-        more slowly.
-    hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings:
-        the transformer; embeddings are tied.
-    sft_steps: optimizer steps of supervised training (prompt tokens are masked out of the loss).
-    sft_tokens_per_batch: tokens (padding included) per step; problems of similar length are batched.
-    sft_pool: how many generated problems the steps cycle through.
-    sft_slip_rate: the fraction of solution lines in the training data that carry an arithmetic
-        slip (see demo/task.py's format_solution): it sets how often the warm-started policy slips at T=1,
-        and so its starting accuracy, robustly (a policy trained to convergence on clean data would
-        be right nearly always, one stopped early is erratic from seed to seed).
-    lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to lr / 10.
-    seed: seeds the initial weights and the training problems (independent of TaskConfig.seed).
-    num_threads: torch threads while training (0 = leave torch's setting alone). One: the matrices
-        are too small to gain from a split (rollout/threads.py).
+    arch: prefer llama: transformers 5 replaces any qwen2 checkpoint's tokenizer.
+    attention_bias: llama attention biases let a head attend by relative position from the first
+        step, which this task (each line computed from the one above) needs.
+    sft_*: supervised steps, tokens per batch, problems cycled through, and the share of training
+        lines with an arithmetic slip: it sets the policy's starting accuracy robustly.
+    lr, weight_decay, warmup_steps: AdamW, linear warm-up then cosine decay to lr / 10.
+    num_threads: torch threads while training (0: torch's own); the matrices are too small to split.
     """
 
     arch: str = "llama"
@@ -117,15 +91,10 @@ class PolicyConfig:
         need(self.sft_steps >= 0, "PolicyConfig.sft_steps", "must be >= 0", self.sft_steps)
 
 
-# ------------------------------------------------------------------------------ the sections
-
-
 @dataclass
 class ParquetSource:
-    """A data set on disk, one row per prompt (rl_integration/dataset.py): the prompt (text, or
-    chat messages as verl writes them) in `prompt_key`, the ground truth in `answer_key` (dotted
-    for a field of a struct column: verl's "reward_model.ground_truth"); `data_source_key` and
-    `extra_info_key` are read when the file has them (for a verl-style scorer)."""
+    """A data set on disk, one row per prompt (rl_integration/dataset.py); `answer_key` may be dotted
+    for a struct column's field (verl's "reward_model.ground_truth")."""
 
     path: str = ""
     prompt_key: str = "prompt"
@@ -142,15 +111,11 @@ def _rg_default_config() -> dict:
 
 @dataclass
 class ReasoningGymSource:
-    """A data set of the reasoning-gym package (rl_integration/reasoning_gym_task.py): `name` (one
-    of reasoning_gym's registered data sets), `size` problems generated with `seed`, `config` the
-    data set's own keyword arguments (its config class's fields; a given mapping replaces the
-    default one as a whole, the data set's defaults fill the keys it leaves out). Each prompt is
-    [system: system_prompt, user: the question] (no system message when system_prompt is "").
-    The reward is the data set's own score_answer on the answer the response gives, plus
-    format_reward when the response holds exactly one well-formed, non-empty <answer> pair.
-    answer_extraction: "strict", the last <answer>...</answer> (reasoning_gym.utils.extract_answer),
-    or "flexible", that or else the response's last number (verl's gsm8k scorer has the same two)."""
+    """A reasoning-gym data set (rl_integration/reasoning_gym_task.py): `size` problems of `name`
+    made with `seed` and `config` (its keyword arguments; a given mapping replaces the default).
+    The reward is the data set's score_answer, plus format_reward for exactly one non-empty
+    <answer> pair. answer_extraction: "strict", the last <answer>...</answer>, or "flexible",
+    that or else the response's last number (as verl's gsm8k scorer)."""
 
     name: str = "basic_arithmetic"
     size: int = 48
@@ -163,9 +128,8 @@ class ReasoningGymSource:
 
 @dataclass
 class CustomRewardFunction:
-    """verl's reward convention (its config's reward.custom_reward_function): `path`, a Python file
-    or "pkg://package.module"; `name`, called as name(data_source=, solution_str=, ground_truth=,
-    extra_info=) -> a number or a dict with "score" (rl_integration/rewards.py)."""
+    """verl's reward.custom_reward_function: `name` in `path` (a file or "pkg://package.module"),
+    called as name(data_source=, solution_str=, ground_truth=, extra_info=) (rewards.py)."""
 
     path: Optional[str] = None
     name: str = "compute_score"
@@ -173,11 +137,9 @@ class CustomRewardFunction:
 
 @dataclass
 class TaskSection:
-    """source: "embedded" (generated addition problems, `embedded` = TaskConfig),
-    "parquet" (`parquet.path`) or "reasoning_gym" (`reasoning_gym`, a public procedural data set).
-    reward: "embedded" (the source's own: rl_integration.demo.task.reward_fn, or for reasoning_gym
-    the data set's own scorer) or "package.module:function", called as fn(response_text, answer)
-    -> float; or, when custom_reward_function.path is set, that scorer instead (verl's convention)."""
+    """source: "embedded" (generated addition problems), "parquet" or "reasoning_gym". reward:
+    "embedded" (the source's own) or "package.module:function", called as fn(response_text, answer);
+    custom_reward_function.path set: that scorer instead."""
 
     source: Literal["embedded", "parquet", "reasoning_gym"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
@@ -189,11 +151,8 @@ class TaskSection:
 
 @dataclass
 class PolicySection:
-    """source: "embedded" (the tiny policy, SFT warm start cached under cache_dir) or
-    "checkpoint" (a local Hugging Face folder with model and tokenizer, or a hub id loaded through
-    transformers' own cache; `spectail fetch smollm2` writes a real one). chat_template: a Jinja
-    chat template for chat-message prompts in place of the tokenizer's (verl's
-    custom_chat_template); None: the tokenizer's own."""
+    """source: "embedded" (the tiny policy, its SFT cached under cache_dir) or "checkpoint" (a
+    Hugging Face folder or hub id). chat_template: a Jinja template in place of the tokenizer's."""
 
     source: Literal["embedded", "checkpoint"] = "embedded"
     embedded: PolicyConfig = field(default_factory=PolicyConfig)
@@ -204,13 +163,9 @@ class PolicySection:
 
 @dataclass
 class HistorySection:
-    """History reuse: the newest earlier response to (prompt, sample index), whatever step wrote
-    it, drafts this step's (scheduler/history_store.py). Used when enabled and "history" is among
-    engine.spec.proposers.
-
-    max_bytes: the store's size bound; when full it keeps the records it has (docs/configuration.md).
-    max_age_steps: a response drafts only steps at most this many after its own (None: no limit).
-    """
+    """History reuse: the newest earlier response to (prompt, sample index) drafts this step's
+    (scheduler/history_store.py), when enabled and "history" is among engine.spec.proposers.
+    max_bytes: the store's bound; max_age_steps: the oldest response that drafts (None: any)."""
 
     enabled: bool = True
     dir: Optional[str] = None  # None: <output.dir>/history
@@ -223,18 +178,14 @@ class HistorySection:
 
 
 def demo_engine() -> EngineConfig:
-    """The engine of the demo's rollouts. Drafts from history, siblings and lookahead: in the
-    demo, n-gram (prompt lookup) drafts cost more forward work than they save at step 0 and add
-    nothing once history exists; add "ngram" for copy-heavy tasks."""
+    """The demo's engine: no "ngram", whose drafts add nothing here once history exists."""
     return EngineConfig(max_batch_size=64, max_model_len=1024, max_num_batched_tokens=2048,
                         spec=SpecConfig(proposers=("history", "suffix", "lookahead"), max_draft_tokens=24))
 
 
 @dataclass
 class RolloutSection:
-    """How rollouts run. `engine` is the engine's own EngineConfig and `drafter` its DrafterSpec
-    (rollout/config.py): their fields, and the engine's `spec` (speculation; null turns it off),
-    are checked where they are defined."""
+    """How rollouts run; `engine` and `drafter` are checked where they are defined (rollout/config.py)."""
 
     name: Literal["spectail", "vllm"] = "spectail"  # the engine (verl: actor_rollout_ref.rollout.name)
     backend: Literal["local", "ray"] = "local"
@@ -250,8 +201,7 @@ class RolloutSection:
     history: HistorySection = field(default_factory=HistorySection)
     drafter: DrafterSpec = field(default_factory=DrafterSpec)  # the online drafter (rollout/config.py)
     chunk_tokens: Optional[int] = None  # ray only: divided rollout chunk size (null: its default)
-    # ray only: KV slots each worker keeps for the requests it paused, so one continued there is
-    # not prefilled again (null: the backend's default, scheduler/ray_backend.default_kept_slots; 0: none)
+    # ray only: KV slots a worker keeps for requests it paused (null: ray_backend.default_kept_slots)
     kept_slots: Optional[int] = None
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
@@ -319,13 +269,10 @@ class RunConfig:
     output: OutputSection = field(default_factory=OutputSection)
 
 
-# What a resumed run may set differently from its checkpoint's run.yaml (rl_integration/resume.py):
-# keys that change neither the samples nor the updates, only speed, placement, output or how
-# long the run goes on, plus locations whose content is checked instead (the data set by its
-# fingerprint, the initial policy by its hash when the KL reference needs it). A dotted key
-# covers its subkeys. Every other key is refused, naming it. Drafts, batching and threads of
-# the rollout change the engine's logprobs by float rounding only (the tokens stay; DESIGN.md);
-# the trainer's arithmetic (its device, threads, micro-batches) is refused.
+# What a resumed run may set differently from its checkpoint's run.yaml (a key covers its subkeys):
+# keys that change neither samples nor updates, only speed, placement, output or length, and
+# locations whose content is checked instead. Drafts, batching and rollout threads change logprobs
+# by float rounding only; the trainer's arithmetic (device, threads, micro-batches) is refused.
 RESUME_MAY_CHANGE = (
     "trainer.steps", "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume", "output",
     "policy.cache_dir", "policy.checkpoint", "task.parquet.path",
@@ -339,9 +286,8 @@ RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
 
 
 def upgrade_saved(raw: dict) -> dict:
-    """A checkpoint's run.yaml as this spectail reads it: one saved before the drafter's settings
-    were the one section rollout.drafter had them under rollout.drafter.train and (its buffer's)
-    rollout.engine.spec.drafter. Every drafter key may change on resume: moving them is enough."""
+    """A checkpoint's run.yaml as this spectail reads it: drafter keys saved under
+    rollout.drafter.train or rollout.engine.spec.drafter move to rollout.drafter."""
     raw = copy.deepcopy(raw)
     rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
     spec = (rollout.get("engine") or {}).get("spec") if isinstance(rollout.get("engine"), dict) else None
@@ -355,9 +301,6 @@ def upgrade_saved(raw: dict) -> dict:
 
 
 DRAFTER_KEYS = frozenset(f.name for f in dataclasses.fields(DrafterSpec))
-
-
-# ------------------------------------------------------------------------------ loading and checking
 
 
 def load_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -394,8 +337,7 @@ _SECTIONS = {"TaskConfig": "task.embedded", "PolicyConfig": "policy.embedded", "
 
 
 def _wrap(check, key: str) -> None:
-    """Run a section's own validate(); its message names fields as Class.field, which becomes the
-    dotted key (SpecConfig.max_draft_tokens -> 'rollout.engine.spec.max_draft_tokens')."""
+    """Run a section's own validate(), its message's Class.field names turned into dotted keys."""
     try:
         check()
     except ValueError as e:
@@ -469,8 +411,7 @@ _BOUND = re.compile(r"(\w+)(>=|>)([\d.]+)(\??)")
 
 
 def _bounds(section, key: str, rules: str) -> None:
-    """Range checks of a section's fields (dotted `key`): each rule `name>=low` or `name>low`,
-    with `?` after it where null passes too."""
+    """Range checks of a section's fields: each rule `name>=low` or `name>low`, `?` where null passes."""
     for name, op, low, null in _BOUND.findall(rules):
         v, low = getattr(section, name), float(low)
         ok = (null and v is None) or (v is not None and (v >= low if op == ">=" else v > low))  # NaN fails
