@@ -4,20 +4,14 @@
     apply_override(raw, "rollout.engine.spec.max_draft_tokens=16")
     cfg = from_dict(RunConfig, raw)                   # every key and type checked
 
-Every key is checked against the dataclass fields and every value against the field's type: an
-unknown key or a wrong type raises ValueError naming the dotted key (and the expected type, or
-the known keys, with a "did you mean"). Override values are parsed as YAML (`3` is an int, `null`
-is None, `[a, b]` a list). A given section is merged onto the section's default value, so setting
-one key keeps the others' defaults; setting a key under a section that is null brings the section
-back with its default values. A field typed `dict` is a free-form mapping (any keys, checked by
-its consumer): a given mapping replaces the default one as a whole, and a dotted override below
-it (`task.reasoning_gym.config.max_terms=3`) sets one key of the mapping the file gives.
+An unknown key or a wrong type raises ValueError naming the dotted key (with the expected type, or
+the known keys and a "did you mean"). Override values are parsed as YAML. A given section is merged
+onto its default, so one key keeps the others' defaults; a key under a null section brings it
+back. A `dict` field is a free-form mapping: a given one replaces the default as a whole.
 
-A section may name keys it renamed (`RENAMED: ClassVar[dict] = {"old": "new"}`) and values it
-renamed (`RENAMED_VALUES: ClassVar[dict] = {"key": {"old": "new"}}`), and why (`RENAMED_WHY`): an
-old name raises a ValueError that says the new one, instead of "unknown key". A section whose keys
-now live in another section is `MOVED: ClassVar[dict] = {"old": "new.dotted.section"}`: given, it
-raises a ValueError naming where they are set now; a field named there is left out of to_dict.
+A section may declare `RENAMED = {"old": "new"}`, `RENAMED_VALUES = {"key": {"old": "new"}}` and
+`RENAMED_WHY`: an old name raises a ValueError saying the new one. `MOVED = {"old": "new.section"}`
+names where a gone section's keys are set now; a field named there is left out of to_dict.
 """
 from __future__ import annotations
 
@@ -76,8 +70,7 @@ def apply_override(raw: dict, item: str) -> None:
 
 
 def from_dict(cls, data: Any, prefix: str = "", base=None):
-    """Build dataclass `cls` from a mapping, checking keys and types; the keys not given keep the
-    values of `base` (default: the class defaults)."""
+    """Dataclass `cls` from a mapping, keys and types checked; keys not given keep `base`'s values."""
     where = prefix or "the config"
     if isinstance(data, cls):
         return data
@@ -165,8 +158,7 @@ def _scalar(tp, origin, args, value, key: str):
         items = [_convert(elem, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if (tp is dict or origin is dict) and isinstance(value, dict):
-        # a free-form mapping (a data set's own keywords, SpecConfig.step_cost): its consumer checks the keys
-        return dict(value)
+        return dict(value)  # free-form: its consumer checks the keys
     if tp is Any:
         return value
     return _NO

@@ -6,15 +6,10 @@
     ... optimizer steps, client.update_weights(model)
     stats.update(online_drafter.between_steps(drafter, client))            # local backend: train
 
-`start` puts "drafter" among the engine's proposers with its first head: rollout.drafter.path,
-else (embedded policy) the warm start cached beside the policy, else (checkpoint policy) the
-warm start on its own samples of the task's prompts, cached under the spectail cache by its
-weights (drafter/checkpoint_warm_start.py), else none (the first training makes one).
-`after_rollout` reports what the drafter did in the rollout and its exact simulated acceptance
-on it (made while the engine still holds the rollout's weights). `between_steps` trains the local
-engine's head on the buffered features, refreshed under the new weights, within
-rollout.drafter.between_steps_s; on Ray the workers train in their idle time during the
-rollout instead (scheduler/), and this reports nothing more.
+`start` adds "drafter" to the engine's proposers with its first head: rollout.drafter.path, else
+the policy's warm start (embedded: cached beside it; checkpoint: on its own samples of the task's
+prompts, drafter/checkpoint_warm_start.py), else none. `between_steps` trains the local engine's
+head within rollout.drafter.between_steps_s; Ray workers train in their idle time instead.
 """
 from __future__ import annotations
 
@@ -39,16 +34,13 @@ class OnlineDrafter:
 def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True,
           prompts: Optional[Sequence[Sequence[int]]] = None,
           stop_token_ids: Sequence[int] = ()) -> Optional[OnlineDrafter]:
-    """Turn the drafter on in cfg.rollout.engine (cfg is changed in place); None when it is off.
-    prompts, stop_token_ids: the task's encoded prompts and the policy's stop tokens, which a
-    checkpoint policy's warm start samples (without prompts it starts from no head)."""
+    """Turn the drafter on in cfg.rollout.engine (in place); None when it is off. prompts,
+    stop_token_ids: what a checkpoint policy's warm start samples (none: no head)."""
     from drafter.online import OnlineState
 
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
     if not d.enabled or spec is None:
         return None
-    # rollout.drafter is the engine's DrafterSpec: every fresh head (warm start, local training,
-    # a Ray worker's slice) takes its shape, and every training its keys, from it
     if d.path is None and cfg.policy.source == "embedded" and policy_folder is not None:
         from .demo.policy import load_or_warm_start_drafter
 
@@ -69,10 +61,8 @@ WARM_START_PROMPTS = 64  # task prompts the checkpoint's warm start samples (spr
 
 def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence[Sequence[int]],
                            stop_token_ids: Sequence[int], progress: bool) -> str:
-    """The folder of a checkpoint policy's warm-started head (drafter/checkpoint_warm_start.py):
-    its own T = 1 samples of WARM_START_PROMPTS of the task's prompts (spread over the data set),
-    at most rollout.drafter.warm_start_s in all, cached under the spectail cache by the weights,
-    the head's config and the recipe."""
+    """The folder of a checkpoint policy's head warm-started on WARM_START_PROMPTS of the task's
+    prompts within rollout.drafter.warm_start_s."""
     from drafter.checkpoint_warm_start import Recipe, load_or_warm_start_for
     from drafter.head import HeadConfig
     from rollout.model import CausalLM
@@ -91,10 +81,8 @@ def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence
 
 
 def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int, dict]]:
-    """(version, drafter.export.head_state) of the newest head the run drafts with, for a
-    checkpoint: the local engine's, or the newest one published to the Ray workers (waiting for
-    the training slices in flight), else the head the engines started from (version 0). None:
-    no drafter, or no head yet."""
+    """(version, head_state) of the newest head, for a checkpoint: the local engine's, or the newest
+    published to the Ray workers, else the one the engines started from. None: no head."""
     if drafter is None:
         return None
     from drafter.export import head_state, read_state
@@ -111,10 +99,8 @@ def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int,
 
 
 def restore(drafter: Optional[OnlineDrafter], client, saved: Optional[tuple[int, dict]]) -> None:
-    """A resumed run drafts with the head its checkpoint saved, under the saved version: the
-    local engine loads it; on Ray it is published, so every worker loads it before its first
-    chunk and the idle slices train on from it (their versions go on after it). saved: from
-    resume.saved_drafter, already checked against the policy."""
+    """A resumed run drafts with its checkpoint's head and version (resume.saved_drafter): the local
+    engine loads it; on Ray it is published, for every worker before its first chunk."""
     if drafter is None or saved is None:
         return
     version, state = saved
@@ -133,8 +119,7 @@ def _proposer(client):
 
 
 def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> dict:
-    """The drafter's figures of the rollout that just ran: its seconds and share of the rollout's
-    time, head positions run, and (local) its simulated acceptance on this rollout."""
+    """The drafter's figures of the rollout that just ran (local: also its simulated acceptance)."""
     if drafter is None:
         return {}
     from drafter.online import measure
@@ -161,8 +146,7 @@ def after_rollout(drafter: Optional[OnlineDrafter], client, batch, rewards) -> d
 
 
 def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
-    """Local backend: train the engine's head for up to between_steps_s on its buffer, whose
-    features are refreshed under the weights just pushed. Ray: nothing (idle slices did it)."""
+    """Local backend: train the engine's head for up to between_steps_s on its buffer. Ray: nothing."""
     if drafter is None:
         return {}
     from drafter.online import OnlineConfig, train_on_buffer
@@ -170,6 +154,5 @@ def between_steps(drafter: Optional[OnlineDrafter], client) -> dict:
     proposer = _proposer(client)
     if proposer is None or drafter.cfg.between_steps_s <= 0:
         return {}
-    # the engine's DrafterSpec (rollout.drafter, as start() gave it), as Ray workers read it
     cfg = OnlineConfig(proposer.spec, num_threads=threads.trainer_threads(None))
     return train_on_buffer(proposer, drafter.online, cfg, drafter.cfg.between_steps_s, drafter.advantages)
