@@ -52,6 +52,11 @@ class Proposer:
     was judged; position_cost(n): seconds of one draft position for n requests, measured once."""
     name, prior, wants_hidden = "base", 0.5, False
 
+    @classmethod
+    def from_config(cls, spec, model=None, engine_config=None) -> Proposer:
+        """The proposer a SpecConfig asks for (model, engine_config: the engine's)."""
+        return cls()
+
     def propose(self, requests: Sequence[Request], k: int) -> list[Optional[Draft]]:
         """Once per step: up to k tokens per request, or None. The first n tokens drafted for k are
         those drafted for n: the budget cuts each draft to what it grants."""

@@ -48,19 +48,7 @@ class HistoryProposer(Proposer):
 
     name = "history"
     prior = 0.9  # the old response is usually right where the policy barely moved
-
-    def __init__(self, max_match: int = 8, min_match: int = 2, max_candidates: int = 64):
-        if min_match < 2:
-            raise ValueError(f"HistoryProposer.min_match must be >= 2, got {min_match}")
-        if max_match < min_match:
-            raise ValueError(f"HistoryProposer.max_match must be >= min_match, got {max_match} < {min_match}")
-        if max_candidates < 1:
-            raise ValueError(f"HistoryProposer.max_candidates must be >= 1, got {max_candidates}")
-        self.max_match, self.min_match, self.max_candidates = max_match, min_match, max_candidates
-
-    @classmethod
-    def from_config(cls, spec, model=None, engine_config=None) -> HistoryProposer:
-        return cls()
+    max_match, min_match, max_candidates = 8, 2, 64
 
     def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
         return [self._draft(req, k) for req in requests]

@@ -31,10 +31,6 @@ class LookaheadProposer(Proposer):
         self._kept: dict[int, _Samples] = {}  # id(request) -> its last step's samples past a rejection
         self._judging: dict[int, _Samples] = {}  # id(request) -> undrafted samples all landed so far
 
-    @classmethod
-    def from_config(cls, spec, model=None, engine_config=None) -> LookaheadProposer:
-        return cls()
-
     def propose(self, requests: list[Request], k: int) -> list[Optional[Draft]]:
         drafts = []
         for req in requests:

@@ -174,10 +174,6 @@ class SuffixProposer(Proposer):
         self.min_share, self.max_depth, self.max_candidates = min_share, max_depth, max_candidates
         self._groups: dict[Hashable, SuffixIndex] = {}
 
-    @classmethod
-    def from_config(cls, spec, model=None, engine_config=None) -> SuffixProposer:
-        return cls()
-
     def state_sizes(self) -> dict[str, int]:
         return {"groups": len(self._groups)}
 
