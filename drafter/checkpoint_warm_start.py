@@ -52,11 +52,6 @@ class Recipe:
             raise ValueError(f"warm start recipe needs time_budget_s > 0 and 0 < sample_share < 1: {self}")
 
 
-def cache_root(cache_dir: Optional[str] = None) -> Path:
-    """cache_dir, else $SPECTAIL_CACHE, else ~/.cache/spectail."""
-    return Path(cache_dir or os.environ.get("SPECTAIL_CACHE") or Path.home() / ".cache" / "spectail")
-
-
 def weights_digest(policy: CausalLM) -> str:
     """sha256 of the policy's parameters and buffers; a tied weight is read once."""
     h, seen = hashlib.sha256(), set()
@@ -129,7 +124,8 @@ def load_or_warm_start_for(policy: CausalLM, prompts: Sequence[Sequence[int]], s
     Returns (head, its folder, report); report["cached"] says whether it was loaded."""
     recipe.validate()
     head_config.resolved(policy.cfg)  # a bad config fails before any work
-    folder = cache_root(cache_dir) / cache_key(policy, prompts, stop_token_ids, head_config, recipe)
+    root = Path(cache_dir or os.environ.get("SPECTAIL_CACHE") or Path.home() / ".cache" / "spectail")
+    folder = root / cache_key(policy, prompts, stop_token_ids, head_config, recipe)
     cached = load_cached(folder, policy)
     if cached is not None:
         return cached, folder, {"cached": True}

@@ -183,12 +183,9 @@ class DrafterProposer(Proposer):
 
     def _count(self, drafts: list[ChainDraft]) -> None:
         """The step's figures (its seconds are counted by `propose`, look-ups included)."""
-        positions, tokens = max(len(d.tokens) for d in drafts), sum(len(d.tokens) for d in drafts)
-        s = self.stats
-        s["positions"] += positions
-        s["chains"] += len(drafts)
-        s["steps"] += 1
-        s["tokens"] += tokens
+        for key, n in (("positions", max(len(d.tokens) for d in drafts)), ("chains", len(drafts)), ("steps", 1),
+                       ("tokens", sum(len(d.tokens) for d in drafts))):
+            self.stats[key] += n
 
     def _chain(self, req: Request, st: _State, most: int) -> Optional[Chain]:
         q = req.num_tokens - 1  # the pending token's position: features up to q - 1 are needed
@@ -267,8 +264,7 @@ class DrafterProposer(Proposer):
             move_slots(self.cache.v, src, dst)
 
     def _collect(self, req: Request, st: _State) -> None:
-        """The request's tokens and features into the buffer (the last token's, never used in
-        training, is left zero when it was not fed)."""
+        """The request's tokens and features into the buffer (the last, never trained on, may be zero)."""
         n = req.num_tokens
         rows = min(st.known, n)
         if rows < n - 1 or not req.output_ids or n > self.buffer.max_tokens:

@@ -103,12 +103,6 @@ class ParquetSource:
     extra_info_key: str = "extra_info"
 
 
-def _rg_default_config() -> dict:
-    # easy enough that the untrained SmolLM2-135M-Instruct is sometimes right (docs/configuration.md)
-    return {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
-            "allow_parentheses": False, "allow_negation": False}
-
-
 @dataclass
 class ReasoningGymSource:
     """A reasoning-gym data set (rl_integration/reasoning_gym_task.py): `size` problems of `name`
@@ -120,7 +114,10 @@ class ReasoningGymSource:
     name: str = "basic_arithmetic"
     size: int = 48
     seed: int = 0
-    config: dict = field(default_factory=_rg_default_config)
+    # easy enough that the untrained SmolLM2-135M-Instruct is sometimes right (docs/configuration.md)
+    config: dict = field(default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                                  "operators": ["+"], "allow_parentheses": False,
+                                                  "allow_negation": False})
     system_prompt: str = RG_SYSTEM_PROMPT
     format_reward: float = 0.1
     answer_extraction: Literal["strict", "flexible"] = "flexible"
@@ -286,8 +283,7 @@ RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)
 
 
 def upgrade_saved(raw: dict) -> dict:
-    """A checkpoint's run.yaml as this spectail reads it: drafter keys saved under
-    rollout.drafter.train or rollout.engine.spec.drafter move to rollout.drafter."""
+    """A checkpoint's run.yaml with drafter keys of older sections moved to rollout.drafter."""
     raw = copy.deepcopy(raw)
     rollout = raw.get("rollout") if isinstance(raw.get("rollout"), dict) else {}
     spec = (rollout.get("engine") or {}).get("spec") if isinstance(rollout.get("engine"), dict) else None

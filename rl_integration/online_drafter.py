@@ -34,8 +34,7 @@ class OnlineDrafter:
 def start(cfg: RunConfig, policy_folder: Optional[str], progress: bool = True,
           prompts: Optional[Sequence[Sequence[int]]] = None,
           stop_token_ids: Sequence[int] = ()) -> Optional[OnlineDrafter]:
-    """Turn the drafter on in cfg.rollout.engine (in place); None when it is off. prompts,
-    stop_token_ids: what a checkpoint policy's warm start samples (none: no head)."""
+    """Turn the drafter on in cfg.rollout.engine (in place); None when off. prompts: for a warm start."""
     from drafter.online import OnlineState
 
     d, spec = cfg.rollout.drafter, cfg.rollout.engine.spec
@@ -61,8 +60,7 @@ WARM_START_PROMPTS = 64  # task prompts the checkpoint's warm start samples (spr
 
 def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence[Sequence[int]],
                            stop_token_ids: Sequence[int], progress: bool) -> str:
-    """The folder of a checkpoint policy's head warm-started on WARM_START_PROMPTS of the task's
-    prompts within rollout.drafter.warm_start_s."""
+    """The folder of a checkpoint policy's head warm-started on WARM_START_PROMPTS task prompts."""
     from drafter.checkpoint_warm_start import Recipe, load_or_warm_start_for
     from drafter.head import HeadConfig
     from rollout.model import CausalLM

@@ -69,8 +69,7 @@ class StepPlan:
         return [o for o in self.offers if o.most > 0]
 
     def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, list]:
-        """(tokens kept, expected accepted, their values) of the draft's first n tokens, cut
-        before the first whose value falls under the floor."""
+        """(tokens kept, expected accepted, their values) of the draft's first n tokens above the floor."""
         values, p = [], 1.0
         for a in rates_from(offer.table, draft.evidence, draft.confidence, n):
             p *= a
@@ -183,8 +182,7 @@ class Budget:
 
     def plan_step(self, proposers: Sequence[Proposer], running: int, load: float,
                   context: int = 0) -> Optional[StepPlan]:
-        """The step's offers, None when it drafts nothing. running: the requests in the step;
-        context: what their next tokens attend over, summed."""
+        """The step's offers, None when it drafts nothing. context: what the requests attend over, summed."""
         if not proposers or running < 1 or (self.max_batch_for_spec is not None and running > self.max_batch_for_spec):
             return None
         k, offers = self.max_draft_tokens, []

@@ -252,8 +252,7 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class Completion:
-    """One finished request. logprobs are float32 log-probabilities of token_ids under the
-    processed (temperature, top-k, top-p) target distribution."""
+    """One finished request; logprobs: of token_ids under the processed (T, top-k, top-p) distribution."""
 
     token_ids: list[int]
     logprobs: list[float]

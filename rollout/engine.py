@@ -85,8 +85,7 @@ class Engine:
         self.num_threads, self.cores = self._threads(config.num_threads) if self.device.type == "cpu" else (None, None)
 
     def _threads(self, requested: Optional[int]) -> tuple[int, Optional[threads.CoreWatch]]:
-        """Torch threads on the CPU: as requested, else by model size (rollout/threads.py), then one
-        where a second thread measured slower here; with a watch on the cores other programs hold."""
+        """Torch threads on the CPU: as requested, else by model size and speed here (rollout/threads.py)."""
         model = self.model
         per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
         n, cores, why = threads.engine_threads(requested, per_token), None, ""
@@ -274,8 +273,7 @@ class Engine:
             on_finish(req)
 
     def _step(self, running: list[Request]) -> tuple[StepResult, int, bool]:
-        """One forward for every running request: what it did, the tokens it fed, and whether the
-        budget let it draft."""
+        """One forward of every running request: its result, the tokens fed, and whether it could draft."""
         plan = None
         if self.budget is not None:
             plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
@@ -319,8 +317,7 @@ class Engine:
                                         hidden_index=list(range(n_tokens)) if hidden else None)
 
     def _drafts(self, whole: list, plan, spare: int) -> dict:
-        """{id(request): draft} for the rows that emit: each one's proposer by `Budget.choose`, the
-        lengths by `Budget.allocate` over the whole step, within `spare` tokens."""
+        """{id(request): draft} for the rows that emit (`Budget.choose`, `Budget.allocate`), within `spare` tokens."""
         cfg = self.config
         rooms = [max(0, min(cfg.spec.max_draft_tokens, spare, req.remaining - 1, cfg.max_model_len - req.num_tokens,
                             req.chunk_left - 1)) for req, _, _ in whole]
@@ -369,8 +366,7 @@ class Engine:
         return Verified(req, row.draft, accepted, emitted, ys, lps)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """The exact sample and its logprob at every logit row; in lenient mode also the draft
-        tokens' old and new logprobs (set on their rows)."""
+        """The exact sample and logprob at every logit row (lenient mode: also sets the rows' old and new)."""
         seeds, positions, params = [], [], []
         for row in rows:
             if row.first_logit is None:
@@ -438,8 +434,7 @@ class Engine:
         return best
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
-        """Append sampled tokens until a stop token, max_tokens or max_model_len ends the request
-        (or its chunk's end pauses it)."""
+        """Append sampled tokens until a stop token, a length or the chunk's end ends the request."""
         if not ys:  # (lenient mode re-feeds a draft token: nothing new to emit)
             return []
         stops = req.params.stop_token_ids
@@ -451,9 +446,8 @@ class Engine:
         self._finish_if_done(req)
         return emitted
 
-    def _finish_if_done(self, req: Request) -> bool:
+    def _finish_if_done(self, req: Request) -> None:
         if req.output_ids and req.output_ids[-1] in req.params.stop_token_ids:
             req.finish_reason = "stop"
         elif len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.config.max_model_len:
             req.finish_reason = "length"
-        return req.finish_reason is not None

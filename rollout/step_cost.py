@@ -19,8 +19,7 @@ from typing import Callable, Sequence
 
 
 def attended(cached: int, tokens: int) -> int:
-    """The context `tokens` new tokens after `cached` ones attend over, summed (each reads itself
-    and everything before it)."""
+    """The context `tokens` new tokens after `cached` ones attend over, summed (each reads itself too)."""
     return tokens * cached + tokens * (tokens + 1) // 2
 
 

@@ -103,8 +103,7 @@ class SuffixIndex:
         return 0, []
 
     def follow(self, occs: list[tuple[int, int]], k: int, min_share: float) -> tuple[list[int], list[float]]:
-        """Up to k tokens along the most frequent continuation of the occurrences, and the
-        confidence of each (see the module docstring)."""
+        """Up to k tokens along the most frequent continuation of the occurrences, and their confidence."""
         live = [(self.seqs[s], self.probs[s], p) for s, p in occs]  # newest first
         draft, conf = [], []
         while live and len(draft) < k:
