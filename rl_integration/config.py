@@ -291,12 +291,9 @@ def upgrade_saved(raw: dict) -> dict:
     for old in (drafter.pop("train", None) if isinstance(drafter, dict) else None,
                 spec.pop("drafter", None) if isinstance(spec, dict) else None):
         for key, value in (old if isinstance(old, dict) and isinstance(drafter, dict) else {}).items():
-            if key in DRAFTER_KEYS:  # (max_positions is gone)
+            if key in {f.name for f in dataclasses.fields(DrafterSpec)}:  # (max_positions is gone)
                 drafter.setdefault(key, value)
     return raw
-
-
-DRAFTER_KEYS = frozenset(f.name for f in dataclasses.fields(DrafterSpec))
 
 
 def load_config(path: Optional[Union[str, os.PathLike]] = None, overrides: Sequence[str] = ()) -> RunConfig:

@@ -60,8 +60,7 @@ def _integer(value, name: str) -> int:
 
 
 def need(ok: bool, name: str, msg: str, value) -> None:
-    """A ValueError "<name> <msg>, got <value>" unless ok: the one check every config uses, so
-    every bad value is named by its field (a run config turns Class.field into its dotted key)."""
+    """A ValueError "<name> <msg>, got <value>" unless ok: every config's check, naming the field."""
     if not ok:
         raise ValueError(f"{name} {msg}, got {value!r}")
 

@@ -127,13 +127,10 @@ def make_requests(vocab_size: int, max_model_len: int, prompt_token_ids, samplin
     params = _per_prompt_params(sampling_params, n)
     if seeds is None:
         seeds = [random.getrandbits(63) for _ in range(n)]
-    seeds = _per_prompt(seeds, n, "seeds")
-    drafts = _per_prompt(drafts, n, "drafts")
-    groups = _per_prompt(groups, n, "groups")
-    outputs = _per_prompt(outputs, n, "outputs")
-    draft_logprobs = _per_prompt(draft_logprobs, n, "draft_logprobs")
-    return [_make_request(i, prompt_token_ids[i], params[i], seeds[i], drafts[i], groups[i], outputs[i],
-                          draft_logprobs[i], vocab_size, max_model_len) for i in range(n)]
+    given = {"seeds": seeds, "drafts": drafts, "groups": groups, "outputs": outputs, "draft_logprobs": draft_logprobs}
+    rows = zip(*(_per_prompt(value, n, what) for what, value in given.items()))  # each checked before any request
+    return [_make_request(i, prompt_token_ids[i], params[i], *row, vocab_size, max_model_len)
+            for i, row in enumerate(rows)]
 
 
 def _make_request(i, prompt, params, seed, draft, group, out, old_lps, vocab_size, max_model_len) -> Request:
