@@ -55,8 +55,7 @@ class OnlineState:
 
 
 def measure(proposer: DrafterProposer, max_samples: int = 32, max_k: int = 8) -> dict:
-    """Simulated acceptance of the engine's head on the newest rollout in its buffer (at most
-    max_samples of the current policy version): call it before the weights move on. {}: none."""
+    """Simulated acceptance of the head on its buffer's newest rollout: call it before the weights move."""
     if proposer.head is None or proposer.buffer is None:
         return {}
     entries = [e for e in proposer.buffer if e.version == proposer.policy_version and e.finished

@@ -109,8 +109,8 @@ class DrafterProposer(Proposer):
             self.cost = self._profile()
 
     def _profile(self) -> dict:
-        """Seconds per draft position for one request and for a full batch, cached on disk
-        (step_cost.cached). Writes rows from 0, which every request rewrites after a new head."""
+        """Seconds per draft position for one request and a full batch, cached (step_cost.cached).
+        It writes rows from 0, which every request rewrites after a new head."""
         w = self.model.lm_head.weight
         key = {"drafter": repr(self.head.cfg), "policy": repr(self.model.cfg), "dtype": str(w.dtype),
                "device": str(w.device), "machine": step_cost.machine(), "threads": torch.get_num_threads(),
@@ -140,8 +140,7 @@ class DrafterProposer(Proposer):
         return step_cost.StepCost(tuple(self.cost["requests"]), tuple(self.cost["seconds"])).table(n)
 
     def load(self, source, version: int) -> bool:
-        """A head from an export folder (path) or a published state (drafter.export.head_state).
-        One that does not load switches the drafter off with a warning; returns whether it loaded."""
+        """A head from an export folder or a published state, else the drafter off; whether it loaded."""
         try:
             head = load(source, self.model) if isinstance(source, str) else from_state(source, self.model)
             self.set_head(head, version)

@@ -125,8 +125,7 @@ class ReasoningGymSource:
 
 @dataclass
 class CustomRewardFunction:
-    """verl's reward.custom_reward_function: `name` in `path` (a file or "pkg://package.module"),
-    called as name(data_source=, solution_str=, ground_truth=, extra_info=) (rewards.py)."""
+    """verl's reward.custom_reward_function: `name` in `path` (a file or "pkg://module"), rewards.py."""
 
     path: Optional[str] = None
     name: str = "compute_score"

@@ -79,8 +79,7 @@ def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence
 
 
 def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int, dict]]:
-    """(version, head_state) of the newest head, for a checkpoint: the local engine's, or the newest
-    published to the Ray workers, else the one the engines started from. None: no head."""
+    """(version, head_state) of the newest head (local, published to Ray, or the first), for a checkpoint."""
     if drafter is None:
         return None
     from drafter.export import head_state, read_state
@@ -97,8 +96,7 @@ def latest_head(drafter: Optional[OnlineDrafter], client) -> Optional[tuple[int,
 
 
 def restore(drafter: Optional[OnlineDrafter], client, saved: Optional[tuple[int, dict]]) -> None:
-    """A resumed run drafts with its checkpoint's head and version (resume.saved_drafter): the local
-    engine loads it; on Ray it is published, for every worker before its first chunk."""
+    """A resumed run drafts with its checkpoint's head and version: loaded here, or published to Ray."""
     if drafter is None or saved is None:
         return
     version, state = saved

@@ -46,8 +46,7 @@ def confidence_bin(q: Optional[float]) -> int:
 
 @dataclass(frozen=True)
 class Offer:
-    """A proposer's standing in one step: its rates, its best rate, and the most draft tokens
-    (positions, for a proposer with a cost per position) that rate could earn."""
+    """A proposer's standing in one step: its rates, its best rate, and the most tokens that could earn."""
 
     proposer: Proposer
     table: list
@@ -201,8 +200,7 @@ class Budget:
         return (self.cost.table(rows) + self.cost.per_attended * context) / max(rows, 1)
 
     def price(self, rows: int, context: int) -> float:
-        """The value a first draft token must reach: a fed token's marginal cost (its slot and its
-        attention over the mean context) in emitted tokens of a plain step."""
+        """The value a first draft token must reach: a fed token's marginal cost in a plain step's tokens."""
         mean = context / max(rows, 1)
         fed = self.cost.marginal(rows) + self.cost.per_attended * mean
         return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)

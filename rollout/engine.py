@@ -99,8 +99,8 @@ class Engine:
         return n, cores
 
     def _fastest_threads(self, most: int) -> int:
-        """1 or `most` threads, whichever ran a decode-shaped forward faster here (virtual CPUs that
-        share a core can make a second thread slower). Writes slots at position 0, which requests overwrite."""
+        """1 or `most` threads, whichever ran a decode forward faster here (virtual CPUs may share a
+        core). It writes slots at position 0, which every request overwrites."""
         rows = min(self.config.max_batch_size, 8)
         batch = ForwardBatch.build([(slot, 0, [0]) for slot in range(rows)], list(range(rows)), self.device,
                                    self.min_bucket)
@@ -416,8 +416,8 @@ class Engine:
             return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context))
 
     def _time_forward(self, fed: int, cached: int) -> float:
-        """The fastest of PROFILE_REPEATS forwards (with sampling) feeding `fed` tokens over the slots
-        after `cached` positions each, after one untimed (requests overwrite those positions)."""
+        """The fastest of PROFILE_REPEATS forwards (with sampling) of `fed` tokens after `cached` per
+        slot, after one untimed (positions every request overwrites)."""
         rows = min(self.config.max_batch_size, fed)
         per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
         assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)

@@ -126,8 +126,7 @@ class HistoryProposer(Proposer):
         return st
 
     def _realign(self, st: _State, out: list[int], anchor: int) -> Optional[tuple[int, int]]:
-        """(position in hist right after the longest match (>= min_match) of out's suffix with a
-        continuation, its length); ties go to the occurrence nearest after `anchor`."""
+        """(position after the longest match of out's suffix with a continuation, its length), or None."""
         if len(out) < self.min_match:
             return None
         if st.index is None:
@@ -154,8 +153,7 @@ class HistoryProposer(Proposer):
 
 
 def _near(hist: list[int], tok: int, anchor: int, window: int) -> Optional[tuple[int, int]]:
-    """(position right after the occurrence of tok nearest to `anchor` within `window`, at or after
-    it first, that has a continuation, 1): one token is weak evidence, so only nearby counts."""
+    """(position after the occurrence of tok nearest to `anchor` within `window` that has a continuation, 1)."""
     n = len(hist)
     for d in range(window + 1):
         for i in (anchor + d, anchor - d - 1):

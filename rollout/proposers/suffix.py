@@ -198,8 +198,7 @@ class SuffixProposer(Proposer):
         return index, seq
 
     def _register(self, req: Request, st: Optional[_State]) -> _State:
-        """First sight, a dropped group or a rewritten output: a new sequence for the request,
-        in its group's index (the old response indexed once per index it joins)."""
+        """A new sequence for the request in its group's index (first sight, a dropped group, a rewrite)."""
         fresh = not self._current(st)
         if req.group is None:
             key, index = None, (st.index if st is not None else SuffixIndex())
