@@ -53,8 +53,7 @@ class DrafterProposer(Proposer):
         self.model, self.spec = model, spec
         self.num_slots, self.max_len, self.max_positions = num_slots, max_len, max_positions
         self.head: Optional[DraftHead] = None
-        self.head_version = 0
-        self.cache = None
+        self.head_version, self.cache = 0, None
         self.gen = 0  # bumped whenever what the head's cached rows mean changes
         self.store: Optional[torch.Tensor] = None  # [slots, max_len, d] features
         self.buffer = FeatureBuffer(spec.buffer_tokens) if spec.collect else None

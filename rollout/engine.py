@@ -86,8 +86,7 @@ class Engine:
 
     def _threads(self, requested: Optional[int]) -> tuple[int, Optional[threads.CoreWatch]]:
         """Torch threads on the CPU: as requested, else by model size and speed here (rollout/threads.py)."""
-        model = self.model
-        per_token = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
+        per_token = sum(p.numel() for p in self.model.model.layers.parameters()) + self.model.lm_head.weight.numel()
         n, cores, why = threads.engine_threads(requested, per_token), None, ""
         if requested is None and n > 1:
             most, n = n, self._fastest_threads(n)

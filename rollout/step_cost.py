@@ -95,12 +95,8 @@ def machine() -> str:
 
 
 def profile_grid(most: int) -> list[int]:
-    """Fed-token counts the profile times: powers of two up to `most`, and `most`."""
-    grid, n = [], 1
-    while n < most:
-        grid.append(n)
-        n *= 2
-    return grid + [max(most, 1)]
+    """Fed-token counts the profile times: powers of two below `most`, and `most`."""
+    return [1 << i for i in range(max(most - 1, 0).bit_length())] + [max(most, 1)]
 
 
 def profile(time_forward: Callable[[int, int], float], grid: Sequence[int], rows: int, context: int) -> dict:

@@ -54,7 +54,6 @@ class Proposer:
 
     @classmethod
     def from_config(cls, spec, model=None, engine_config=None) -> Proposer:
-        """The proposer a SpecConfig asks for (model, engine_config: the engine's)."""
         return cls()
 
     def propose(self, requests: Sequence[Request], k: int) -> list[Optional[Draft]]:

@@ -129,9 +129,7 @@ class SuffixIndex:
                 break
             tok = nexts[0]
             if nexts.count(tok) < len(nexts):  # a fork (siblings agree most of the time)
-                counts: dict[int, int] = {}
-                for t in nexts:
-                    counts[t] = counts.get(t, 0) + 1
+                counts = {t: nexts.count(t) for t in set(nexts)}
                 tok, cnt = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
                 if cnt < min_share * len(nexts):
                     break
