@@ -26,9 +26,8 @@ from .warm_start import steps_for_passes
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    """drafter: the engine's DrafterSpec (a fresh head's shape, the training's keys).
-    batch_tokens, num_threads, seed: the trainer's. max_passes: a call stops after reading its
-    data about this many times (more would only fit the head to these few responses)."""
+    """drafter: the engine's DrafterSpec. max_passes: a call stops after reading its data about this
+    many times (more would only fit the head to these few responses)."""
 
     drafter: DrafterSpec = DrafterSpec()
     batch_tokens: int = 1024

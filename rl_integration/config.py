@@ -133,9 +133,8 @@ class CustomRewardFunction:
 
 @dataclass
 class TaskSection:
-    """source: "embedded" (generated addition problems), "parquet" or "reasoning_gym". reward:
-    "embedded" (the source's own) or "package.module:function", called as fn(response_text, answer);
-    custom_reward_function.path set: that scorer instead."""
+    """reward: "embedded" (the source's own), "package.module:function" called as fn(response_text,
+    answer), or custom_reward_function's scorer when its path is set."""
 
     source: Literal["embedded", "parquet", "reasoning_gym"] = "embedded"
     embedded: TaskConfig = field(default_factory=lambda: TaskConfig(num_problems=64, seed=0))
@@ -159,8 +158,7 @@ class PolicySection:
 
 @dataclass
 class HistorySection:
-    """History reuse: the newest earlier response to (prompt, sample index) drafts this step's
-    (scheduler/history_store.py), when enabled and "history" is among engine.spec.proposers.
+    """History reuse (scheduler/history_store.py), when enabled and "history" is among the proposers.
     max_bytes: the store's bound; max_age_steps: the oldest response that drafts (None: any)."""
 
     enabled: bool = True

@@ -206,9 +206,8 @@ class Budget:
         return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)
 
     def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
-        """Per request (at most rooms[i] tokens): the live proposers' draft, cut at the floor, with the
-        longest expected accepted run, and its tokens' values, or None. A proposer is asked once, for
-        the requests where its best rate could beat the draft in hand."""
+        """Per request (at most rooms[i] tokens): the draft, cut at the floor, with the longest expected
+        accepted run, and its values, or None. Each proposer is asked once, where it could win."""
         best, runs = [None] * len(requests), [0.0] * len(requests)
         for offer in plan.live:
             caps = [min(offer.most, room) for room in rooms]

@@ -81,10 +81,8 @@ def is_device(name) -> bool:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The online drafter's settings, once: a draft head over the policy's hidden states (the
-    "drafter" proposer, drafter/proposer.py), read as SpecConfig.drafter by the engine, the warm
-    start, the online trainer and Ray's idle slices; a run config sets it as rollout.drafter
-    (every key: docs/configuration.md).
+    """The online drafter's settings, once (the "drafter" proposer's, its warm start's and training's):
+    SpecConfig.drafter, set in a run config as rollout.drafter (docs/configuration.md).
 
     enabled: a run adds "drafter" to the engine's proposers. path: an exported head to start
         from; None: a run's warm start (trained within warm_start_s, drafting over draft_vocab
