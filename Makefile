@@ -33,9 +33,12 @@ demo-real: $(STAMP)
 bench-real: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_real --out bench_results/real
 
-# 50 GRPO steps on the real workload, killed and resumed against an uninterrupted run (benchmarks/long_run.py)
+# 50 GRPO steps on the real workload (4 prompts a step, responses up to 64 tokens, one thread per
+# run), killed and resumed beside an uninterrupted run (benchmarks/long_run.py)
 long-run: $(STAMP)
-	$(BIN)/python -m benchmarks.long_run --out bench_results/real/long_run
+	$(BIN)/python -m benchmarks.long_run --out bench_results/real/long_run trainer.prompts_per_step=4 \
+		task.reasoning_gym.size=16 rollout.max_tokens=64 rollout.engine.max_model_len=192 \
+		rollout.engine.num_threads=1 trainer.num_threads=1 trainer.minibatch_size=32
 
 test: $(STAMP)
 	$(BIN)/ruff check .
