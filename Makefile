@@ -26,7 +26,8 @@ demo: $(STAMP)
 # five smaller steps than the example config's 12 (8 prompts a step, responses up to 128 tokens)
 demo-real: $(STAMP)
 	$(BIN)/spectail train --config examples/grpo_real.yaml --compare --out runs/demo_real \
-		trainer.steps=5 trainer.prompts_per_step=8 task.reasoning_gym.size=16 rollout.max_tokens=128 rollout.engine.max_model_len=256
+		trainer.steps=5 trainer.prompts_per_step=8 trainer.minibatch_size=32 task.reasoning_gym.size=16 \
+		rollout.max_tokens=128 rollout.engine.max_model_len=256
 
 # The benchmark of record on that workload (benchmarks/bench_real.py): plain, the default proposers
 # and + the online drafter, float32 and bfloat16; JSON and a plot in bench_results/real
