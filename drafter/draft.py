@@ -4,7 +4,7 @@ What the engine's "drafter" proposer runs each step, for every request that want
 one batched head forward that writes the request's new rows (the target features it has not seen
 yet, ending at the pending token) and drafts the first token, then one batched forward per
 further draft position, each row fed its own previous draft token and output feature. Every
-draft token is rollout.sampling's coupled sample on the head's logits with the request's seed,
+draft token is rollout.core.sampling's coupled sample on the head's logits with the request's seed,
 response position and params, so a head whose distribution matches the policy's lands nearly
 always (Gumbel coupling), whatever the temperature.
 
@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .coupled import CoupledSampler
 from .head import DraftHead

@@ -30,11 +30,11 @@ from typing import Optional
 
 import torch
 
-from rollout import step_cost
+from rollout.budget import step_cost
 from rollout.config import DrafterSpec
-from rollout.kv_cache import move_slots
+from rollout.core.kv_cache import move_slots
+from rollout.core.request import Request
 from rollout.proposers.base import Draft, Proposer, StepResult
-from rollout.request import Request
 
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains
@@ -122,7 +122,7 @@ class DrafterProposer(Proposer):
     def _profile(self) -> dict:
         """Seconds per draft position for one request and for a full batch: chains of k positions
         timed (the fastest of two, after one untimed), over k; cached on disk for this policy
-        shape, head shape, device and thread count (rollout/budget.py `cached`). Rows are written
+        shape, head shape, device and thread count (rollout/budget/budget.py `cached`). Rows are written
         from position 0 of the slots: every request rewrites its slot from row 0 after a new head
         (the generation changes)."""
         w = self.model.lm_head.weight
@@ -271,7 +271,7 @@ class DrafterProposer(Proposer):
             store.view(-1, store.shape[-1]).index_copy_(0, index, rows.to(store.dtype))
 
     def _follow(self) -> None:
-        """The engine moves requests between slots (rollout/slot_order.py): their features and head
+        """The engine moves requests between slots (rollout/core/slot_order.py): their features and head
         rows follow them, before anything here reads or writes a slot."""
         moved = [(st, req.slot) for req in self.requests.values()
                  if (st := req.proposer_state[self.name]).slot != req.slot and req.slot >= 0]

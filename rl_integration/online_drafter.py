@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from rollout import threads
 from rollout.config import DrafterSpec
+from rollout.core import threads
 
 from .config import RunConfig
 
@@ -75,7 +75,7 @@ def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence
     the head's config and the recipe."""
     from drafter.checkpoint_warm_start import Recipe, load_or_warm_start_for
     from drafter.head import HeadConfig
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     d = cfg.rollout.drafter
     policy = CausalLM.from_pretrained(policy_folder)

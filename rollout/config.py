@@ -174,7 +174,7 @@ class SpecConfig:
     ngram_sizes: n-gram lengths tried by the prompt-lookup proposer, longest first.
     min_draft_prob: None (the default) prices each draft token by the step-cost table: tokens are
         drafted, the likeliest to land first, while each raises the step's emitted tokens per
-        second (rollout/budget.py): deep where a fed token is nearly free (small batches, the
+        second (rollout/budget/budget.py): deep where a fed token is nearly free (small batches, the
         tail), none where drafts miss. A number instead drafts every token whose chance of being
         reached and accepted is at least min_draft_prob x the fraction of slots in use (0 always
         drafts max_draft_tokens). Either way the drafts depend only on what the run accepted.
@@ -184,7 +184,7 @@ class SpecConfig:
         "seconds": [...], "per_attended": s}: seconds of a forward feeding that many tokens, and
         seconds per context token their attention reads.
     lenience: EXPERIMENTAL. None (exact, the default) or l >= 1: SPEC-RL's lenient acceptance
-        (rollout/lenient.py). A history draft token that differs from the exact sample is still
+        (rollout/core/lenient.py). A history draft token that differs from the exact sample is still
         accepted when its new probability is at least 1/l of its old one. BIASED: outputs are no
         longer exact samples of the policy; every completion it touched says so in stats["lenient"].
     drafter: the "drafter" proposer's settings (DrafterSpec; a run config sets them as rollout.drafter).
@@ -214,7 +214,7 @@ class SpecConfig:
         need(self.min_draft_prob is None or 0.0 <= self.min_draft_prob < 1.0, "SpecConfig.min_draft_prob",
              "must be None (by device) or in [0, 1)", self.min_draft_prob)
         if self.step_cost is not None:
-            from .step_cost import StepCost
+            from .budget.step_cost import StepCost
 
             StepCost.from_dict(self.step_cost)
         need(self.lenience is None or self.lenience >= 1.0, "SpecConfig.lenience", "must be None (exact) or >= 1",
@@ -233,9 +233,9 @@ class EngineConfig:
     max_model_len: prompt + response tokens per request.
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
     num_threads: torch intra-op threads while the engine runs on a CPU; None picks them by model
-        size and the cores this process may use (rollout/threads.py).
+        size and the cores this process may use (rollout/core/threads.py).
     kept_slots: KV slots beyond max_batch_size that hold paused requests' KV between runs, so a
-        request continued on the same engine is not prefilled again (rollout/kept_slots.py; the
+        request continued on the same engine is not prefilled again (rollout/core/kept_slots.py; the
         Ray workers of a divided rollout use them); 0 keeps none.
     """
 

@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from rollout import sampling
 from rollout.config import SamplingParams
+from rollout.core import sampling
 
 ROWS, VOCAB = 576, 151_936  # a 64-request verify step of 9 tokens each, Qwen2's vocabulary
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
