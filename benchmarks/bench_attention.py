@@ -1,5 +1,5 @@
 """The CPU attention kernel on verify rows: a request's consecutive tokens read its keys and values
-together (rollout/attention_kernel.c, attend_rows) against the same tokens one at a time.
+together (rollout/kernels/attention_kernel.c, attend_rows) against the same tokens one at a time.
 
 The same tokens, caches and arithmetic go through the kernel twice per round: in row order
 (each slot's tokens at consecutive positions, as a verify step or a prompt chunk feeds them), and
@@ -20,7 +20,7 @@ import time
 import torch
 
 from benchmarks.bench import report_cases
-from rollout import attention_kernel
+from rollout.kernels import attention_kernel
 
 
 def tokens(slots: int, per_row: int, context: int, heads: int, head_dim: int, seed: int = 0):

@@ -40,9 +40,10 @@ from drafter.head import HeadConfig
 from drafter.simulate import simulated_acceptance
 from drafter.trainer import TrainConfig
 from drafter.warm_start import warm_start
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, sampling, threads
-from rollout.batch import ForwardBatch
-from rollout.seeds import prompt_key, sample_seed
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.core import sampling, threads
+from rollout.core.batch import ForwardBatch
+from rollout.core.seeds import prompt_key, sample_seed
 
 RUN_SEED = 20240
 
@@ -153,7 +154,7 @@ def shape_name(shape: dict) -> str:
 
 
 def offline(args) -> dict:
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     t0 = time.perf_counter()
     _, tok, folder, make_problems, TaskConfig = demo_policy()

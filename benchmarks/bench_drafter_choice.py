@@ -28,7 +28,8 @@ import torch
 from benchmarks.bench_drafter_engine import DEFAULT, grpo_update, one_run, step_work
 from drafter.online import OnlineConfig, OnlineState, train_on_buffer
 from drafter.proposer import DrafterProposer
-from rollout import Engine, EngineConfig, SpecConfig, threads
+from rollout import Engine, EngineConfig, SpecConfig
+from rollout.core import threads
 
 ENGINES = {"B_default": DEFAULT, "D_default_drafter": DEFAULT + ("drafter",)}
 
@@ -142,7 +143,7 @@ def choice_bench(args) -> dict:
     from drafter.export import load
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     t0 = time.perf_counter()
     hf, tok, folder, make_problems, TaskConfig = demo_policy()

@@ -29,8 +29,9 @@ from drafter.features import SavedRollout
 from drafter.online import OnlineConfig, OnlineState, train_on_buffer
 from drafter.proposer import DrafterProposer
 from drafter.simulate import chain_runs, simulated_acceptance, summarize
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, threads
-from rollout.seeds import prompt_key, sample_seed
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.core import threads
+from rollout.core.seeds import prompt_key, sample_seed
 
 DEFAULT = ("history", "suffix", "lookahead")
 CONFIGS = {"A_plain": None, "B_default": DEFAULT, "C_drafter": ("drafter",),
@@ -239,7 +240,7 @@ def engine_bench(args) -> dict:
     from rl_integration.config import RunConfig
     from rl_integration.demo.policy import load_or_warm_start_drafter
     from rl_integration.demo.task import extract_answer
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     t0 = time.perf_counter()
     hf, tok, folder, make_problems, TaskConfig = demo_policy()

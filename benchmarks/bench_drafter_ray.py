@@ -25,7 +25,7 @@ import time
 
 from benchmarks.bench import save_report
 from rollout import EngineConfig, SamplingParams, SpecConfig
-from rollout.seeds import prompt_key, sample_seed
+from rollout.core.seeds import prompt_key, sample_seed
 from scheduler.ray_backend import RayRolloutBackend
 
 KEYS = ("rollout_seconds", "tail_seconds", "worker_busy_fraction", "drafter_train_steps", "drafter_slices",

@@ -30,9 +30,9 @@ from drafter.features import sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import simulated_acceptance
 from drafter.warm_start import warm_start
-from rollout import sampling
-from rollout.batch import ForwardBatch
-from rollout.model import CausalLM
+from rollout.core import sampling
+from rollout.core.batch import ForwardBatch
+from rollout.core.model import CausalLM
 
 
 def chat_prompts(folder: str, n: int, seed: int) -> tuple[list[list[int]], int]:
@@ -49,9 +49,25 @@ def chat_prompts(folder: str, n: int, seed: int) -> tuple[list[list[int]], int]:
     return out, int(tok.eos_token_id)
 
 
+# where rollout's modules were before it was split into rooms (issue 46): a head pickled in a --work
+# folder before then names its layers' classes by the old paths
+_MOVED = {"rollout.model": "rollout.core.model", "rollout.linear": "rollout.kernels.linear",
+          "rollout.kv_cache": "rollout.core.kv_cache", "rollout.batch": "rollout.core.batch"}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        return super().find_class(_MOVED.get(module, module), name)
+
+
+def unpickle(path: Path):
+    with open(path, "rb") as f:
+        return _Unpickler(f).load()
+
+
 def cached(path: Path, make):
     if path.exists():
-        return pickle.loads(path.read_bytes())
+        return unpickle(path)
     value = make()
     path.write_bytes(pickle.dumps(value))
     return value
@@ -144,7 +160,7 @@ def main() -> None:
                                  "wall_s": time.perf_counter() - t0, "folder": str(folder)}
         save()
     print("warm start:", results.get("warm_start"), flush=True)
-    train = pickle.loads((work / "train_rollouts.pkl").read_bytes())
+    train = unpickle(work / "train_rollouts.pkl")
     full_path = work / "full_head.pkl"
     if "full" in stages and not full_path.exists():
         seconds = results["warm_start"].get("seconds", 150.0)
@@ -154,7 +170,7 @@ def main() -> None:
         full_path.write_bytes(pickle.dumps(full))
         results["full_train"] = {k: v for k, v in rep.items() if isinstance(v, (int, float, str, bool))}
         save()
-    full = pickle.loads(full_path.read_bytes()) if full_path.exists() else None
+    full = unpickle(full_path) if full_path.exists() else None
     held_prompts, _ = chat_prompts(a.policy, a.held_out, seed=2)
     held = cached(work / "held_rollouts.pkl", lambda: sample(
         policy, held_prompts, [eos], cws.Recipe(samples=2, max_tokens=a.max_tokens, seed=7), 1e9, 1)[0])

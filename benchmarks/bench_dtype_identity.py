@@ -28,7 +28,7 @@ import time
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.sampling import gumbel_noise
+from rollout.core.sampling import gumbel_noise
 
 # name -> (SpecConfig kwargs or None, batch size, history drafts from the plain output)
 VARIANTS = {

@@ -1,4 +1,4 @@
-"""Small float32 linear layers: MKL's sgemm (torch's F.linear) against rollout/linear_kernel.c,
+"""Small float32 linear layers: MKL's sgemm (torch's F.linear) against rollout/kernels/linear_kernel.c,
 per weight shape and row count, interleaved (MKL, kernel, MKL, ...). Prints microseconds per
 call (median over rounds) and MKL's time over the kernel's; writes JSON. Each row count also
 checks that the kernel gives the first row the bits it has alone, and reports whether MKL does.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench import report_cases
-from rollout import linear_kernel
+from rollout.kernels import linear_kernel
 
 DEMO_SHAPES = "128x128,64x128,256x128,128x256,102x128"  # (out x in) the demo policy's layers
 

@@ -29,7 +29,7 @@ import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
 from rollout.config import torch_dtype
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .bench import save_report
 

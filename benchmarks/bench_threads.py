@@ -3,7 +3,7 @@ beside a CPU-burning process this benchmark starts itself (`python -m benchmarks
 
 Every measurement runs in a fresh process, because OpenMP reads its wait policy once, when
 torch loads. Settings, each measured quiet and busy, rounds interleaved:
-    defaults       what spectail chooses (rollout/threads.py)
+    defaults       what spectail chooses (rollout/core/threads.py)
     1 thread       engine and optimizer steps on one thread
     2 threads      both on two threads, passive waiting
     2 spinning     both on two threads with OpenMP's default spinning (what spectail did before)
@@ -39,7 +39,8 @@ def child(hidden: int, layers: int, num_threads, requests: int, tokens: int, tra
     import torch
     import transformers
 
-    from rollout import Engine, EngineConfig, SamplingParams, threads
+    from rollout import Engine, EngineConfig, SamplingParams
+    from rollout.core import threads
 
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden,
                                    num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

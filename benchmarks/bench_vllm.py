@@ -48,8 +48,9 @@ from typing import Optional
 import torch
 
 from benchmarks.bench import bench_model, run_hf, save_report, workload
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, cpu_isa
-from rollout.model import CausalLM
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.core.model import CausalLM
+from rollout.kernels import cpu_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -75,7 +76,7 @@ class Peer:
 
 def peer_env() -> dict:
     env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "PASSIVE":  # set by importing spectail (rollout/threads.py)
+    if env.get("OMP_WAIT_POLICY") == "PASSIVE":  # set by importing spectail (rollout/core/threads.py)
         env.pop("OMP_WAIT_POLICY")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(cpu_isa.uncapped(env))

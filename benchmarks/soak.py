@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.seeds import prompt_key, sample_seed
+from rollout.core.seeds import prompt_key, sample_seed
 
 PROPOSERS = ("history", "suffix", "lookahead", "ngram")
 STOP = 0  # the stop token id

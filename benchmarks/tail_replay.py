@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks  # noqa: E402,F401 -- first: it configures the process before torch loads
-from rollout.request import Request, make_requests  # noqa: E402
+from rollout.core.request import Request, make_requests  # noqa: E402
 
 STEP_MS = (3.4, 0.45, 0.068)
 CHUNK_MS = 4.0  # a chunk's fixed cost on the worker (wire form, kept KV copies)

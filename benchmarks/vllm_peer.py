@@ -61,7 +61,7 @@ def _generate_as_a_user(backend, msg: dict) -> dict:
 def serve(opts: dict, commands, answers) -> int:
     from rollout import EngineConfig
     from rollout.vllm_backend import VllmBackend
-    from rollout.vllm_config import VllmConfig
+    from rollout.vllm_backend.config import VllmConfig
 
     def answer(obj):
         answers.write(json.dumps(obj) + "\n")

@@ -4,7 +4,7 @@ lm_head, drafting with the request's coupled noise, trained on the policy's own 
     head.py       the draft head (attention / mlp kinds, optional window), run unrolled or on new rows
     head_cache.py its KV cache per engine slot (a ring for a windowed head), one query per request
     features.py   the policy's hidden states over whole sequences; padded head rows
-    coupled.py    the drafts' coupled sampler (the token rollout.sampling would pick) and margins
+    coupled.py    the drafts' coupled sampler (the token rollout.core.sampling would pick) and margins
     draft.py      coupled draft chains for many requests at once (what the proposer runs)
     proposer.py   the "drafter" proposer in the engine: features per slot, batched drafts, buffer
     simulate.py   exact offline acceptance of a head on a saved rollout

@@ -13,7 +13,7 @@ from typing import Hashable, Iterable, Iterator, Optional
 
 import torch
 
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .features import SavedRollout, sequence_features
 

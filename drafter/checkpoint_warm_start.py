@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .export import export
 from .features import SavedRollout
@@ -84,7 +84,7 @@ def sample_own_rollouts(policy: CausalLM, prompts: Sequence[Sequence[int]], stop
     None where none were kept). A wave starts only while the last one's time still fits `seconds`."""
     from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
     from rollout.config import DrafterSpec
-    from rollout.seeds import prompt_key, sample_seed
+    from rollout.core.seeds import prompt_key, sample_seed
 
     from .proposer import DrafterProposer
 

@@ -1,5 +1,5 @@
 """The drafter's coupled sampler: each draft token is argmax(processed head logits + G(seed, t, .)),
-the token rollout.sampling.sample would pick, with less work: no processing at temperature 1
+the token rollout.core.sampling.sample would pick, with less work: no processing at temperature 1
 without top-k / top-p, no logprobs, the margin (best minus second-best score) from the same
 scores, and off the CPU the noise made for a few draft positions at once. With a draft
 vocabulary column i gets the noise of its real id vocab_ids[i].
@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import noise_kernel, ops, sampling
+from rollout.core import sampling
+from rollout.kernels import noise_kernel, ops
 
 from .vocab import keys32
 

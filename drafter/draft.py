@@ -2,7 +2,7 @@
 
 One batched head forward writes each request's new rows (target features up to the pending
 token) and drafts the first token, then one batched forward per further position. Every draft
-token is rollout.sampling's coupled sample on the head's logits with the request's seed, position
+token is rollout.core.sampling's coupled sample on the head's logits with the request's seed, position
 and params, so a head whose distribution matches the policy's lands nearly always.
 
 Rollback is free: a row's key lives at [slot, position], and the next call overwrites from the
@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .coupled import CoupledSampler
 from .head import DraftHead

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 from .head import DraftHead, HeadConfig
 from .vocab import check_ids

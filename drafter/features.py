@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from rollout.batch import ForwardBatch
-from rollout.model import CausalLM
+from rollout.core.batch import ForwardBatch
+from rollout.core.model import CausalLM
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def _run_group(policy: CausalLM, sequences, group: list[int], budget: int, out: 
         rows = [(slot, start, [int(t) for t in sequences[i][start:start + budget]])
                 for slot, i in enumerate(group) if len(sequences[i]) > start]
         n = sum(len(r[2]) for r in rows)
-        # one logit row (the last): a packed output layer (rollout/linear.py) pads a block of rows
+        # one logit row (the last): a packed output layer (rollout/kernels/linear.py) pads a block of rows
         # from its first one, so a forward asking for no logits at all would fail there
         batch = ForwardBatch.build(rows, [n - 1], device, hidden_index=list(range(n)))
         _, hidden = policy(batch, cache)

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout import pointwise_kernel
-from rollout.linear import PackedLinear, bound
-from rollout.model import MLP, CausalLM, ModelConfig, RMSNorm
-from rollout.ops import rotate
+from rollout.core.model import MLP, CausalLM, ModelConfig, RMSNorm
+from rollout.kernels import pointwise_kernel
+from rollout.kernels.linear import PackedLinear, bound
+from rollout.kernels.ops import rotate
 
 from .head_cache import HeadCache, Rows
 from .vocab import check_ids
@@ -94,7 +94,7 @@ class HeadAttention(nn.Module):
 
 class HeadLayer(nn.Module):
     """One Llama decoder layer without input_layernorm (EAGLE's layer 0; "mlp": no self_attn), apart
-    from rollout.model's so the engine's layers can change without touching the head."""
+    from rollout.core.model's so the engine's layers can change without touching the head."""
 
     def __init__(self, cfg: HeadConfig, d: int):
         super().__init__()
@@ -125,7 +125,7 @@ def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Packed:
-    """q|k|v and gate|up as one packed matmul each (rollout.linear.bound), from the live weights."""
+    """q|k|v and gate|up as one packed matmul each (rollout.kernels.linear.bound), from the live weights."""
 
     version: tuple
     qkv: Optional[Callable[[torch.Tensor], torch.Tensor]]

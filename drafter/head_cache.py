@@ -4,7 +4,7 @@ A request's head row j keeps its key and value at [slot, :, j], or with a window
 mod R], R = window + the longest draft (a ring). Nothing is freed: a rejected draft's rows are
 rewritten by the next chain, and never land inside a later query's window. On the CPU
 drafter/head_kernel.c runs the attention; elsewhere the queries attend to the slot range the
-requests span (nearly dense: rollout/slot_order.py) in place, in a small batched matmul.
+requests span (nearly dense: rollout/core/slot_order.py) in place, in a small batched matmul.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class HeadCache:
 
 
 def rotate_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """rollout.ops.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
+    """rollout.kernels.ops.rotate, bit for bit, in three ops: x * cos + roll(x, half) * sin with the
     sign of the first half folded into sin ((-a) * b == a * (-b) exactly)."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 

@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../rollout/kernel_math.h"
+#include "../rollout/kernels/kernel_math.h"
 
 #define SPLIT 4 /* independent vector sums in flight */
 #define MAX_DIM 512

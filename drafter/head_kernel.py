@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from rollout import c_kernels
-from rollout.c_kernels import FLOAT, I64, INT, PTR
+from rollout.kernels import c_kernels
+from rollout.kernels.c_kernels import FLOAT, I64, INT, PTR
 
 HERE = Path(__file__).parent
 _bind = c_kernels.binder(head_write_rows=(None, [I64] * 6 + [PTR] * 7),

@@ -23,11 +23,11 @@ from typing import Optional
 
 import torch
 
-from rollout import step_cost
+from rollout.budget import step_cost
 from rollout.config import DrafterSpec
-from rollout.kv_cache import move_slots
+from rollout.core.kv_cache import move_slots
+from rollout.core.request import Request
 from rollout.proposers.base import Draft, Proposer, StepResult
-from rollout.request import Request
 
 from .buffer import FeatureBuffer
 from .draft import Chain, ChainDraft, draft_chains

@@ -8,8 +8,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout import sampling
-from rollout.model import CausalLM
+from rollout.core import sampling
+from rollout.core.model import CausalLM
 
 from .features import RowBatch, SavedRollout, row_batch, sequence_features
 from .vocab import expand

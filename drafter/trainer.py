@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from rollout import sampling, threads
-from rollout.model import CausalLM
+from rollout.core import sampling, threads
+from rollout.core.model import CausalLM
 
 from .buffer import Entry
 from .features import RowBatch, row_batch

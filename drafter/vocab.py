@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from rollout import sampling
+from rollout.core import sampling
 
 
 def frequent_tokens(token_lists: Iterable[Sequence[int]], size: int, vocab_size: int) -> torch.Tensor:

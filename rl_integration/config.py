@@ -21,7 +21,7 @@ from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from rollout import EngineConfig, SpecConfig
 from rollout.config import DrafterSpec, is_device, need
-from rollout.vllm_config import VllmConfig
+from rollout.vllm_backend.config import VllmConfig
 
 from .config_loader import apply_override, from_dict, read_yaml
 
@@ -200,7 +200,7 @@ class RolloutSection:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS or a local Ray
-    vllm: VllmConfig = field(default_factory=VllmConfig)  # name: vllm only (rollout/vllm_config.py)
+    vllm: VllmConfig = field(default_factory=VllmConfig)  # name: vllm only (rollout/vllm_backend/config.py)
 
     RENAMED_VALUES: ClassVar[dict] = {"noise": {"per_epoch": "per_step"}}
     RENAMED_WHY: ClassVar[str] = STEP_WORDS

@@ -1,5 +1,5 @@
 """The trainer's log-probabilities of sampled tokens, from the same processed distribution the
-engine samples from (rollout.sampling.process_logits: z / T, then top-k and top-p), so ratios
+engine samples from (rollout.core.sampling.process_logits: z / T, then top-k and top-p), so ratios
 against the engine's behaviour logprobs are exact. With top-k / top-p on, a sampled token the
 trainer's own kept set drops gets about -1e4, not -inf: ratio 0 and gradient 0, not NaN.
 """
@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from rollout.sampling import process_logits
+from rollout.core.sampling import process_logits
 
 MASKED_LOGIT = -1e4  # stands in for -inf: exp() of it is 0, and its gradient is finite
 

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from rollout import threads
 from rollout.config import DrafterSpec
+from rollout.core import threads
 
 from .config import RunConfig
 
@@ -63,7 +63,7 @@ def _checkpoint_warm_start(cfg: RunConfig, policy_folder: str, prompts: Sequence
     """The folder of a checkpoint policy's head warm-started on WARM_START_PROMPTS task prompts."""
     from drafter.checkpoint_warm_start import Recipe, load_or_warm_start_for
     from drafter.head import HeadConfig
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     d = cfg.rollout.drafter
     policy = CausalLM.from_pretrained(policy_folder)

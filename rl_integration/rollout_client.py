@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout.seeds import prompt_key, sample_seed
+from rollout.core.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryRecord, HistoryStore
 
 from . import metrics as M

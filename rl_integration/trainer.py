@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 import yaml
 
-from rollout import threads
+from rollout.core import threads
 from scheduler.history_store import restore_files
 
 from . import metrics as M

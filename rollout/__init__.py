@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .lazy import lazy_exports
 
-_EXPORTS = {"Engine": ".engine", "EngineConfig": ".config", "SamplingParams": ".config",
+_EXPORTS = {"Engine": ".core.engine", "EngineConfig": ".config", "SamplingParams": ".config",
             "SpecConfig": ".config", "Completion": ".config"}
 __all__ = list(_EXPORTS)
 

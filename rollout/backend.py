@@ -8,7 +8,7 @@ import time
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
 from .config import Completion, EngineConfig, SamplingParams
-from .engine import Engine
+from .core.engine import Engine
 
 
 @runtime_checkable

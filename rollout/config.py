@@ -156,11 +156,11 @@ class SpecConfig:
     max_draft_tokens: the most draft tokens verified per request per step (k).
     max_batch_for_spec: no drafts while more requests than this run (None: always speculate).
     ngram_sizes: n-gram lengths the prompt-lookup proposer tries.
-    min_draft_prob: None prices draft tokens by the step-cost table (rollout/budget.py); a number
+    min_draft_prob: None prices draft tokens by the step-cost table (rollout/budget/budget.py); a number
         drafts every token whose chance to land is at least min_draft_prob x the share of slots used.
     step_cost: None measures it once per machine and model shape, cached; or {"tokens": [...],
-        "seconds": [...], "per_attended": s} (rollout/step_cost.py).
-    lenience: EXPERIMENTAL. None (exact) or l >= 1: SPEC-RL's lenient acceptance (rollout/lenient.py)
+        "seconds": [...], "per_attended": s} (rollout/budget/step_cost.py).
+    lenience: EXPERIMENTAL. None (exact) or l >= 1: SPEC-RL's lenient acceptance (rollout/core/lenient.py)
         of a history token whose new probability is at least 1/l of its old one. BIASED: outputs
         are no longer exact samples; stats["lenient"] counts what it accepted.
     drafter: the "drafter" proposer's settings (DrafterSpec).
@@ -190,7 +190,7 @@ class SpecConfig:
         need(self.min_draft_prob is None or 0.0 <= self.min_draft_prob < 1.0, "SpecConfig.min_draft_prob",
              "must be None (by device) or in [0, 1)", self.min_draft_prob)
         if self.step_cost is not None:
-            from .step_cost import StepCost
+            from .budget.step_cost import StepCost
 
             StepCost.from_dict(self.step_cost)
         need(self.lenience is None or self.lenience >= 1.0, "SpecConfig.lenience", "must be None (exact) or >= 1",
@@ -208,8 +208,8 @@ class EngineConfig:
     max_batch_size: KV-cache slots; at most this many requests run at once.
     max_model_len: prompt + response tokens per request.
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
-    num_threads: torch threads on a CPU; None: by model size and free cores (rollout/threads.py).
-    kept_slots: extra KV slots that keep paused requests' KV between runs (rollout/kept_slots.py).
+    num_threads: torch threads on a CPU; None: by model size and free cores (rollout/core/threads.py).
+    kept_slots: extra KV slots that keep paused requests' KV between runs (rollout/core/kept_slots.py).
     """
 
     max_batch_size: int = 64

@@ -2,9 +2,9 @@
 
 Two settings concern the whole process, so importing spectail changes neither:
 
-- OpenMP's wait policy, passive (rollout/threads.py): waiting threads sleep instead of spinning,
+- OpenMP's wait policy, passive (rollout/core/threads.py): waiting threads sleep instead of spinning,
   which matters where other programs share the cores. OpenMP reads it once, when torch loads it.
-- oneDNN capped below AMX (rollout/cpu_isa.py): torch's own bfloat16 matmuls then give a row the
+- oneDNN capped below AMX (rollout/kernels/cpu_isa.py): torch's own bfloat16 matmuls then give a row the
   same bits whatever the call's row count. oneDNN reads it once, when it makes its first kernel.
   It slows every bfloat16 matmul of the process (a trainer's too) several times on an AMX CPU.
 
@@ -12,14 +12,15 @@ spectail calls `configure()` where it owns the process: its command line (rl_int
 and its Ray workers (scheduler/worker.py, and their environment: scheduler/ray_backend.py). A
 library user may call it first thing, before importing torch; it is optional. Without it the
 engine stays exact: its bfloat16 linear layers on an AMX CPU run through spectail's own tile
-kernel (rollout/amx_linear.py), and an engine whose layers would go through an uncapped oneDNN
+kernel (rollout/kernels/amx_linear.py), and an engine whose layers would go through an uncapped oneDNN
 on AMX warns (`cpu_isa.check`).
 """
 from __future__ import annotations
 
 import os
 
-from . import cpu_isa, threads
+from .core import threads
+from .kernels import cpu_isa
 
 # torch is not imported here: configure() must be able to run before torch loads OpenMP.
 VARIABLES = ("OMP_WAIT_POLICY", *cpu_isa.ISA_VARS)

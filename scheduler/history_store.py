@@ -31,7 +31,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout.seeds import prompt_key
+from rollout.core.seeds import prompt_key
 
 from .atomic_file import TMP_SUFFIX, atomic_path, fsync_dir, link_or_copy, remove_stale
 from .history_file import KEY_COLUMNS, SCHEMA, HistoryRecord, coerce, read_file, record_at, rows_of

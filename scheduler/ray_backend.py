@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from rollout import Completion, EngineConfig, SamplingParams, cpu
-from rollout.request import make_requests
+from rollout.core.request import make_requests
 
 from .drafter_slices import DrafterSlices
 from .rollout_scheduler import RolloutScheduler, SchedulerConfig
@@ -331,7 +331,7 @@ class RayRolloutBackend:
     start_timeout_s, call_timeout_s (update_weights), chunk_timeout_s (a chunk not back by then
         counts as a dead worker), connect_timeout_s (the probe of a cluster address).
     actor_options: extra Ray actor options; worker_cls, worker_kwargs: the actor class and its
-        extra arguments (vllm_worker.py's VllmRolloutWorker holds vLLM).
+        extra arguments (scheduler/vllm_worker.py's VllmRolloutWorker holds vLLM).
     """
 
     def __init__(self, model_source, engine_config: EngineConfig = EngineConfig(), num_workers: int = 1,

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from rollout.backend import tail_seconds
-from rollout.request import Request
+from rollout.core.request import Request
 
 MODES = ("static", "divided", "divided+context")
 

@@ -2,7 +2,7 @@
 (scheduler/worker.py), so the scheduler's divided rollout, balancing and recovery run unchanged.
 
 A continued chunk is prefilled again, cheaply where vLLM's prefix cache holds it (group affinity
-keeps it on the worker that ran it), and draws fresh noise (rollout/vllm_backend.py, `chunk_seed`):
+keeps it on the worker that ran it), and draws fresh noise (rollout/vllm_backend/backend.py, `chunk_seed`):
 a request's tokens depend on where its chunks ended (docs/guarantees.md). The actor runs the
 Python that has vLLM (`make venv-vllm`) through Ray's runtime_env `py_executable`; that Python
 needs the driver's Ray version, which `actor_options` checks. Results carry prefix_cached_tokens.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from rollout import EngineConfig
-from rollout.request import Request
-from rollout.vllm_config import VllmConfig
+from rollout.core.request import Request
+from rollout.vllm_backend.config import VllmConfig
 
 from .rollout_scheduler import WorkerLost
 from .worker import by_budget, chunk_results

@@ -30,8 +30,8 @@ import time
 from typing import Any, Optional
 
 from rollout import Engine, EngineConfig, cpu
-from rollout.engine import RunStats
-from rollout.request import Request
+from rollout.core.engine import RunStats
+from rollout.core.request import Request
 
 from .engine_turns import EngineTurns
 

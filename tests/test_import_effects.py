@@ -22,7 +22,7 @@ def _effects(imports: str, first: str = "") -> list:
 
 def test_importing_every_package_leaves_the_process_alone():
     unset = {v: None for v in cpu.VARIABLES}
-    every = "import rollout, drafter, scheduler, rl_integration, rl_integration.cli, rollout.engine"
+    every = "import rollout, drafter, scheduler, rl_integration, rl_integration.cli, rollout.core.engine"
     assert _effects(every)[:3] == [unset, True, True]
     # before torch loads, too (OpenMP would read the wait policy then)
     before_torch = child_stdout("import rollout, rl_integration, drafter, scheduler, os, json; "

@@ -1,5 +1,9 @@
 """The packages' import graph: no circle between modules, layers import downwards only
 (rl_integration -> scheduler -> drafter -> rollout), and no package imports benchmarks/ or tests/.
+Inside rollout the rooms import downwards too: vllm_backend -> core, proposers, budget -> kernels.
+core, proposers and budget import each other (core's engine runs the proposers and the budget, which
+take core's Request), so they share a rank; proposers and budget use nothing of core but its Request.
+rollout's top-level modules (config, backend, cpu, lazy) are the seams between rooms and have no rank.
 
 The graph is read from the source (ast), every import statement included: module level, inside
 functions, relative ones. A lazy package __init__ (rollout, rl_integration) names the modules its
@@ -14,6 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("rollout", "drafter", "scheduler", "rl_integration")  # each may import those before it
 FORBIDDEN = ("benchmarks", "tests")
+# rollout's rooms (rollout/<room>/): each may import those of a lower rank
+ROOMS = {"kernels": 0, "core": 1, "proposers": 1, "budget": 1, "vllm_backend": 2}
+ROOM_ORDER = "kernels < core, proposers, budget < vllm_backend"
+CORE_REQUEST = "rollout.core.request"  # all that proposers and budget take from core
 
 
 def module_name(path: Path) -> str:
@@ -104,9 +112,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def room(module: str) -> str | None:
+    """The room of rollout that `module` sits in (rollout/<room>/), else None."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rollout" and len(parts) > 1 and parts[1] in ROOMS else None
+
+
 def violations(graph: dict[str, set[str]]) -> list[str]:
     """What is wrong with a module graph {module: modules it imports}: circles, imports from a lower
-    layer to a higher one, and imports of benchmarks/ or tests/. Empty when all is well."""
+    layer to a higher one (or from a lower room of rollout to a higher one), and imports of
+    benchmarks/ or tests/. Empty when all is well."""
     rank = {pkg: i for i, pkg in enumerate(LAYERS)}
     found = [f"import circle: {' -> '.join(c)}" for c in cycles(graph)]
     for module, targets in sorted(graph.items()):
@@ -117,23 +132,31 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 found.append(f"{module} imports {target}: a package never imports {there}/")
             elif there in rank and here in rank and rank[there] > rank[here]:
                 found.append(f"{module} imports {target}: {here} sits below {there} ({' -> '.join(reversed(LAYERS))})")
+            elif (a := room(module)) and (b := room(target)) and a != b:
+                if ROOMS[b] > ROOMS[a]:
+                    found.append(f"{module} imports {target}: room {a} sits below room {b} ({ROOM_ORDER})")
+                elif b == "core" and a in ("proposers", "budget") and target != CORE_REQUEST:
+                    found.append(f"{module} imports {target}: {a} takes only {CORE_REQUEST} from core")
     return found
 
 
 def test_the_packages_import_graph_has_no_circle_no_upward_import_and_no_benchmarks():
     graph = import_graph()
-    assert len(graph) > 50 and "rollout.engine" in graph["rollout"]  # the lazy __init__'s names count
-    assert "rollout.sampling" in graph["rollout.engine"]
+    assert len(graph) > 50 and "rollout.core.engine" in graph["rollout"]  # the lazy __init__'s names count
+    assert "rollout.core.sampling" in graph["rollout.core.engine"]
+    assert "rollout.vllm_backend.backend" in graph["rollout.vllm_backend"]
+    assert {room(m) for m in graph} >= set(ROOMS)  # every room is seen
     assert violations(graph) == []
 
 
 def test_the_graph_sees_relative_function_level_and_submodule_imports(tmp_path):
-    modules = {"drafter": None, "drafter.head": None, "drafter.proposer": None, "rollout": None, "rollout.engine": None}
+    modules = {"drafter": None, "drafter.head": None, "drafter.proposer": None, "rollout": None, "rollout.core": None,
+               "rollout.core.engine": None}
     src = tmp_path / "drafter" / "proposer.py"
     src.parent.mkdir()
-    src.write_text("from .head import X\nfrom rollout import engine\n"
+    src.write_text("from .head import X\nfrom rollout.core import engine\n"
                    "def f():\n    from benchmarks.bench import save_report\n    import scheduler.worker\n")
-    assert imports_of("drafter.proposer", src, modules) == {"drafter.head", "rollout.engine", "benchmarks.bench"}
+    assert imports_of("drafter.proposer", src, modules) == {"drafter.head", "rollout.core.engine", "benchmarks.bench"}
     init = tmp_path / "drafter" / "__init__.py"
     init.write_text("from . import head\n_EXPORTS = {'P': '.proposer'}\n")
     assert imports_of("drafter", init, modules) == {"drafter.head", "drafter.proposer"}
@@ -142,16 +165,26 @@ def test_the_graph_sees_relative_function_level_and_submodule_imports(tmp_path):
 @pytest.mark.parametrize("planted, message", [
     ({"rollout.a": {"rollout.b"}, "rollout.b": {"rollout.c"}, "rollout.c": {"rollout.a"}},
      "import circle: rollout.a -> rollout.b -> rollout.c"),
-    ({"rollout.engine": {"drafter.proposer"}, "drafter.proposer": set()},
-     "rollout.engine imports drafter.proposer: rollout sits below drafter"),
+    ({"rollout.core.engine": {"drafter.proposer"}, "drafter.proposer": set()},
+     "rollout.core.engine imports drafter.proposer: rollout sits below drafter"),
     ({"scheduler.worker": {"rl_integration.config"}}, "scheduler.worker imports rl_integration.config: scheduler sits"),
     ({"drafter.head": {"benchmarks.bench"}},
      "drafter.head imports benchmarks.bench: a package never imports benchmarks/"),
-    ({"rollout.engine": {"tests.conftest"}}, "rollout.engine imports tests.conftest: a package never imports tests/"),
+    ({"rollout.core.engine": {"tests.conftest"}},
+     "rollout.core.engine imports tests.conftest: a package never imports tests/"),
+    ({"rollout.kernels.ops": {"rollout.core.batch"}},
+     "rollout.kernels.ops imports rollout.core.batch: room kernels sits below room core"),
+    ({"rollout.core.model": {"rollout.vllm_backend.config"}},
+     "rollout.core.model imports rollout.vllm_backend.config: room core sits below room vllm_backend"),
+    ({"rollout.proposers.base": {"rollout.core.engine"}},
+     "rollout.proposers.base imports rollout.core.engine: proposers takes only rollout.core.request from core"),
 ])
 def test_a_planted_violation_is_found(planted, message):
     clean = {"rl_integration.cli": {"scheduler.worker", "rollout"}, "scheduler.worker": {"drafter.head"},
-             "drafter.head": {"rollout.engine"}, "rollout.engine": set(), "rollout": {"rollout.engine"}}
+             "drafter.head": {"rollout.core.engine"}, "rollout": {"rollout.core.engine"},
+             "rollout.core.engine": {"rollout.kernels.ops", "rollout.proposers.base", "rollout.budget.budget"},
+             "rollout.proposers.base": {"rollout.core.request"}, "rollout.budget.budget": {"rollout.core.request"},
+             "rollout.vllm_backend.backend": {"rollout.core.model", "rollout.kernels.cpu_isa"}}
     assert violations(clean) == []
     graph = {m: set(t) for m, t in clean.items()}
     for module, targets in planted.items():

@@ -1,5 +1,5 @@
 import torch, sys
-from rollout.linear import PackedLinear
+from rollout.kernels.linear import PackedLinear
 torch.manual_seed(0)
 dt = getattr(torch, sys.argv[1])
 for (k, n) in [(512, 512), (4864, 896), (896, 4864), (2048, 2048)]:

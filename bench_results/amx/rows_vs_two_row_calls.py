@@ -1,5 +1,5 @@
 import torch
-from rollout.linear import PackedLinear
+from rollout.kernels.linear import PackedLinear
 torch.manual_seed(0)
 for (k, n) in [(512, 512), (512, 256), (256, 512), (512,1024)]:
     layer = PackedLinear(k, n, bias=False).to(torch.bfloat16)

@@ -250,7 +250,7 @@ def load_or_warm_start_drafter(policy_folder: str, task_cfg: TaskConfig, kind: s
     from drafter.head import HeadConfig
     from drafter.trainer import TrainConfig
     from drafter.warm_start import load_or_warm_start
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     folder = drafter_folder(policy_folder, kind, window, layer)
     policy = CausalLM.from_pretrained(policy_folder)
@@ -271,7 +271,7 @@ def sample_rollouts(policy, policy_folder: str, task_cfg: TaskConfig, num_prompt
     """drafter.features.SavedRollout's of the policy at T = 1 on problems drawn with `seed`."""
     from drafter.features import SavedRollout
     from rollout import Engine, EngineConfig, SamplingParams
-    from rollout.seeds import prompt_key, sample_seed
+    from rollout.core.seeds import prompt_key, sample_seed
 
     tok = load_checkpoint(policy_folder)[1]
     problems = make_problems(dataclasses.replace(task_cfg, num_problems=num_prompts, seed=seed))

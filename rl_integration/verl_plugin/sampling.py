@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any, Optional
 
 from rollout import SamplingParams
-from rollout.seeds import prompt_key, sample_seed
+from rollout.core.seeds import prompt_key, sample_seed
 
 ACCEPTED = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "max_new_tokens",
             "ignore_eos", "n")

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 from rollout import Engine, cpu
-from rollout.request import check_ids
+from rollout.core.request import check_ids
 
 from .batcher import Batcher
 from .options import check_parallelism, engine_config, max_model_len, server_options

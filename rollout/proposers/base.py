@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
-from ..request import Request
+from ..core.request import Request
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..request import Request
+from ..core.request import Request
 from .base import Draft, Proposer, StepResult
 
 

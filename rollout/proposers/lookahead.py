@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
-from ..request import Request
+from ..core.request import Request
 from .base import Draft, Proposer, StepResult
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from typing import Optional
 
-from ..request import Request
+from ..core.request import Request
 from .base import Draft, Proposer
 
 

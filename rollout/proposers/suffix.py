@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Hashable, Optional
 
-from ..request import Request
+from ..core.request import Request
 from .base import Draft, Proposer, StepResult
 
 START = -1  # marks the start of a response (token ids are >= 0)

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from drafter.features import SavedRollout, sequence_features
-from rollout import Engine, EngineConfig, SamplingParams, threads
-from rollout.model import CausalLM
+from rollout import Engine, EngineConfig, SamplingParams
+from rollout.core import threads
+from rollout.core.model import CausalLM
 from tests.conftest import tiny_hf_model
 
 VOCAB = 101
@@ -44,6 +45,6 @@ def rollouts(policy):
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """These models are tiny: a second torch thread only adds wake-ups (rollout/threads.py)."""
+    """These models are tiny: a second torch thread only adds wake-ups (rollout/core/threads.py)."""
     with threads.using(1):
         yield

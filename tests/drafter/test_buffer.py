@@ -88,8 +88,8 @@ def test_refresh_recomputes_stale_features_under_new_weights(policy, rollouts):
 def test_refresh_on_a_policy_whose_output_layer_packs():
     """The crash of `spectail train` with the drafter on a real checkpoint: sequence_features
     asks no logit rows, and an lm_head large enough for oneDNN's packed path got 0 rows."""
-    from rollout.linear import PACK_MIN_WEIGHTS, packs
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
+    from rollout.kernels.linear import PACK_MIN_WEIGHTS, packs
     from tests.conftest import tiny_hf_model
 
     policy = CausalLM.from_pretrained(tiny_hf_model("llama", vocab=4096, seed=5))

@@ -10,7 +10,7 @@ from drafter.checkpoint_warm_start import Recipe, cache_key, load_or_warm_start_
 from drafter.features import sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import simulated_acceptance
-from rollout import linear
+from rollout.kernels import linear
 
 from .conftest import VOCAB, sample_rollouts, sharp_policy
 

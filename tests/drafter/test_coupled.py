@@ -6,7 +6,7 @@ import torch
 
 from drafter import coupled
 from drafter.draft import Chain
-from rollout import noise_kernel
+from rollout.kernels import noise_kernel
 
 
 def chains(n, temperature=1.0, top_k=0, top_p=1.0, greedy_at=None):

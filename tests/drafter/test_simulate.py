@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from drafter.features import row_batch, sequence_features
 from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import chain_runs, simulated_acceptance, summarize
-from rollout import SamplingParams, sampling
+from rollout import SamplingParams
+from rollout.core import sampling
 from tests.conftest import tiny_hf_model
 from tests.drafter.conftest import VOCAB, sample_rollouts
 
@@ -98,7 +99,7 @@ def test_random_head_acceptance_is_what_gumbel_coupling_predicts(policy, rollout
 
 
 def test_coupled_drafts_use_the_samples_noise(policy, rollouts):
-    """A draft is rollout.sampling's coupled sample at (seed, response position)."""
+    """A draft is rollout.core.sampling's coupled sample at (seed, response position)."""
     rolls, feats = rollouts
     rb = row_batch(rolls[:3], feats[:3])
     from drafter.simulate import coupled_drafts

@@ -9,7 +9,7 @@ from drafter.head import DraftHead, HeadConfig
 from drafter.simulate import simulated_acceptance
 from drafter.trainer import TrainConfig, batch_loss, new_state, teacher, train
 from drafter.warm_start import warm_start
-from rollout import sampling
+from rollout.core import sampling
 from tests.drafter.conftest import sample_rollouts
 
 
@@ -48,7 +48,7 @@ def test_training_leaves_the_policy_alone(policy, rollouts):
 
 def test_head_reads_the_policys_live_weights(policy, rollouts):
     """No copy: changing the policy's lm_head / embeddings changes the head's output."""
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
     from tests.drafter.conftest import sharp_policy
 
     pol = sharp_policy(seed=3)

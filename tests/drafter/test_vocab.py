@@ -14,7 +14,8 @@ from drafter.simulate import chain_runs
 from drafter.trainer import TrainConfig, batch_loss
 from drafter.vocab import expand, frequent_tokens
 from drafter.warm_start import warm_start
-from rollout import noise_kernel, sampling
+from rollout.core import sampling
+from rollout.kernels import noise_kernel
 
 from .test_draft import chain_at, run_of
 

@@ -53,14 +53,14 @@ def chat_prompts(tokenizer):
 @pytest.fixture(scope="session")
 def policy(smollm2):
     """spectail's CausalLM of the float32 folder (shared: engines built on it do not change it)."""
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     return CausalLM.from_pretrained(smollm2, torch.float32)
 
 
 @pytest.fixture(scope="session")
 def policy_bf16(smollm2_bf16):
-    from rollout.model import CausalLM
+    from rollout.core.model import CausalLM
 
     return CausalLM.from_pretrained(smollm2_bf16, torch.bfloat16)
 

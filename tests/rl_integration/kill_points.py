@@ -74,7 +74,7 @@ def track_and_record(path: str) -> None:
 
 
 def _rollout(armed) -> None:
-    from rollout.engine import Engine
+    from rollout.core.engine import Engine
     from scheduler.rollout_scheduler import RolloutScheduler
 
     generate, receive = Engine.generate, RolloutScheduler._receive

@@ -10,7 +10,7 @@ from rl_integration import online_drafter
 from rl_integration.config import load_config
 from rl_integration.dataset import encode_prompts
 from rl_integration.trainer import load_policy, load_problems
-from rollout.model import CausalLM
+from rollout.core.model import CausalLM
 
 
 def test_a_checkpoint_policy_gets_a_cached_warm_started_head(tiny_run, tmp_path):

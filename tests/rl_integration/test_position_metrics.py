@@ -1,7 +1,7 @@
 """Acceptance per draft position: counted on each request, summed per call and per step."""
 from rl_integration import metrics as M
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.request import Request
+from rollout.core.request import Request
 from tests.conftest import tiny_hf_model
 
 

@@ -11,7 +11,7 @@ import torch
 from rl_integration.config import RolloutSection, RunConfig, demo_engine
 from rl_integration.rollout_client import RolloutClient
 from rollout import EngineConfig, SpecConfig
-from rollout.seeds import prompt_key, sample_seed
+from rollout.core.seeds import prompt_key, sample_seed
 from scheduler.history_store import HistoryStore
 from tests.conftest import tiny_hf_model
 

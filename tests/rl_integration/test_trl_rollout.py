@@ -15,7 +15,7 @@ trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'spec
 from rl_integration.trl_gather import gather_generate_scatter  # noqa: E402
 from rl_integration.trl_rollout import SpectailRollout, group_prompts  # noqa: E402
 from rl_integration.trl_weights import check_mergeable, policy_weights, unwrap  # noqa: E402
-from rollout.seeds import prompt_key, sample_seed  # noqa: E402
+from rollout.core.seeds import prompt_key, sample_seed  # noqa: E402
 from tests.rl_integration.conftest import load_example  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

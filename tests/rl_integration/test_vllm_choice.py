@@ -8,7 +8,7 @@ import pytest
 
 from rl_integration.config import load_config
 from rl_integration.rollout_client import RolloutClient, build_backend
-from rollout.vllm_config import VllmConfig
+from rollout.vllm_backend.config import VllmConfig
 from scheduler import vllm_worker
 from tests.conftest import tiny_hf_model
 

@@ -1,11 +1,11 @@
-"""bfloat16 linear layers on AMX tiles (rollout/amx_linear.py): the same map as F.linear within
+"""bfloat16 linear layers on AMX tiles (rollout/kernels/amx_linear.py): the same map as F.linear within
 bfloat16's rounding, and a row's bits independent of the rows that share the call, of its position
 and of the thread count; the engine's bfloat16 layers take it where the CPU has AMX."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from rollout import amx_linear, linear
+from rollout.kernels import amx_linear, linear
 
 pytestmark = pytest.mark.skipif(amx_linear.load() is None,
                                 reason="no AMX tiles here (CPU without AMX-BF16, or the kernel could not be built)")

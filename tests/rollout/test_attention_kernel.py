@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout import Engine, EngineConfig, SamplingParams, attention_kernel
+from rollout import Engine, EngineConfig, SamplingParams
+from rollout.kernels import attention_kernel
 from tests.conftest import tiny_hf_model
 
 

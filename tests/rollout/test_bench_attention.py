@@ -4,7 +4,7 @@ import json
 import pytest
 
 from benchmarks import bench_attention
-from rollout import attention_kernel
+from rollout.kernels import attention_kernel
 
 
 def test_the_attention_bench_compares_the_same_tokens_in_two_orders(tmp_path, capsys):

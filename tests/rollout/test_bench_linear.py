@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks import bench_amx, bench_linear
-from rollout import amx_linear, linear_kernel
+from rollout.kernels import amx_linear, linear_kernel
 
 BENCHES = {"float32 (linear_kernel)": (bench_linear, linear_kernel, "mkl", "it needs a C compiler and AVX-512"),
            "bfloat16 (amx_kernel)": (bench_amx, amx_linear, "onednn", "it needs AMX-BF16, Linux and a C compiler")}

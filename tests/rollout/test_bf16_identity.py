@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, attention_kernel
-from rollout.linear import PackedLinear
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.kernels import attention_kernel
+from rollout.kernels.linear import PackedLinear
 from tests.conftest import tiny_hf_model
 from tests.rollout.test_engine import OracleProposer
 
@@ -44,7 +45,7 @@ def same(outs, ref):
 
 @pytest.fixture(params=["kernel", "torch"])
 def attention(request, monkeypatch):
-    """Both attention paths of the CPU: the C kernel (rollout/attention_kernel.py) and torch's on
+    """Both attention paths of the CPU: the C kernel (rollout/kernels/attention_kernel.py) and torch's on
     invariant grids (other devices, or no C compiler)."""
     if request.param == "kernel" and attention_kernel.load() is None:
         pytest.skip("the CPU attention kernel could not be built here (no C compiler?)")
@@ -101,8 +102,8 @@ def test_a_one_row_bf16_linear_call_rounds_like_a_row_of_a_batch():
 def test_a_position_gets_the_same_logits_in_any_grid():
     """Forward level, at every position of a long context: a decode alone, beside a row that
     reaches further (so the grid reads more keys), and as the last token of a verify row."""
-    from rollout.batch import ForwardBatch
-    from rollout.model import CausalLM
+    from rollout.core.batch import ForwardBatch
+    from rollout.core.model import CausalLM
 
     hf = tiny_hf_model("llama", vocab=VOCAB, seed=5, intermediate_size=256, initializer_range=0.1,
                        **SHAPES["8 heads"])

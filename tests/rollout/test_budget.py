@@ -1,4 +1,4 @@
-"""The draft budget (rollout/budget.py): the rule picks the lengths the cost table and the rates
+"""The draft budget (rollout/budget/budget.py): the rule picks the lengths the cost table and the rates
 call for, acceptance is learnt from counts, the step cost is measured once and cached, and the
 same rollout drafts the same on an idle machine and beside a CPU burner."""
 import itertools
@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, step_cost
-from rollout import budget as B
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.budget import budget as B
+from rollout.budget import step_cost
 from rollout.proposers.base import Draft, Proposer
 from tests.rollout.test_golden_replay import PROMPTS, peaked_model
 

@@ -6,13 +6,15 @@ import os
 import pytest
 import torch
 
-from rollout import amx_linear, cpu_isa, vllm_backend
+from rollout.kernels import amx_linear, cpu_isa
+from rollout.vllm_backend import backend as vllm_backend
 from tests.conftest import child_stdout
 
 # An engine in bfloat16 on a tiny model, built in a child: it reports the probe and any warning.
 ENGINE = """
 import warnings, torch{first}
-from rollout import Engine, EngineConfig, cpu, cpu_isa
+from rollout import Engine, EngineConfig, cpu
+from rollout.kernels import cpu_isa
 {configure}
 from tests.tiny_models import tiny_hf_model
 hf = tiny_hf_model("llama")
@@ -63,7 +65,7 @@ def test_without_the_cap_amx_rows_differ_and_the_engine_warns_unless_its_layers_
     # oneDNN made its kernels before the cap was set: too late to cap, and said so
     late = "\ntorch.ops.mkldnn._reorder_linear_weight(torch.ones(64, 64, dtype=torch.bfloat16), 32)"
     assert engine(first=late, SPECTAIL_C_KERNELS="0") == "False True"
-    if amx_linear.load() is not None:  # rollout/amx_kernel.c keeps a row's bits: nothing to warn about
+    if amx_linear.load() is not None:  # rollout/kernels/amx_kernel.c keeps a row's bits: nothing to warn about
         assert engine(ONEDNN_MAX_CPU_ISA="AVX512_CORE_AMX") == "False False"
         assert engine(configure="") == "False False"  # the user's process, not configured: still exact
 

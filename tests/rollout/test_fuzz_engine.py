@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 from benchmarks.soak import leftover_state
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.request import make_requests
+from rollout.core.request import make_requests
 from tests.conftest import tiny_hf_model
 from tests.fuzz_counts import count
 from tests.rollout.fuzz_inputs import BAD, EITHER, OK, generate_args

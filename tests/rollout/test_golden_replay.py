@@ -1,6 +1,6 @@
 """A fixed workload replayed against a golden file: the same tokens, the same per-proposer
 proposed / accepted counts, the same forwards per request and the same engine step count as
-when the file was made. The cases run the default budget (rollout/budget.py) with a step-cost
+when the file was made. The cases run the default budget (rollout/budget/budget.py) with a step-cost
 table given here, so the drafts do not depend on the machine. Refactors of the engine, the
 proposers and the budget must leave all of it unchanged; a change that means to alter the
 drafts regenerates the file on purpose (tokens must never change):

@@ -3,11 +3,11 @@ import random
 
 import pytest
 
-from rollout import lenient
 from rollout.config import SamplingParams
+from rollout.core import lenient
+from rollout.core.request import Request
 from rollout.proposers.base import Proposer
 from rollout.proposers.history import HistoryProposer
-from rollout.request import Request
 from tests.rollout.proposer_sim import drafted, finish, observe, propose, run
 
 

@@ -1,4 +1,4 @@
-"""Kept KV slots (rollout/kept_slots.py): a request paused by one run and continued by a later run
+"""Kept KV slots (rollout/core/kept_slots.py): a request paused by one run and continued by a later run
 on the same engine resumes from its kept KV instead of prefilling again, and its tokens are the
 plain engine's, token for token; stale KV (other weights, another context) is never reused."""
 import random

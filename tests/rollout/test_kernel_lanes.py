@@ -1,7 +1,7 @@
 """The C kernels' bits do not depend on the machine's vector width.
 
 Lane-wise arithmetic runs in `mvec` (MLANES floats: 16 where the CPU has AVX-512, 8 elsewhere,
-rollout/kernel_math.h) and sums across lanes keep LANES = 16 partial sums, so an AVX2 machine and
+rollout/kernels/kernel_math.h) and sums across lanes keep LANES = 16 partial sums, so an AVX2 machine and
 an AVX-512 one sample the same tokens. Both widths are built here, on this machine, from the same
 source, and must agree bit for bit on random inputs (float32 and bfloat16 caches, windows, verify
 rows and lone tokens, head sizes that are not a multiple of either width). The linear kernel's
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from drafter import head_kernel
-from rollout import attention_kernel, c_kernels, linear_kernel
+from rollout.kernels import attention_kernel, c_kernels, linear_kernel
 
 
 def build(source, lanes: int, folder, *flags: str) -> ctypes.CDLL:

@@ -1,4 +1,4 @@
-"""The packed oneDNN linear layers (rollout/linear.py): the same map as nn.Linear, a row's bits
+"""The packed oneDNN linear layers (rollout/kernels/linear.py): the same map as nn.Linear, a row's bits
 independent of how many rows share the call, and a pack that follows every change of the weight."""
 import copy
 import pickle
@@ -6,8 +6,8 @@ import pickle
 import pytest
 import torch
 
-from rollout import linear
-from rollout.linear import PackedLinear
+from rollout.kernels import linear
+from rollout.kernels.linear import PackedLinear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 

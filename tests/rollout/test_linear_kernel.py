@@ -1,4 +1,4 @@
-"""The small float32 linear kernel (rollout/linear_kernel.py): the same map as nn.Linear, one
+"""The small float32 linear kernel (rollout/kernels/linear_kernel.py): the same map as nn.Linear, one
 chain of fused multiply-adds per output so a row's bits never depend on what shares the call
 (MKL's sgemm gives one to three rows other bits), and the engine's model gives a token the same
 logits alone as in a batch."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollout import linear_kernel
-from rollout.batch import ForwardBatch
-from rollout.linear import PackedLinear, bound
-from rollout.model import CausalLM
+from rollout.core.batch import ForwardBatch
+from rollout.core.model import CausalLM
+from rollout.kernels import linear_kernel
+from rollout.kernels.linear import PackedLinear, bound
 from tests.conftest import tiny_hf_model
 
 LIBRARY = linear_kernel.load()

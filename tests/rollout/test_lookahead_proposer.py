@@ -4,12 +4,12 @@ import math
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
-from rollout.budget import Budget
+from rollout.budget.budget import Budget
 from rollout.config import SamplingParams as SP
+from rollout.core.request import Request
 from rollout.proposers.base import Draft
 from rollout.proposers.lookahead import LookaheadProposer
 from rollout.proposers.ngram import NgramProposer
-from rollout.request import Request
 from tests.conftest import tiny_hf_model
 from tests.rollout.proposer_sim import finish, observe, propose
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 import transformers
 
-from rollout.batch import ForwardBatch
-from rollout.model import CausalLM
+from rollout.core.batch import ForwardBatch
+from rollout.core.model import CausalLM
 from tests.conftest import ARCH_CONFIGS, tiny_hf_model
 
 

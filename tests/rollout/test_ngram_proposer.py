@@ -1,8 +1,8 @@
 """NgramProposer (prompt lookup): the last n tokens seen before predict what follows them."""
 from rollout.config import SamplingParams
+from rollout.core.request import Request
 from rollout.proposers.base import Proposer
 from rollout.proposers.ngram import NgramProposer
-from rollout.request import Request
 from tests.rollout.proposer_sim import propose
 
 

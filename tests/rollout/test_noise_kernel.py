@@ -1,6 +1,6 @@
 """The CPU noise kernel gives the torch reference's bits, and sampling without it the same tokens.
 
-rollout/noise_kernel.c and sampling._log_exponential_ spell out one arithmetic (integer hashing,
+rollout/kernels/noise_kernel.c and sampling._log_exponential_ spell out one arithmetic (integer hashing,
 correctly rounded +, -, *, /); any difference in a constant, an order of operations or a
 contraction shows up here as unequal bits. Where no C compiler exists the kernel tests skip and
 the engine runs the reference, which the last tests pin down.
@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout import c_kernels, noise_kernel, sampling
+from rollout.core import sampling
+from rollout.kernels import c_kernels, noise_kernel
 
 CPU = torch.device("cpu")
 

@@ -1,9 +1,10 @@
-"""The row-wise kernels (rollout/pointwise_kernel.py): the rotary embedding with the torch
+"""The row-wise kernels (rollout/kernels/pointwise_kernel.py): the rotary embedding with the torch
 expression's bits, RMSNorm close to torch's with a row's bits independent of the other rows."""
 import pytest
 import torch
 
-from rollout import model, ops, pointwise_kernel
+from rollout.core import model
+from rollout.kernels import ops, pointwise_kernel
 
 pytestmark = pytest.mark.skipif(pointwise_kernel.load() is None, reason="no C compiler for the pointwise kernel")
 

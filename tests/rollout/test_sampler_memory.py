@@ -7,15 +7,16 @@ import sys
 
 import torch
 
-from rollout import sampling
 from rollout.config import SamplingParams
+from rollout.core import sampling
 
 ROWS, VOCAB = 576, 151_936  # a 64-request verify step of 9 tokens each, Qwen2's vocabulary
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = f"""
 import resource, sys, torch
-from rollout import noise_kernel, sampling
+from rollout.core import sampling
+from rollout.kernels import noise_kernel
 from rollout.config import SamplingParams
 assert noise_kernel.load() is None  # the torch path
 torch.set_num_threads(1)

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from rollout import sampling
 from rollout.config import SamplingParams
-from rollout.sampling import gumbel_noise, process_logits, sample, sampling_tensors
+from rollout.core import sampling
+from rollout.core.sampling import gumbel_noise, process_logits, sample, sampling_tensors
 
 ALPHA = 1e-4
 EULER_GAMMA = 0.5772156649015329

@@ -7,10 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rollout.engine as engine_module
-from rollout import Engine, EngineConfig, SamplingParams, SpecConfig, attention_kernel
-from rollout.kv_cache import KVCache
-from rollout.slot_order import arrange
+import rollout.core.engine as engine_module
+from rollout import Engine, EngineConfig, SamplingParams, SpecConfig
+from rollout.core.kv_cache import KVCache
+from rollout.core.slot_order import arrange
+from rollout.kernels import attention_kernel
 from tests.conftest import tiny_hf_model
 
 

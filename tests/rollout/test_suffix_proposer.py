@@ -4,9 +4,9 @@ import random
 import pytest
 
 from rollout.config import SamplingParams
+from rollout.core.request import Request
 from rollout.proposers.base import Proposer
 from rollout.proposers.suffix import SuffixIndex, SuffixProposer
-from rollout.request import Request
 from tests.rollout.proposer_sim import drafted, drop_group, finish, observe, propose, run, step
 
 

@@ -4,7 +4,8 @@ import os
 
 import torch
 
-from rollout import Engine, EngineConfig, SamplingParams, threads
+from rollout import Engine, EngineConfig, SamplingParams
+from rollout.core import threads
 from tests.conftest import child_stdout, tiny_hf_model
 
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -21,7 +22,7 @@ def test_configuring_before_torch_makes_openmp_wait_passively():
     assert _policy_in_child(f"{configure}; import scheduler; {show}") == "PASSIVE"
     assert _policy_in_child(f"{configure}; {show}", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"  # the user's wins
     assert _policy_in_child(f"import rl_integration, scheduler; {show}") == "None"  # importing sets nothing
-    late = _policy_in_child(f"import torch; {configure}; import os; from rollout import threads; "
+    late = _policy_in_child(f"import torch; {configure}; import os; from rollout.core import threads; "
                             "print(os.environ.get('OMP_WAIT_POLICY'), '|', threads.wait_policy())")
     assert late.startswith("None |") and "spinning" in late  # too late to change: said so
 

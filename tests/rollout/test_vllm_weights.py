@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
-from rollout import vllm_backend, vllm_checkpoint
-from rollout.vllm_config import VllmConfig
-from rollout.vllm_weights import checked_update, checkpoint_layout, pack, unpack
+from rollout.vllm_backend import backend as vllm_backend
+from rollout.vllm_backend import checkpoint as vllm_checkpoint
+from rollout.vllm_backend.config import VllmConfig
+from rollout.vllm_backend.weights import checked_update, checkpoint_layout, pack, unpack
 from tests.conftest import tiny_hf_model
 
 

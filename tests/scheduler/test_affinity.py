@@ -1,11 +1,11 @@
 """Affinity: a paused request goes back to the worker keeping its KV and resumes there without
-prefill (rollout/kept_slots.py); in the context-aware mode it is displaced there (still kept) only
+prefill (rollout/core/kept_slots.py); in the context-aware mode it is displaced there (still kept) only
 by a clearly longer request, and moved only where that runs it much sooner, or when its holder is
 gone. The tokens never change: the Ray rollouts equal the local engine's."""
 import pytest
 
 from rollout import Engine, EngineConfig, SamplingParams
-from rollout.request import make_requests
+from rollout.core.request import make_requests
 from scheduler import RayRolloutBackend, SchedulerConfig
 from scheduler.ray_backend import default_kept_slots
 from scheduler.rollout_scheduler import RolloutScheduler

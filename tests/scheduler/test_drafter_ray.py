@@ -15,7 +15,7 @@ from drafter.export import export, from_state, head_state  # noqa: E402
 from drafter.head import DraftHead, HeadConfig  # noqa: E402
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
 from rollout.config import DrafterSpec  # noqa: E402
-from rollout.model import CausalLM  # noqa: E402
+from rollout.core.model import CausalLM  # noqa: E402
 from scheduler import RayRolloutBackend  # noqa: E402
 from scheduler.worker import RolloutWorker  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402

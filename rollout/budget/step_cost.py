@@ -1,0 +1,111 @@
+"""The step-cost table the draft budget (rollout/budget/budget.py) prices draft tokens with.
+
+A forward feeding F tokens that attend over A context tokens costs `table(F) + per_attended x A`
+seconds: `table` is piecewise linear through a short profile of forwards taken once per (device,
+CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else ~/.cache/spectail)
+/step_cost, or given as SpecConfig.step_cost.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+def attended(cached: int, tokens: int) -> int:
+    """The context `tokens` new tokens after `cached` ones attend over, summed (each reads itself too)."""
+    return tokens * cached + tokens * (tokens + 1) // 2
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """seconds(F, A) = table(F) + per_attended x A; `tokens` ascending, `seconds` non-decreasing."""
+
+    tokens: tuple
+    seconds: tuple
+    per_attended: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepCost:
+        if not isinstance(d, dict) or "tokens" not in d or "seconds" not in d:
+            raise ValueError(f"step_cost must be a dict with 'tokens' and 'seconds' lists, got {d!r}")
+        tokens, seconds = [int(t) for t in d["tokens"]], [float(s) for s in d["seconds"]]
+        if not tokens or len(tokens) != len(seconds) or tokens != sorted(set(tokens)) or tokens[0] < 1:
+            raise ValueError(f"step_cost needs ascending distinct 'tokens' >= 1 and as many 'seconds', got {d!r}")
+        if min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0:
+            raise ValueError(f"step_cost seconds and per_attended must be >= 0, got {d!r}")
+        for i in range(1, len(seconds)):  # a forward never costs less for feeding more (noise aside)
+            seconds[i] = max(seconds[i], seconds[i - 1])
+        return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)))
+
+    def table(self, fed: float) -> float:
+        """Linear between the measured points; beyond them, along the nearest segment (flat with one point)."""
+        t, s = self.tokens, self.seconds
+        if len(t) == 1:
+            return s[0]
+        i = min(max(bisect.bisect_right(t, fed) - 1, 0), len(t) - 2)
+        return max(s[i] + (s[i + 1] - s[i]) * (fed - t[i]) / (t[i + 1] - t[i]), 0.0)
+
+    def marginal(self, fed: int) -> float:
+        """Seconds one more fed token adds to a forward that feeds `fed`."""
+        return self.table(fed + 1) - self.table(fed)
+
+
+def cache_path(key: dict) -> str:
+    root = os.environ.get("SPECTAIL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "spectail")
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(root, "step_cost", f"{digest}.json")
+
+
+def cached(key: dict, measure: Callable[[], dict]) -> dict:
+    """The measurement stored under `key`, else `measure()` stored there (atomically)."""
+    path = cache_path(key)
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+        if stored.get("key") == key:
+            return stored["value"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    value = measure()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": key, "value": value}, f)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: measured again next time, nothing worse
+        warnings.warn(f"step cost not cached at {path}: {e}", stacklevel=2)
+    return value
+
+
+def machine() -> str:
+    """The CPU model (what a CPU forward's speed depends on besides the model and threads)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.machine())
+    except OSError:
+        return platform.machine() or platform.processor()
+
+
+def profile_grid(most: int) -> list[int]:
+    """Fed-token counts the profile times: powers of two below `most`, and `most`."""
+    return [1 << i for i in range(max(most - 1, 0).bit_length())] + [max(most, 1)]
+
+
+def profile(time_forward: Callable[[int, int], float], grid: Sequence[int], rows: int, context: int) -> dict:
+    """A StepCost dict from time_forward(fed, cached): seconds of a forward feeding `fed` tokens
+    over the slots after `cached` each; per_attended from `rows` rows after `context` tokens each."""
+    seconds = [time_forward(f, 0) for f in grid]
+    cost = StepCost.from_dict({"tokens": list(grid), "seconds": seconds})
+    per_attended = 0.0
+    if context > 0:
+        extra = rows * (attended(context, 1) - attended(0, 1))
+        per_attended = max(time_forward(rows, context) - cost.table(rows), 0.0) / extra
+    return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended}
