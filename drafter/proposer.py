@@ -47,7 +47,7 @@ class _State:
 
 class DrafterProposer(Proposer):
     name = "drafter"
-    prior = 0.8  # a head is set because it was trained for this policy
+    prior = 0.3  # a head is only as good as its training: a fresh one earns its place in the budget
 
     def __init__(self, model, spec: DrafterSpec, num_slots: int, max_len: int, max_positions: int):
         self.model, self.spec = model, spec

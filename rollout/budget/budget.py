@@ -188,10 +188,12 @@ class Budget:
         floor = self.min_draft_prob * min(max(load, 0.0), 1.0) if not self.priced else self.price(running, context)
         for p in proposers:
             table = self.table(p)
-            top = max(map(max, table))
-            # a proposer's own cost per draft position (a draft head's forward) raises its floor
+            # a proposer's own cost per draft position (a draft head's forward) raises its floor; it
+            # is paid for every request asked, before the draft's confidence is known, so such a
+            # proposer is asked on its rates over all confidences (bin 0), not its best bin's
             own = p.position_cost(running) / max(self.per_emitted(running, context) * running, 1e-12) if self.priced \
                 else 0.0
+            top = max(row[0] for row in table) if own > 0 else max(map(max, table))
             offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
 

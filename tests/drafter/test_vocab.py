@@ -180,8 +180,9 @@ def test_the_engine_drafts_with_a_sub_vocabulary_head_and_tokens_stay_plain(poli
     seeds = list(range(500, 510))
     ref = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96)).generate(prompts, params, seeds)
     eng = Engine(policy, EngineConfig(max_batch_size=4, max_model_len=96,
-                                      spec=SpecConfig(proposers=("drafter",), drafter=DrafterSpec())))
+                                      spec=SpecConfig(proposers=("drafter",), min_draft_prob=0.0,
+                                                                    drafter=DrafterSpec())))
     DrafterProposer.of(eng).set_head(head, 1)
     out = eng.generate(prompts, params, seeds)
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
-    assert sum(o.stats["proposed"].get("drafter", 0) for o in out) > 0  # (how much: the budget, timed)
+    assert sum(o.stats["proposed"].get("drafter", 0) for o in out) > 0  # (a fixed floor of 0: it always drafts)

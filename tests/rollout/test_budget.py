@@ -90,6 +90,17 @@ def test_a_proposer_with_a_position_cost_runs_the_positions_that_pay():
     assert budget(cost=None, min_draft_prob=0.0).plan_step([dear], 4, 1.0).offers[0].most == 8  # unpriced
 
 
+def test_a_proposer_with_a_cost_of_its_own_is_asked_on_its_rate_over_all_confidences():
+    b = budget(CHEAP)
+    free, dear = Fixed("free", prior=0.5), Fixed("dear", prior=0.5, position_s=1e-6)
+    for p in (free, dear):  # one token in ten is confident and lands, the rest miss
+        for i in range(200):
+            b.learn(Draft([1], p, confidence=[0.999 if i % 10 == 0 else 0.1]), int(i % 10 == 0))
+    free_offer, dear_offer = b.plan_step([free, dear], 16, 1.0).offers
+    assert free_offer.top > 0.8 and free_offer.most > 0  # asking is free: its confident drafts may win
+    assert dear_offer.top < 0.15 and dear_offer.most == 0  # each ask costs: 0.1 on average does not pay
+
+
 def test_each_request_takes_the_proposer_with_the_longest_expected_run():
     b = budget(CHEAP)
     short_sure, long_unsure = Fixed("a", 0.95, tokens=[1, 2]), Fixed("b", 0.6, tokens=range(8))
