@@ -40,10 +40,8 @@ class StepCost:
             raise ValueError(f"step_cost needs ascending distinct 'tokens' >= 1 and as many 'seconds', got {d!r}")
         if min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0:
             raise ValueError(f"step_cost seconds and per_attended must be >= 0, got {d!r}")
-        # a forward never costs less for feeding more, and noise only adds time: where a smaller
-        # forward measured slower, the larger one's time is the better estimate of both
-        for i in range(len(seconds) - 2, -1, -1):
-            seconds[i] = min(seconds[i], seconds[i + 1])
+        for i in range(1, len(seconds)):  # a forward never costs less for feeding more (noise aside)
+            seconds[i] = max(seconds[i], seconds[i - 1])
         return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)))
 
     def table(self, fed: float) -> float:

@@ -85,6 +85,9 @@ class Engine:
         self.last_run = RunStats()
         # `cores` watches the cores other programs hold, where the engine chose its thread count
         self.num_threads, self.cores = self._threads(config.num_threads) if self.device.type == "cpu" else (None, None)
+        if self.budget is not None and self.budget.priced and self.budget.cost is None:
+            # a start-up cost (cached), not the first rollout's
+            self.budget.cost = step_cost.StepCost.from_dict(self._step_cost())
 
     def _threads(self, requested: Optional[int]) -> tuple[int, Optional[threads.CoreWatch]]:
         """Torch threads on the CPU: as requested, else by model size and speed here (rollout/core/threads.py)."""
@@ -180,8 +183,6 @@ class Engine:
         waiting = self._admit(requests, max_new_tokens, keep, max_steps)
         if self.budget is not None:
             self.budget.new_run()
-            if self.budget.priced and self.budget.cost is None:
-                self.budget.cost = step_cost.StepCost.from_dict(self._step_cost())
         kept = self.kept.begin(requests, keep) if keep is not None else None
         gc_was_on = gc.isenabled()
         # the loop makes no reference cycles; the collector would scan a trainer's whole heap
