@@ -6,15 +6,10 @@
     ckpt = load_checkpoint(path)                             # pieces; ValueError saying what is wrong
     AutoModelForCausalLM.from_pretrained(path)               # the policy: the folder is a Hugging Face one
 
-`step-N/` is the run after N steps; its files are listed in docs/checkpoints.md. manifest.json,
-written last, records every file's size and sha256 (history files, the store's own immutable
-Parquet files, by size only: hashing them would read the whole store at every save). No extra
-file ends in .safetensors (the engine loads every one it finds at the top).
-
-Atomic: everything goes into a hidden temporary sibling (`.step-N.<host>.<pid>.<random>.tmp`),
-fsynced, manifest last, then renamed into place; a killed writer leaves the earlier checkpoints
-and a temporary that the next save removes. Re-saving a step moves the old folder aside first,
-and pruning renames a folder aside before deleting it: never a half-written or half-deleted one.
+`step-N/` is the run after N steps; its files, the manifest and the atomic write are described in
+docs/checkpoints.md. History files (the store's immutable Parquet files) are recorded by size only:
+hashing them would read the whole store at every save. No extra file ends in .safetensors (the
+engine loads every one it finds at the top). Re-saving a step moves the old folder aside first.
 """
 from __future__ import annotations
 

@@ -129,21 +129,22 @@ class GRPOTrainer:
         # a zero-advantage sample contributes nothing but its KL term: skip its forward
         return self.cfg.kl_coef > 0 or float(prep["adv"][i]) != 0.0
 
+    def _forward(self, idx, batch, model, hidden: bool = False):
+        """token_logprobs of the samples `idx` under `model`, with the rollout's sampling params."""
+        s = self.sampling
+        return token_logprobs(model, [batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx],
+                              s["temperature"], s["top_k"], s["top_p"], s["pad_id"], want_hidden=hidden)
+
     def sample_loss(self, batch, prep, idx, norm) -> tuple[torch.Tensor, dict]:
         """Loss of the samples `idx`, normalised by the minibatch's counts `norm`."""
-        s = self.sampling
-        prompts = [batch.prompt_ids[i] for i in idx]
-        comps = [batch.completion_ids[i] for i in idx]
-        lp, mask, _ = token_logprobs(self.model, prompts, comps, s["temperature"], s["top_k"], s["top_p"],
-                                     s["pad_id"])
+        lp, mask, _ = self._forward(idx, batch, self.model)
         old = pad_2d([batch.logprobs[i] for i in idx], mask.shape[1], device=lp.device)
         adv = prep["adv"][idx].to(lp.device)[:, None]
         per_tok, clipped = clipped_policy_loss(lp, old, adv, self.cfg.clip_eps, self.cfg.clip_eps_high)
         kl = torch.zeros_like(per_tok)
         if self.ref is not None and self.cfg.kl_coef > 0:
             with torch.no_grad():
-                ref, _, _ = token_logprobs(self.ref, prompts, comps, s["temperature"], s["top_k"], s["top_p"],
-                                           s["pad_id"])
+                ref, _, _ = self._forward(idx, batch, self.ref)
             kl = k3_kl(lp, ref)
         loss = masked_aggregate(per_tok + self.cfg.kl_coef * kl, mask, self.cfg.loss_agg, **norm)
         info = {"clip": float((clipped * mask).sum()), "kl": float((kl.detach() * mask).sum()),

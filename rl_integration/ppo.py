@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .grpo import GRPOTrainer, clipped_policy_loss, masked_aggregate
-from .logprobs import pad_2d, token_logprobs
+from .logprobs import pad_2d
 
 # ------------------------------------------------------------------------------ arithmetic
 
@@ -108,11 +108,6 @@ class PPOTrainer(GRPOTrainer):
 
     def advantages(self, batch, rewards) -> torch.Tensor:
         return torch.as_tensor(rewards, dtype=torch.float32)  # the step's scores; GAE makes advantages
-
-    def _forward(self, idx, batch, model, hidden: bool):
-        s = self.sampling
-        return token_logprobs(model, [batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx],
-                              s["temperature"], s["top_k"], s["top_p"], s["pad_id"], want_hidden=hidden)
 
     @torch.no_grad()
     def prepare(self, batch, scores) -> dict:

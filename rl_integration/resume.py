@@ -5,13 +5,10 @@
     start = restore(ckpt, trainer, client, log, cfg)
     if due(cfg.trainer, step): save(...)        # after the step's metrics record is appended
 
-A resumed run must bring back what makes step s's tokens what they are: the weights (so the
-optimizer state, the optimizer-step counter that seeds each minibatch order, PPO's value head, the
-KL reference, the global RNG) and the seeds (the client's step counter); the prompts' order is a
-function of the config and the data. To make it *bitwise* the uninterrupted run (speed metrics
-and logprob rounding too) it also restores the history store's files and what the draft budget
-learnt, so the same drafts are offered. Checkpoint `step-N` is written after step N-1's metrics
-record, so a run killed later redoes the steps from N with the same tokens.
+A resumed run brings back what makes step s's tokens what they are (the weights, the optimizer
+and its step counter, the seeds) and, to be *bitwise* the uninterrupted run, the history store's
+files and what the draft budget learnt (docs/checkpoints.md). Checkpoint `step-N` is written after
+step N-1's metrics record, so a run killed later redoes the steps from N with the same tokens.
 """
 from __future__ import annotations
 

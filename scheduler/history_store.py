@@ -5,18 +5,11 @@ wrote, to draft the next rollout of that sample (history reuse), on a data set o
     found = store.records_for(prompt_ids, sample_indices, before_step=12)   # HistoryRecord or None
     store.write_step(12, records)
 
-A prompt is keyed by `prompt_key(prompt_ids)` (a hash of its token ids, never the decoded text);
-the ids are stored too and compared on every lookup, so a collision or a damaged row costs
-reuse, never another prompt's response. One Parquet file per step (history_file.py), written
-atomically and never modified; an in-memory index (history_index.py), built from the files' key
-columns on first use, makes a lookup O(requests). One process writes a folder.
-
-Bounds, after each write: a file whose every record has a newer one is deleted (so a data set
-revisited every epoch keeps about one response per sample); max_age_steps drops older files;
-while the files exceed max_bytes the *newest* other files go first: on a data set visited in a
-fixed order the oldest records are the next ones needed. Reading is forgiving: an unreadable
-file logs one warning and serves nothing (Parquet page checksums catch damage), and a wrong
-draft would still only cost speed: the engine verifies every token.
+A prompt is keyed by a hash of its token ids (never the decoded text); the ids are stored too and
+compared on every lookup, so a collision costs reuse, never another prompt's response. One
+Parquet file per step (history_file.py), never modified; an in-memory index (history_index.py)
+makes a lookup O(requests). One process writes a folder.
+Its bounds and forgiving reads: docs/architecture.md, "On Ray".
 """
 from __future__ import annotations
 

@@ -1,41 +1,12 @@
 """The long-tail scheduler: divided rollout, context-aware order, balancing, recovery.
 
-Requests run in chunks and return paused to one global queue, so any worker can continue them:
-every token is a pure function of (weights, prompt, seed, position), so where and in how many
-pieces a request runs never changes a token. A worker whose engine has `kept_slots` keeps the KV
-of the requests it paused and reports them; sent back there a request resumes without prefill.
-On such workers a chunk is `chunk_tokens` engine steps and may carry `extra_requests` x its slots
-beyond them, admitted as slots free, so no slot waits for the chunk's end; elsewhere a chunk is
-`chunk_tokens` new tokens per request, and at least `chunk_growth` x the longest context it must
-prefill again, to bound that cost. The scheduler holds the only copy of each request's state and
-applies a chunk only when it is whole, so a dead worker costs time only: its requests are requeued
-as they were. Each worker has at most one batch in flight; the loop waits on all of them at once.
+Requests run in chunks and return paused to one global queue, so any worker can continue them
+(a token is a pure function of weights, prompt, seed and position). The scheduler holds the only
+copy of each request's state and applies a chunk only when it is whole, so a dead worker costs
+time only. Each worker has at most one batch in flight; the loop waits on all of them at once.
 
-Which requests go where:
-- affinity: a request goes back to the worker keeping its KV. In the context-aware mode it ranks
-  `preempt_margin` chunks higher there and as much lower elsewhere, so it is displaced (its KV
-  still kept) only by one clearly longer, and moved (prefilled again) only where it runs much
-  sooner; one kept on an idle worker within its next batch is left to it;
-- balance: a worker takes at most its fair share of the unfinished requests, so the tail spreads
-  over every worker; what it carries beyond its slots is a share of the surplus, never its own
-  displaced requests (they would wait there while another worker could run them);
-- groups: a GRPO group prefers the worker that ran it first (its suffix index is there); in the
-  context-aware mode this only breaks ties;
-- order ("divided+context", after Seer): one probe per group first; a finished member's length
-  estimates its group's, an unfinished group is estimated at `probe_factor` x its furthest
-  member's tokens (lengths are heavy-tailed); then longest estimated remaining first, so long
-  requests start early. Each pass-over ages a request by `aging * chunk_tokens` tokens (slightly:
-  short requests aged past long ones would displace them). max_tokens is never read.
-
-Modes: "static" splits the requests evenly up front and runs each part to the end (the
-benchmark's baseline), "divided" runs chunks in FIFO order, "divided+context" adds the order.
-
-`run` returns rollout_seconds, tail_seconds (from 90% of the samples finished to all),
-worker_busy_fraction, generated_tokens, tokens_per_second, forward_passes, the counts (chunks,
-group_moves, worker_failures, requeued_requests, engine_steps, spec_off_steps, fed_tokens,
-drafter_seconds, reprefills and reprefill_tokens: an upper bound, max_engine_wait_s), per worker
-busy and CPU seconds, max_worker_steps and max_worker_cpu_seconds (the critical path, which a
-shared machine blurs less than wall time), and the idle-time drafter's figures (drafter_slices.py).
+Which requests go where (affinity to kept KV, balance, GRPO groups, the context-aware order
+after Seer), the modes and `run`'s figures: docs/architecture.md, "On Ray". max_tokens is never read.
 """
 from __future__ import annotations
 

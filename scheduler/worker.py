@@ -5,22 +5,12 @@ request's whole state, so any worker with the same weights continues it with the
 What it keeps is speed only: a GRPO group's suffix index, and (with `kept_slots`) the KV of the
 requests it paused, under (rollout id, scheduler id), so the same request sent back resumes
 without prefill (weight updates and a chunk of another rollout drop them). `RolloutWorker` is a
-plain class (the backend wraps it with `ray.remote`), so this module imports without Ray.
+plain class (the backend wraps it with `ray.remote`), so this module imports without Ray. Its
+work items and results (the wire format): docs/architecture.md, "On Ray".
 
-A work item: id (the scheduler's), rollout (GRPO group ids are scoped by it), max_new_tokens
-(pause after this many new tokens; None: to the end), max_steps (the same in every item: after
-this many engine steps every running request pauses, those never admitted come back untouched)
-and request (`Request.to_wire()`). A result: id, token_ids and logprobs (this call's only),
-finish_reason (None: paused), stats (cumulative), finished_at_s; and for the whole call: wall_s,
-cpu_s, engine_steps, spec_off_steps, fed_tokens (the work, independent of the machine's load),
-drafter_seconds, engine_wait_s (waiting for a training slice) and kept (this rollout's scheduler
-ids whose KV the worker keeps).
-
-The draft head: a chunk may carry the newest published version, loaded before it runs;
-`train_drafter` is a training slice (drafter_slices.py) in the concurrency group DRAFTER_GROUP,
-so a chunk or weight update arriving meanwhile runs at once and takes the engine from the slice
-at its next optimizer step (engine_turns.py). Every other call runs in Ray's default group, one
-at a time and in order.
+A chunk may carry the newest draft head. `train_drafter`, a training slice (drafter_slices.py),
+runs in the concurrency group DRAFTER_GROUP: a chunk or weight update arriving meanwhile takes
+the engine at the slice's next optimizer step (engine_turns.py). Other calls run in order.
 """
 from __future__ import annotations
 

@@ -33,8 +33,11 @@ MIN_VALUE = 0.02  # a token less likely than this to land is never drafted: not 
 STATE_VERSION = 2  # of `Budget.state_dict`
 
 
+_LEVEL = [min(e.bit_length(), LEVELS - 1) for e in range(1 << (LEVELS - 1))]  # (read per draft token)
+
+
 def level(evidence: int) -> int:
-    return min(max(int(evidence), 0).bit_length(), LEVELS - 1)
+    return _LEVEL[evidence] if 0 <= evidence < len(_LEVEL) else (0 if evidence < 0 else LEVELS - 1)
 
 
 def confidence_bin(q: Optional[float]) -> int:
@@ -69,19 +72,13 @@ class StepPlan:
 
     def judge(self, offer: Offer, draft: Draft, n: int) -> tuple[int, float, list]:
         """(tokens kept, expected accepted, their values) of the draft's first n tokens above the floor."""
-        values, p = [], 1.0
-        for a in rates_from(offer.table, draft.evidence, draft.confidence, n):
-            p *= a
+        values, p, table, conf = [], 1.0, offer.table, draft.confidence or ()
+        for i in range(n):  # token i's rate: at level(evidence + i) and its confidence's bin
+            p *= table[level(draft.evidence + i)][confidence_bin(conf[i]) if i < len(conf) else 0]
             if p < self.floor:
                 break
             values.append(p)
         return len(values), sum(values), values
-
-
-def rates_from(table: list, evidence: int, confidence: Optional[Sequence[float]], n: int) -> list[float]:
-    """The acceptance rate of each of a draft's first n tokens: token i at level(evidence + i)."""
-    conf = confidence or ()
-    return [table[level(evidence + i)][confidence_bin(conf[i]) if i < len(conf) else 0] for i in range(n)]
 
 
 def longest(top: float, k: int, floor: float) -> int:
