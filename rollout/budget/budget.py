@@ -6,8 +6,8 @@ read while a rollout runs). docs/architecture.md tells the whole rule; in short:
 Acceptance. Token i of a draft is emitted with probability P_i = a_1 x ... x a_i, its *value*;
 `a` is learnt per proposer, evidence level (token i at evidence + i, in powers of two) and
 confidence bin, each rate shrunk towards the coarser one, the coarsest towards `prior`.
-Cost. A forward feeding F tokens that attend over A context tokens costs
-`table(F) + per_attended x A` seconds (rollout/budget/step_cost.py).
+Cost. A forward feeding F tokens costs `table(F)` seconds plus the attention over each token's
+context, less for a draft token than for its row's first (rollout/budget/step_cost.py).
 The rule. Tokens are granted the most valuable first while each raises the step's emitted tokens
 per second; a fixed `min_draft_prob` instead floors each token's value at min_draft_prob x load.
 """
@@ -151,12 +151,18 @@ class Budget:
             self._tables[proposer.name] = self._table(proposer.name, proposer.prior)
         return self._tables[proposer.name]
 
+    def overall(self, proposer: Proposer) -> float:
+        """The proposer's rate over all its compared tokens, shrunk towards its prior."""
+        name = proposer.name
+        return (self.accepted.get(name, 0.0) + 2 * proposer.prior) / (self.trials.get(name, 0.0) + 2)
+
     def _table(self, name: str, prior: float) -> list:
         acc, tri, w = self.accepted, self.trials, PRIOR_WEIGHT
-        overall = (acc.get(name, 0.0) + 2 * prior) / (tri.get(name, 0.0) + 2)
         rows = []
         for lv in range(LEVELS):
-            rate = (acc.get((name, lv), 0.0) + w * overall) / (tri.get((name, lv), 0.0) + w)
+            # a level shrinks towards the prior, not the other levels: the misses of short matches
+            # early in a run must not keep a proposer from ever showing what its long matches land
+            rate = (acc.get((name, lv), 0.0) + w * prior) / (tri.get((name, lv), 0.0) + w)
             rows.append([rate] + [(acc.get((name, lv, b), 0.0) + w * rate) / (tri.get((name, lv, b), 0.0) + w)
                                   for b in range(1, NUM_BINS)])
         return rows
@@ -186,11 +192,11 @@ class Budget:
         for p in proposers:
             table = self.table(p)
             # a proposer's own cost per draft position (a draft head's forward) raises its floor; it
-            # is paid for every request asked, before the draft's confidence is known, so such a
-            # proposer is asked on its rates over all confidences (bin 0), not its best bin's
+            # is paid for every request asked, before the draft's evidence and confidence are known,
+            # so such a proposer is asked on its rate over all its drafts, not its best level's or bin's
             own = p.position_cost(running) / max(self.per_emitted(running, context) * running, 1e-12) if self.priced \
                 else 0.0
-            top = max(row[0] for row in table) if own > 0 else max(map(max, table))
+            top = self.overall(p) if own > 0 else max(map(max, table))
             offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
 
@@ -201,7 +207,7 @@ class Budget:
     def price(self, rows: int, context: int) -> float:
         """The value a first draft token must reach: a fed token's marginal cost in a plain step's tokens."""
         mean = context / max(rows, 1)
-        fed = self.cost.marginal(rows) + self.cost.per_attended * mean
+        fed = self.cost.marginal(rows) + self.cost.draft_attended * mean
         return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)
 
     def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
@@ -237,7 +243,7 @@ class Budget:
             v, i = heapq.heappop(heap)
             v = -v
             if cost is not None:
-                more = cost.marginal(fed) + cost.per_attended * (contexts[i] + lengths[i] + 1)
+                more = cost.marginal(fed) + cost.draft_attended * (contexts[i] + lengths[i] + 1)
                 if v * seconds < emitted * more:
                     break
                 seconds, emitted, fed = seconds + more, emitted + v, fed + 1

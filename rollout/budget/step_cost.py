@@ -1,7 +1,9 @@
 """The step-cost table the draft budget (rollout/budget/budget.py) prices draft tokens with.
 
-A forward feeding F tokens that attend over A context tokens costs `table(F) + per_attended x A`
-seconds: `table` is piecewise linear through a short profile of forwards taken once per (device,
+A forward feeding F tokens costs `table(F)`, plus `per_attended` per context token each row's first
+token attends over and `per_attended_draft` per context token each further token (a draft) of the
+row attends over: the further tokens read the keys and values the first one loads, so they cost a
+fraction of it. `table` is piecewise linear through a short profile of forwards taken once per (device,
 CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else ~/.cache/spectail)
 /step_cost, or given as SpecConfig.step_cost.
 """
@@ -15,21 +17,22 @@ import platform
 import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
-
-
-def attended(cached: int, tokens: int) -> int:
-    """The context `tokens` new tokens after `cached` ones attend over, summed (each reads itself too)."""
-    return tokens * cached + tokens * (tokens + 1) // 2
+from typing import Callable, Optional, Sequence
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """seconds(F, A) = table(F) + per_attended x A; `tokens` ascending, `seconds` non-decreasing."""
+    """seconds = table(F) + per_attended x (rows' contexts) + per_attended_draft x (drafts' contexts);
+    `tokens` ascending, `seconds` non-decreasing; per_attended_draft None: per_attended's."""
 
     tokens: tuple
     seconds: tuple
     per_attended: float = 0.0
+    per_attended_draft: Optional[float] = None
+
+    @property
+    def draft_attended(self) -> float:
+        return self.per_attended if self.per_attended_draft is None else self.per_attended_draft
 
     @classmethod
     def from_dict(cls, d: dict) -> StepCost:
@@ -38,11 +41,13 @@ class StepCost:
         tokens, seconds = [int(t) for t in d["tokens"]], [float(s) for s in d["seconds"]]
         if not tokens or len(tokens) != len(seconds) or tokens != sorted(set(tokens)) or tokens[0] < 1:
             raise ValueError(f"step_cost needs ascending distinct 'tokens' >= 1 and as many 'seconds', got {d!r}")
-        if min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0:
-            raise ValueError(f"step_cost seconds and per_attended must be >= 0, got {d!r}")
+        draft = d.get("per_attended_draft")
+        if min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0 or not (draft is None or float(draft) >= 0):
+            raise ValueError(f"step_cost seconds, per_attended and per_attended_draft must be >= 0, got {d!r}")
         for i in range(1, len(seconds)):  # a forward never costs less for feeding more (noise aside)
             seconds[i] = max(seconds[i], seconds[i - 1])
-        return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)))
+        return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)),
+                   None if draft is None else float(draft))
 
     def table(self, fed: float) -> float:
         """Linear between the measured points; beyond them, along the nearest segment (flat with one point)."""
@@ -99,13 +104,19 @@ def profile_grid(most: int) -> list[int]:
     return [1 << i for i in range(max(most - 1, 0).bit_length())] + [max(most, 1)]
 
 
-def profile(time_forward: Callable[[int, int], float], grid: Sequence[int], rows: int, context: int) -> dict:
-    """A StepCost dict from time_forward(fed, cached): seconds of a forward feeding `fed` tokens
-    over the slots after `cached` each; per_attended from `rows` rows after `context` tokens each."""
+def profile(time_forward: Callable[..., float], grid: Sequence[int], rows: int, context: int,
+            depth: int) -> dict:
+    """A StepCost dict from time_forward(fed, cached, rows=None): seconds of a forward feeding `fed`
+    tokens over `rows` slots (None: one token a slot up to the batch size) after `cached` each.
+    per_attended from `rows` rows of one token after `context` each; per_attended_draft from the
+    same rows of `depth` tokens."""
     seconds = [time_forward(f, 0) for f in grid]
     cost = StepCost.from_dict({"tokens": list(grid), "seconds": seconds})
-    per_attended = 0.0
+    per_attended = per_draft = 0.0
     if context > 0:
-        extra = rows * (attended(context, 1) - attended(0, 1))
-        per_attended = max(time_forward(rows, context) - cost.table(rows), 0.0) / extra
-    return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended}
+        per_attended = max(time_forward(rows, context, rows) - cost.table(rows), 0.0) / (rows * context)
+        if depth > 1:
+            deep = time_forward(rows * depth, context, rows) - time_forward(rows * depth, 0, rows)
+            per_draft = max(deep - per_attended * rows * context, 0.0) / (rows * (depth - 1) * context)
+    return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended, "per_attended_draft": per_draft}
+

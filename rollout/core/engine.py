@@ -406,21 +406,24 @@ class Engine:
             return cfg.spec.step_cost
         most = min(cfg.max_num_batched_tokens, cfg.max_batch_size * min(1 + cfg.spec.max_draft_tokens,
                                                                          cfg.max_model_len))
-        rows, context = min(cfg.max_batch_size, 8), min(PROFILE_CONTEXT, cfg.max_model_len - 1)
+        depth = min(1 + cfg.spec.max_draft_tokens, cfg.max_model_len - 1)
+        rows, context = min(cfg.max_batch_size, 8), min(PROFILE_CONTEXT, cfg.max_model_len - depth)
         key = {"device": str(self.device), "machine": step_cost.machine(),
                "dtype": str(self.model.lm_head.weight.dtype),
                "threads": self.num_threads, "model": {k: getattr(mcfg, k, None) for k in MODEL_KEYS},
-               "kernel": self.model.attends_in_kernel(self.cache), "most": most, "rows": rows, "context": context}
+               "kernel": self.model.attends_in_kernel(self.cache), "most": most, "rows": rows, "context": context,
+               "depth": depth}
         if self.device.type == "cuda":
             key["name"] = torch.cuda.get_device_name(self.device)
         with threads.using(self.num_threads):
             grid = step_cost.profile_grid(most)
-            return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context))
+            return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context, depth))
 
-    def _time_forward(self, fed: int, cached: int) -> float:
-        """The fastest of PROFILE_REPEATS forwards (with sampling) of `fed` tokens after `cached` per
-        slot, after one untimed (positions every request overwrites)."""
-        rows = min(self.config.max_batch_size, fed)
+    def _time_forward(self, fed: int, cached: int, rows: Optional[int] = None) -> float:
+        """The fastest of PROFILE_REPEATS forwards (with sampling) of `fed` tokens over `rows` slots
+        (None: as many as can run) after `cached` per slot, after one untimed (positions every
+        request overwrites)."""
+        rows = min(self.config.max_batch_size, fed) if rows is None else rows
         per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
         assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)
         feed = [(slot, cached, [0] * n) for slot, n in enumerate(per_row)]

@@ -90,7 +90,7 @@ def test_a_proposer_with_a_position_cost_runs_the_positions_that_pay():
     assert budget(cost=None, min_draft_prob=0.0).plan_step([dear], 4, 1.0).offers[0].most == 8  # unpriced
 
 
-def test_a_proposer_with_a_cost_of_its_own_is_asked_on_its_rate_over_all_confidences():
+def test_a_proposer_with_a_cost_of_its_own_is_asked_on_its_rate_over_all_its_drafts():
     b = budget(CHEAP)
     free, dear = Fixed("free", prior=0.5), Fixed("dear", prior=0.5, position_s=1e-6)
     for p in (free, dear):  # one token in ten is confident and lands, the rest miss
@@ -141,8 +141,48 @@ def test_acceptance_is_learnt_per_level_and_confidence_bin_from_counts():
     assert fresh[0][0] == pytest.approx(0.8) and fresh[6][5] == pytest.approx(0.8)  # the prior, everywhere
 
 
+def test_misses_of_short_matches_leave_long_matches_their_prior():
+    """A level never compared keeps the proposer's prior: a suffix proposer whose first drafts,
+    matched on a token or two, all miss is still asked where it matches long, and learns there."""
+    b, p = budget(CHEAP), Fixed(prior=0.5)
+    for _ in range(40):
+        b.learn(Draft([1], p, evidence=1), accepted=0)
+    table = b.table(p)
+    assert table[B.level(1)][0] < 0.1 and table[B.level(40)][0] == pytest.approx(0.5)
+    offer = b.plan_step([p], 1, 1.0).offers[0]
+    assert offer.top == pytest.approx(0.5) and offer.most > 0
+    plan = b.plan_step([p], 1, 1.0)
+    short, = b.choose([None], [8], plan)  # Fixed drafts at evidence 0: level 0 has no trials either
+    assert short is not None
+    b.learn(Draft([1] * 8, p, evidence=40), accepted=8, judged=8)
+    assert b.table(p)[B.level(40)][0] > 0.8  # what it shows where it is asked is learnt there
+
+
+def test_a_draft_token_pays_the_attention_its_row_has_not_already_paid():
+    """Draft tokens read the keys and values their row's first token loads: with the attention
+    all on the first token, a long context makes a plain step dearer and its drafts no dearer, so
+    they go deeper than over no context; charged to every token, they go shallower."""
+    first_only = dict(CHEAP, per_attended=2e-5, per_attended_draft=0.0)
+    every = dict(CHEAP, per_attended=2e-5)  # no per_attended_draft: each token pays the first's
+    assert step_cost.StepCost.from_dict(every).draft_attended == 2e-5
+    none = lengths(budget(CHEAP), Fixed(prior=0.7), 16)
+    deep = lengths(budget(first_only), Fixed(prior=0.7), 16, context=400)
+    shallow = lengths(budget(every), Fixed(prior=0.7), 16, context=400)
+    assert none == [2] * 16 and min(deep) > 2 and sum(shallow) < sum(deep)
+
+
+def test_the_profile_recovers_the_attention_of_first_and_draft_tokens():
+    def time_forward(fed, cached, rows=None):  # 1 ms + 0.1 ms a token; 2 us per context token of a
+        rows = rows or fed  # row's first token, 0.5 us of a further one
+        return 1e-3 + 1e-4 * fed + cached * (2e-6 * rows + 5e-7 * (fed - rows))
+    d = step_cost.profile(time_forward, [1, 8, 64], rows=8, context=100, depth=9)
+    assert d["per_attended"] == pytest.approx(2e-6) and d["per_attended_draft"] == pytest.approx(5e-7)
+    assert step_cost.StepCost.from_dict(d).table(8) == pytest.approx(1.8e-3)
+
+
 def test_a_bad_step_cost_is_refused_with_its_field():
-    for bad in ({"tokens": [4, 2], "seconds": [1, 2]}, {"tokens": [1], "seconds": [-1]}, {"seconds": [1]}, [1, 2]):
+    for bad in ({"tokens": [4, 2], "seconds": [1, 2]}, {"tokens": [1], "seconds": [-1]}, {"seconds": [1]}, [1, 2],
+                {"tokens": [1], "seconds": [1], "per_attended_draft": -1e-6}):
         with pytest.raises(ValueError, match="step_cost"):
             SpecConfig(step_cost=bad).validate()
     # noise: a forward is never cheaper for feeding more

@@ -27,7 +27,8 @@ ALL = ("history", "suffix", "lookahead", "ngram")
 FIXED = 0.3  # a fixed threshold, pinned by two cases
 # A memory-bound machine's shape: feeding 8 tokens costs about what feeding 1 does, then each
 # token costs more; attention over the context adds a little.
-COST = {"tokens": [1, 8, 16, 64, 512], "seconds": [1.0, 1.1, 1.6, 4.0, 30.0], "per_attended": 1e-4}
+COST = {"tokens": [1, 8, 16, 64, 512], "seconds": [1.0, 1.1, 1.6, 4.0, 30.0], "per_attended": 1e-4,
+        "per_attended_draft": 2e-5}
 CASES = {  # name -> (batch size, SpecConfig keyword arguments, per-request params)
     "all_b1": (1, dict(proposers=ALL, max_draft_tokens=8, step_cost=COST), "plain"),
     "all_b3": (3, dict(proposers=ALL, max_draft_tokens=8, step_cost=COST), "plain"),
