@@ -1,11 +1,11 @@
 """The step-cost table the draft budget (rollout/budget/budget.py) prices draft tokens with.
 
-A forward feeding F tokens costs `table(F)`, plus `per_attended` per context token each row's first
-token attends over and `per_attended_draft` per context token each further token (a draft) of the
-row attends over: the further tokens read the keys and values the first one loads, so they cost a
-fraction of it. `table` is piecewise linear through a short profile of forwards taken once per (device,
-CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else ~/.cache/spectail)
-/step_cost, or given as SpecConfig.step_cost.
+A forward feeding F tokens costs `table(F)`, plus `per_attended` per context token each row's
+first token attends over and `per_attended_draft` per context token each further token (a draft)
+of the row attends over: the further tokens read the keys and values the first one loads, so they
+cost a fraction of it. `table` is piecewise linear through a short profile of forwards taken once
+per (device, CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else
+~/.cache/spectail)/step_cost, or given as SpecConfig.step_cost.
 """
 from __future__ import annotations
 
@@ -119,4 +119,3 @@ def profile(time_forward: Callable[..., float], grid: Sequence[int], rows: int, 
             deep = time_forward(rows * depth, context, rows) - time_forward(rows * depth, 0, rows)
             per_draft = max(deep - per_attended * rows * context, 0.0) / (rows * (depth - 1) * context)
     return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended, "per_attended_draft": per_draft}
-
