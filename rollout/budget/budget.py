@@ -5,7 +5,7 @@ read while a rollout runs). docs/architecture.md tells the whole rule; in short:
 
 Acceptance. Token i of a draft is emitted with probability P_i = a_1 x ... x a_i, its *value*;
 `a` is learnt per proposer, evidence level (token i at evidence + i, in powers of two) and
-confidence bin, each rate shrunk towards the coarser one, the coarsest towards `prior`.
+confidence bin, a bin's rate shrunk towards its level's, a level's towards `prior`.
 Cost. A forward feeding F tokens costs `table(F)` seconds plus the attention over each token's
 context, less for a draft token than for its row's first (rollout/budget/step_cost.py).
 The rule. Tokens are granted the most valuable first while each raises the step's emitted tokens

@@ -149,9 +149,8 @@ def test_misses_of_short_matches_leave_long_matches_their_prior():
         b.learn(Draft([1], p, evidence=1), accepted=0)
     table = b.table(p)
     assert table[B.level(1)][0] < 0.1 and table[B.level(40)][0] == pytest.approx(0.5)
-    offer = b.plan_step([p], 1, 1.0).offers[0]
-    assert offer.top == pytest.approx(0.5) and offer.most > 0
     plan = b.plan_step([p], 1, 1.0)
+    assert plan.offers[0].top == pytest.approx(0.5) and plan.offers[0].most > 0
     short, = b.choose([None], [8], plan)  # Fixed drafts at evidence 0: level 0 has no trials either
     assert short is not None
     b.learn(Draft([1] * 8, p, evidence=40), accepted=8, judged=8)
