@@ -159,8 +159,10 @@ def run_soak(cfg: SoakConfig = SoakConfig(), echo=print) -> dict:
         # call builds once (its layers' weight packs) is not growth.
         compare = wave in checked or (checked and wave == warmup - 1)
         failures += wave_failures(engine, plain if compare else None, args, outs, wave)
+        figures = _figures(outs, seconds, time.perf_counter() - start)
+        del outs  # (the completions' stats hold as many lists as proposers drafted for them: not growth)
         gc.collect()
-        samples.append(_sample(wave, (wave + 1) * per_wave, outs, seconds, time.perf_counter() - start))
+        samples.append(_sample(wave, (wave + 1) * per_wave, figures))
         if torch.device(cfg.device).type == "cuda":
             samples[-1]["cuda_allocated_mib"] = torch.cuda.memory_allocated(cfg.device) / 2**20
         if wave == warmup - 1 or (wave + 1) % max(1, waves // 10) == 0:
@@ -210,12 +212,18 @@ def _bad_call_leaves_nothing(engine, wave: int) -> list[str]:
     return [f"wave {wave}: an out-of-vocabulary prompt did not raise ValueError"]
 
 
-def _sample(wave: int, requests: int, outs, seconds: float, elapsed: float) -> dict:
-    accepted = sum(sum(o.stats["accepted"].values()) for o in outs)
-    proposed = sum(sum(o.stats["proposed"].values()) for o in outs)
-    return {"wave": wave, "requests": requests, "rss_mib": rss_bytes() / 2**20, "gc_objects": len(gc.get_objects()),
-            "tokens": sum(len(o.token_ids) for o in outs), "accepted": accepted, "proposed": proposed,
+def _figures(outs, seconds: float, elapsed: float) -> dict:
+    """A wave's figures from its completions."""
+    return {"tokens": sum(len(o.token_ids) for o in outs),
+            "accepted": sum(sum(o.stats["accepted"].values()) for o in outs),
+            "proposed": sum(sum(o.stats["proposed"].values()) for o in outs),
             "stopped": sum(o.finish_reason == "stop" for o in outs), "seconds": seconds, "elapsed": elapsed}
+
+
+def _sample(wave: int, requests: int, figures: dict) -> dict:
+    """The process's memory and tracked objects after a wave, with the wave's figures."""
+    return {"wave": wave, "requests": requests, "rss_mib": rss_bytes() / 2**20, "gc_objects": len(gc.get_objects()),
+            **figures}
 
 
 def growth(samples: list[dict], warmup: int) -> dict:

@@ -212,6 +212,8 @@ class DrafterProposer(Proposer):
                 rejected = accepted < min(len(draft.tokens), len(emitted))
                 self.stats["compared"] += accepted + rejected
                 st.run = 0 if rejected else st.run + accepted
+        if result.shared and self.store is not None:
+            self._adopt(result.shared)
         if result.spans and self.wants_hidden:
             self._keep(result.spans, result.hidden)
         for req in result.left:
@@ -220,6 +222,17 @@ class DrafterProposer(Proposer):
             if st is not None and self.buffer is not None and req.slot >= 0 and (req.finish_reason or req.paused):
                 self._collect(req, st)
         return ()
+
+    def _adopt(self, shared) -> None:
+        """A request that took its prompt from a donor (rollout/core/prompt_share.py) takes the
+        donor's features of it too, so its own spans go on from there."""
+        for req, donor, n in shared:
+            have = donor.proposer_state.get(self.name)
+            if have is None or have.known < n or req.slot < 0:
+                continue  # (the donor's features do not cover it: the request drafts nothing)
+            st = req.proposer_state[self.name] = _State(req.slot, known=n)
+            self.requests[id(req)] = req
+            self.store[st.slot, :n] = self.store[have.slot, :n]
 
     def _keep(self, spans, hidden: torch.Tensor) -> None:
         """Keep each span's features at [slot, position] of the store: one copy per step."""

@@ -273,7 +273,7 @@ RESUME_MAY_CHANGE = (
     "rollout.backend", "rollout.num_workers", "rollout.chunk_tokens", "rollout.kept_slots",
     "rollout.num_cpus_per_worker", "rollout.num_gpus_per_worker", "rollout.ray_address",
     "rollout.engine.max_batch_size", "rollout.engine.max_num_batched_tokens", "rollout.engine.num_threads",
-    "rollout.engine.spec", "rollout.history", "rollout.drafter",
+    "rollout.engine.share_prompts", "rollout.engine.spec", "rollout.history", "rollout.drafter",
 )
 # ... except these, which change the samples (lenience accepts history tokens the policy did not sample)
 RESUME_MUST_KEEP = ("rollout.engine.spec.lenience",)

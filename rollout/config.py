@@ -210,6 +210,8 @@ class EngineConfig:
     max_num_batched_tokens: tokens per forward; long prompts are prefilled in chunks of this.
     num_threads: torch threads on a CPU; None: by model size and free cores (rollout/core/threads.py).
     kept_slots: extra KV slots that keep paused requests' KV between runs (rollout/core/kept_slots.py).
+    share_prompts: requests with the same prompt running at once compute it once (a GRPO group's
+        samples; rollout/core/prompt_share.py). Tokens are the same either way.
     """
 
     max_batch_size: int = 64
@@ -220,6 +222,7 @@ class EngineConfig:
     spec: Optional[SpecConfig] = None
     num_threads: Optional[int] = None
     kept_slots: int = 0
+    share_prompts: bool = True
 
     def validate(self) -> None:
         need(self.max_batch_size >= 1, "EngineConfig.max_batch_size", "must be >= 1", self.max_batch_size)
@@ -231,6 +234,8 @@ class EngineConfig:
         need(is_int(self.num_threads, none=True), "EngineConfig.num_threads",
              "must be None (by model size) or an integer >= 1", self.num_threads)
         need(is_int(self.kept_slots, low=0), "EngineConfig.kept_slots", "must be an integer >= 0", self.kept_slots)
+        need(isinstance(self.share_prompts, bool), "EngineConfig.share_prompts", "must be true or false",
+             self.share_prompts)
         torch_dtype(self.dtype)
         if self.spec is not None:
             self.spec.validate()

@@ -27,7 +27,7 @@ from ..config import Completion, EngineConfig, SamplingParams, torch_dtype
 from ..kernels import cpu_isa
 from ..proposers import make_proposers
 from ..proposers.base import Draft, StepResult, Verified
-from . import lenient, sampling, slot_order, threads
+from . import lenient, prompt_share, sampling, slot_order, threads
 from .batch import ForwardBatch, bucket, min_bucket_for
 from .kept_slots import KeptSlots, check_keys
 from .model import CausalLM
@@ -237,7 +237,8 @@ class Engine:
                 running.append(req)
             if self.reorders_slots:
                 free = self._arrange(running, free)
-            result, step_fed, planned = self._step(running)
+            shares = self._share(running)
+            result, step_fed, planned = self._step(running, shares)
             steps, spec_off, fed = steps + 1, spec_off + (not planned), fed + step_fed
             if steps == max_steps:  # the run's end: what runs pauses here, what waits is not started
                 for req in running:
@@ -274,18 +275,33 @@ class Engine:
         if req.finish_reason and on_finish is not None:
             on_finish(req)
 
-    def _step(self, running: list[Request]) -> tuple[StepResult, int, bool]:
-        """One forward of every running request: its result, the tokens fed, and whether it could draft."""
+    def _share(self, running: list[Request]) -> prompt_share.Shares:
+        """Requests take their prompt's keys and values from a running sibling (rollout/core/prompt_share.py)."""
+        if not self.config.share_prompts:
+            return prompt_share.NONE
+        shares = prompt_share.plan(running)
+        for n in sorted({n for _, _, n in shares.copies}):
+            pairs = [(r, d) for r, d, m in shares.copies if m == n]
+            self.cache.move([d.slot for _, d in pairs], [r.slot for r, _ in pairs], n)
+            for r, _ in pairs:
+                r.num_cached = n
+        return shares
+
+    def _step(self, running: list[Request], shares: prompt_share.Shares = prompt_share.NONE
+              ) -> tuple[StepResult, int, bool]:
+        """One forward of every running request but those `shares` holds back: its result, the
+        tokens fed, and whether it could draft."""
         plan = None
         if self.budget is not None:
             plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
                                          context=sum(r.num_tokens for r in running))
         hidden = any(p.wants_hidden for p in self.proposers)
-        rows, batch = self._plan(running, plan, hidden)
+        rows, batch = self._plan([r for r in running if id(r) not in shares.held], plan, hidden)
         logits, states = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         verified, spans = self._verify(rows, logits, hidden)
         drafting = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()
-        return StepResult(verified, drafting, states, spans), int(batch.token_ids.shape[0]), plan is not None
+        return (StepResult(verified, drafting, states, spans, shared=shares.copies), int(batch.token_ids.shape[0]),
+                plan is not None)
 
     def _tell(self, result: StepResult) -> None:
         """Every proposer hears the result; drafts one judged without their being fed are learnt."""
@@ -337,10 +353,9 @@ class Engine:
         for row in rows:
             req = row.req
             before = req.num_cached
-            was_prefill = req.num_tokens - req.num_cached > 1
             req.num_cached += row.fed
             if row.first_logit is not None:  # (else a prompt chunk that did not reach the end of the prompt)
-                if not was_prefill or req.output_ids:  # (a continued request's prefill emits as a decode step does)
+                if req.output_ids:  # the forward that ends the prompt is not a verify (a continued one's is)
                     req.forward_passes += 1
                 n = len(row.draft_tokens) + 1
                 verified.append(self._accept(row, tokens[row.first_logit:row.first_logit + n],

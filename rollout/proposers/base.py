@@ -38,13 +38,15 @@ class StepResult:
     hidden [N, d]: the final hidden state of each fed token (None unless a proposer wants_hidden);
     spans: (req, start, row, count): hidden rows row .. row + count - 1 had a correct context, req's
     positions start ..; left: the requests that leave the engine now; dropped: GRPO groups the
-    caller is done with (in a result of no step)."""
+    caller is done with (in a result of no step); shared: (req, donor, n): req took the donor's
+    first n positions before the step (rollout/core/prompt_share.py)."""
     rows: Sequence[Verified] = ()
     drafting: frozenset = frozenset()
     hidden: Any = None
     spans: Sequence[tuple[Request, int, int, int]] = ()
     left: Sequence[Request] = ()
     dropped: frozenset = frozenset()
+    shared: Sequence[tuple[Request, Request, int]] = ()
 
 
 class Proposer:

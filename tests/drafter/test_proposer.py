@@ -119,12 +119,30 @@ def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts, window
     With a window, a request's rows older than the window are never written (nor read)."""
     rolls, _ = rollouts
     head, _, _ = warm_start(policy64, rolls, HeadConfig(window=window), max_steps=25, time_budget_s=60.0)
-    prompts, params, seeds = workload(10, seed=5)
+    check_drafts_against_simulation(policy64, head, *workload(10, seed=5))
+
+
+def test_a_request_that_shares_its_prompt_drafts_from_its_donors_features(policy64, rollouts):
+    """A GRPO group's samples compute their prompt once (rollout/core/prompt_share.py): the
+    others take the donor's features of it, and their drafts are still exactly the simulation's."""
+    rolls, _ = rollouts
+    head, _, _ = warm_start(policy64, rolls, HeadConfig(), max_steps=25, time_budget_s=60.0)
+    prompts, params, seeds = workload(4, seed=6)
+    n = 3
+    adopted = check_drafts_against_simulation(policy64, head, [p for p in prompts for _ in range(n)],
+                                              [q for q in params for _ in range(n)], list(range(len(prompts) * n)))
+    assert adopted > 10  # drafts of requests that took their prompt from a donor
+
+
+def check_drafts_against_simulation(policy64, head, prompts, params, seeds) -> int:
+    """Runs the engine with the head; returns how many drafts went to requests that took their
+    prompt from a donor."""
     eng = engine(policy64, head=head, batch=4)
     dp = DrafterProposer.of(eng)
-    seen, on_step = [], dp.on_step
+    seen, on_step, shared = [], dp.on_step, []
 
     def record(result):
+        shared.extend(result.shared)
         for req, draft, accepted, emitted, _, _ in result.rows:
             if draft is not None and draft.proposer is dp:
                 seen.append((req.index, len(req.output_ids) - len(emitted) - 1, len(draft.tokens), accepted))
@@ -137,6 +155,8 @@ def test_engine_drafts_are_exactly_the_simulated_ones(policy64, rollouts, window
     runs = chain_runs(head, policy64, saved, max_k=5)
     assert len(seen) > 40 and sum(a for *_, a in seen) > 40
     assert [(i, t, k, min(runs[i][t][0], k)) for i, t, k, _ in seen] == seen
+    takers = {req.index for req, _, _ in shared}
+    return sum(i in takers for i, *_ in seen)
 
 
 def test_the_buffer_holds_each_responses_own_features(policy):

@@ -218,11 +218,11 @@ def test_a_rollout_pauses_the_cyclic_gc_and_restores_it_even_on_error(hf):
     import gc
     eng = engine(hf, max_batch_size=2, spec=SpecConfig(proposers=("ngram",), max_draft_tokens=3))
     seen, step = [], eng._step
-    eng._step = lambda running: (seen.append(gc.isenabled()), step(running))[1]
+    eng._step = lambda running, shares: (seen.append(gc.isenabled()), step(running, shares))[1]
     eng.generate(prompts(3), SamplingParams(max_tokens=5), seeds=[1, 2, 3])
     assert seen and not any(seen)
     assert gc.isenabled()
-    eng._step = lambda running: 1 / 0
+    eng._step = lambda running, shares: 1 / 0
     with pytest.raises(ZeroDivisionError):
         eng.generate(prompts(1), SamplingParams(max_tokens=5), seeds=[1])
     assert gc.isenabled()

@@ -118,13 +118,14 @@ def test_a_step_limit_pauses_what_runs_and_returns_what_waits(hf):
     prompts, _, seeds, groups = workload(n=6, seed=17)
     params = SamplingParams(temperature=1.0, max_tokens=30)
     ref = [o.token_ids for o in engine(hf, max_batch_size=6).generate(prompts, params, seeds=seeds)]
-    eng = engine(hf, max_batch_size=2, kept_slots=2, spec=SPEC)
+    # (prompts not shared: a sibling would wait a step for its donor's prefill, and be fed less than once)
+    eng = engine(hf, max_batch_size=2, kept_slots=2, spec=SPEC, share_prompts=False)
     reqs = eng.make_requests(prompts, params, seeds=seeds, groups=groups)
     keys = list(range(6))
     eng.run(reqs, keep=keys, max_steps=5)
     assert [len(r.output_ids) >= 5 for r in reqs] == [True, True, False, False, False, False]
     assert [r.output_ids for r in reqs[2:]] == [[]] * 4  # never admitted: as they came
-    exact = engine(hf, max_batch_size=2, kept_slots=6)  # no drafts, room for every pause: fed is exact
+    exact = engine(hf, max_batch_size=2, kept_slots=6, share_prompts=False)  # no drafts, room for every pause
     again = exact.make_requests(prompts, params, seeds=seeds)
     fed = 0
     while any(r.finish_reason is None for r in reqs + again):
