@@ -296,7 +296,8 @@ class Engine:
             plan = self.budget.plan_step(self.proposers, len(running), len(running) / self.config.max_batch_size,
                                          context=sum(r.num_tokens for r in running))
         hidden = any(p.wants_hidden for p in self.proposers)
-        rows, batch = self._plan([r for r in running if id(r) not in shares.held], plan, hidden)
+        feeding = [r for r in running if id(r) not in shares.held] if shares.held else running
+        rows, batch = self._plan(feeding, plan, hidden)
         logits, states = self.model(batch, self.cache)  # [M, V] float32, M = number of logit rows
         verified, spans = self._verify(rows, logits, hidden)
         drafting = frozenset(o.proposer for o in plan.live) if plan is not None else frozenset()

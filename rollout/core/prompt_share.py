@@ -27,19 +27,18 @@ NONE = Shares([], frozenset())
 
 def plan(running: Sequence[Request]) -> Shares:
     """Which requests take their prompt from another running request, and which wait for one."""
-    needy = [r for r in running if r.num_cached < _needed(r)]
-    if not needy:
+    if all(r.num_cached >= _needed(r) for r in running):
         return NONE
+    keys = [tuple(r.prompt_ids) for r in running]
     donors: dict[tuple, Request] = {}  # prompt -> the running request with most of it cached (first on ties)
-    for r in running:
-        key = tuple(r.prompt_ids)
+    for r, key in zip(running, keys):
         d = donors.get(key)
         if d is None or min(r.num_cached, len(key)) > min(d.num_cached, len(key)):
             donors[key] = r
     copies, held = [], set()
-    for r in needy:
-        d, n = donors[tuple(r.prompt_ids)], _needed(r)
-        if d is r:
+    for r, key in zip(running, keys):
+        d, n = donors[key], _needed(r)
+        if d is r or r.num_cached >= n:
             continue
         if d.num_cached >= n:
             copies.append((r, d, n))
