@@ -159,7 +159,7 @@ class SpecConfig:
     min_draft_prob: None prices draft tokens by the step-cost table (rollout/budget/budget.py); a number
         drafts every token whose chance to land is at least min_draft_prob x the share of slots used.
     step_cost: None measures it once per machine and model shape, cached; or {"tokens": [...],
-        "seconds": [...], "per_attended": s, "per_attended_draft": s} (rollout/budget/step_cost.py).
+        "seconds": [...], "per_attended": s, "per_attended_draft": s, "per_row": s} (rollout/budget/step_cost.py).
     lenience: EXPERIMENTAL. None (exact) or l >= 1: SPEC-RL's lenient acceptance (rollout/core/lenient.py)
         of a history token whose new probability is at least 1/l of its old one. BIASED: outputs
         are no longer exact samples; stats["lenient"] counts what it accepted.

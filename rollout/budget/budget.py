@@ -7,9 +7,12 @@ Acceptance. Token i of a draft is emitted with probability P_i = a_1 x ... x a_i
 `a` is learnt per proposer, evidence level (token i at evidence + i, in powers of two) and
 confidence bin, a bin's rate shrunk towards its level's, a level's towards `prior`.
 Cost. A forward feeding F tokens costs `table(F)` seconds plus the attention over each token's
-context, less for a draft token than for its row's first (rollout/budget/step_cost.py).
-The rule. Tokens are granted the most valuable first while each raises the step's emitted tokens
-per second; a fixed `min_draft_prob` instead floors each token's value at min_draft_prob x load.
+context, less for a draft token than for its row's first, and each row host work of its own
+(rollout/budget/step_cost.py). A row's *share* of a step is the step's seconds over its rows.
+The rule. A draft token is fed when its value times its row's share covers the seconds it adds to
+the step: a token that does not land is emitted by the row a step later, at the price of a share;
+the most valuable first, within the step's spare tokens. A fixed `min_draft_prob` instead floors
+each token's value at min_draft_prob x load.
 """
 from __future__ import annotations
 
@@ -79,6 +82,11 @@ class StepPlan:
                 break
             values.append(p)
         return len(values), sum(values), values
+
+
+def share(cost: StepCost, rows: int, fed: int, context: int) -> float:
+    """A row's seconds of a step of `rows` rows feeding `fed` tokens over `context` tokens in all."""
+    return (cost.table(fed) + cost.per_attended * context) / max(rows, 1) + cost.per_row
 
 
 def longest(top: float, k: int, floor: float) -> int:
@@ -194,21 +202,21 @@ class Budget:
             # a proposer's own cost per draft position (a draft head's forward) raises its floor; it
             # is paid for every request asked, before the draft's evidence and confidence are known,
             # so such a proposer is asked on its rate over all its drafts, not its best level's or bin's
-            own = p.position_cost(running) / max(self.per_emitted(running, context) * running, 1e-12) if self.priced \
+            own = p.position_cost(running) / max(self.share(running, context) * running, 1e-12) if self.priced \
                 else 0.0
             top = self.overall(p) if own > 0 else max(map(max, table))
             offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
 
-    def per_emitted(self, rows: int, context: int) -> float:
-        """Seconds per emitted token of a plain step of `rows` decoding requests."""
-        return (self.cost.table(rows) + self.cost.per_attended * context) / max(rows, 1)
+    def share(self, rows: int, context: int, fed: Optional[int] = None) -> float:
+        """A row's seconds of a plain step of `rows` rows feeding `fed` tokens (None: one a row)."""
+        return share(self.cost, rows, rows if fed is None else fed, context)
 
     def price(self, rows: int, context: int) -> float:
-        """The value a first draft token must reach: a fed token's marginal cost in a plain step's tokens."""
+        """The value a first draft token must reach: a fed token's marginal cost in shares."""
         mean = context / max(rows, 1)
         fed = self.cost.marginal(rows) + self.cost.draft_attended * mean
-        return max(fed / max(self.per_emitted(rows, context), 1e-12), MIN_VALUE)
+        return max(fed / max(self.share(rows, context), 1e-12), MIN_VALUE)
 
     def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
         """Per request (at most rooms[i] tokens): the draft, cut at the floor, with the longest expected
@@ -232,21 +240,20 @@ class Budget:
                  spare: int, fed: Optional[int] = None) -> list[int]:
         """Draft tokens per emitting request (values[i]: its draft's non-increasing token values;
         contexts[i]: what its first draft token attends over), at most `spare`, the most valuable
-        first while each raises emitted tokens per second. fed: the step's tokens without drafts."""
+        first, each while its value times a row's share pays for it. fed: the step's tokens without drafts."""
         lengths = [0] * len(values)
-        cost, emitted = plan.cost, float(len(values))
+        cost = plan.cost
         fed = len(values) if fed is None else fed
-        seconds = cost.table(fed) + cost.per_attended * sum(contexts) if cost is not None else 0.0
+        row = share(cost, len(values), fed, sum(contexts)) if cost is not None else 0.0
         heap = [(-v[0], i) for i, v in enumerate(values) if v]
         heapq.heapify(heap)
         while heap and spare > 0:
             v, i = heapq.heappop(heap)
-            v = -v
             if cost is not None:
                 more = cost.marginal(fed) + cost.draft_attended * (contexts[i] + lengths[i] + 1)
-                if v * seconds < emitted * more:
-                    break
-                seconds, emitted, fed = seconds + more, emitted + v, fed + 1
+                if -v * row < more:
+                    continue  # the row's later tokens are worth less and cost more
+                fed += 1
             lengths[i] += 1
             spare -= 1
             if lengths[i] < len(values[i]):

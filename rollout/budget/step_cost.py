@@ -3,9 +3,11 @@
 A forward feeding F tokens costs `table(F)`, plus `per_attended` per context token each row's
 first token attends over and `per_attended_draft` per context token each further token (a draft)
 of the row attends over: the further tokens read the keys and values the first one loads, so they
-cost a fraction of it. `table` is piecewise linear through a short profile of forwards taken once
-per (device, CPU model, model shape, dtype, threads) and cached under $SPECTAIL_CACHE (else
-~/.cache/spectail)/step_cost, or given as SpecConfig.step_cost.
+cost a fraction of it. Around the forward, each row of a step costs `per_row` of host work
+(planning, verifying, emitting, asking the proposers): next to a large model's forward it is
+nothing, next to a tiny one's it is most of the step. `table` is piecewise linear through a short
+profile taken once per (device, CPU model, model shape, dtype, threads, proposers) and cached under
+$SPECTAIL_CACHE (else ~/.cache/spectail)/step_cost, or given as SpecConfig.step_cost.
 """
 from __future__ import annotations
 
@@ -22,13 +24,14 @@ from typing import Callable, Optional, Sequence
 
 @dataclass(frozen=True)
 class StepCost:
-    """seconds = table(F) + per_attended x (rows' contexts) + per_attended_draft x (drafts' contexts);
-    `tokens` ascending, `seconds` non-decreasing; per_attended_draft None: per_attended's."""
+    """seconds = table(F) + per_attended x (rows' contexts) + per_attended_draft x (drafts' contexts)
+    + per_row x rows; `tokens` ascending, `seconds` non-decreasing; per_attended_draft None: per_attended's."""
 
     tokens: tuple
     seconds: tuple
     per_attended: float = 0.0
     per_attended_draft: Optional[float] = None
+    per_row: float = 0.0
 
     @property
     def draft_attended(self) -> float:
@@ -42,12 +45,15 @@ class StepCost:
         if not tokens or len(tokens) != len(seconds) or tokens != sorted(set(tokens)) or tokens[0] < 1:
             raise ValueError(f"step_cost needs ascending distinct 'tokens' >= 1 and as many 'seconds', got {d!r}")
         draft = d.get("per_attended_draft")
-        if min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0 or not (draft is None or float(draft) >= 0):
-            raise ValueError(f"step_cost seconds, per_attended and per_attended_draft must be >= 0, got {d!r}")
-        for i in range(1, len(seconds)):  # a forward never costs less for feeding more (noise aside)
-            seconds[i] = max(seconds[i], seconds[i - 1])
+        if (min(seconds) < 0 or not float(d.get("per_attended", 0.0)) >= 0 or not (draft is None or float(draft) >= 0)
+                or not float(d.get("per_row", 0.0)) >= 0):
+            raise ValueError(f"step_cost seconds, per_attended, per_attended_draft and per_row must be >= 0, got {d!r}")
+        # a forward never costs less for feeding more; a timing errs only slow (a cold cache, a busy
+        # core), so a point above a larger forward's is lowered to it rather than the later ones raised
+        for i in range(len(seconds) - 2, -1, -1):
+            seconds[i] = min(seconds[i], seconds[i + 1])
         return cls(tuple(tokens), tuple(seconds), float(d.get("per_attended", 0.0)),
-                   None if draft is None else float(draft))
+                   None if draft is None else float(draft), float(d.get("per_row", 0.0)))
 
     def table(self, fed: float) -> float:
         """Linear between the measured points; beyond them, along the nearest segment (flat with one point)."""
@@ -105,11 +111,11 @@ def profile_grid(most: int) -> list[int]:
 
 
 def profile(time_forward: Callable[..., float], grid: Sequence[int], rows: int, context: int,
-            depth: int) -> dict:
+            depth: int, time_host: Optional[Callable[[], float]] = None) -> dict:
     """A StepCost dict from time_forward(fed, cached, rows=None): seconds of a forward feeding `fed`
     tokens over `rows` slots (None: one token a slot up to the batch size) after `cached` each.
     per_attended from `rows` rows of one token after `context` each; per_attended_draft from the
-    same rows of `depth` tokens."""
+    same rows of `depth` tokens; per_row from time_host() (0 without it)."""
     seconds = [time_forward(f, 0) for f in grid]
     cost = StepCost.from_dict({"tokens": list(grid), "seconds": seconds})
     per_attended = per_draft = 0.0
@@ -118,4 +124,5 @@ def profile(time_forward: Callable[..., float], grid: Sequence[int], rows: int, 
         if depth > 1:
             deep = time_forward(rows * depth, context, rows) - time_forward(rows * depth, 0, rows)
             per_draft = max(deep - per_attended * rows * context, 0.0) / (rows * (depth - 1) * context)
-    return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended, "per_attended_draft": per_draft}
+    return {"tokens": list(grid), "seconds": seconds, "per_attended": per_attended, "per_attended_draft": per_draft,
+            "per_row": max(time_host(), 0.0) if time_host is not None else 0.0}

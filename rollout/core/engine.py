@@ -36,6 +36,7 @@ from .request import Request, make_requests
 # The step-cost profile: cached tokens per row of its long-context forward; timings per forward.
 PROFILE_CONTEXT = 512
 PROFILE_REPEATS = 2
+HOST_ROWS = 16  # synthetic requests of the timed step that gives the host work per row
 MODEL_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
               "intermediate_size")
 
@@ -428,12 +429,14 @@ class Engine:
                "dtype": str(self.model.lm_head.weight.dtype),
                "threads": self.num_threads, "model": {k: getattr(mcfg, k, None) for k in MODEL_KEYS},
                "kernel": self.model.attends_in_kernel(self.cache), "most": most, "rows": rows, "context": context,
-               "depth": depth}
+               "depth": depth, "proposers": [p.name for p in self.proposers]}
         if self.device.type == "cuda":
             key["name"] = torch.cuda.get_device_name(self.device)
         with threads.using(self.num_threads):
             grid = step_cost.profile_grid(most)
-            return step_cost.cached(key, lambda: step_cost.profile(self._time_forward, grid, rows, context, depth))
+            return step_cost.cached(key, lambda: step_cost.profile(
+                self._time_forward, grid, rows, context, depth,
+                lambda: self._time_host(min(cfg.max_batch_size, HOST_ROWS), context)))
 
     def _time_forward(self, fed: int, cached: int, rows: Optional[int] = None) -> float:
         """The fastest of PROFILE_REPEATS forwards (with sampling) of `fed` tokens over `rows` slots
@@ -443,16 +446,41 @@ class Engine:
         per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
         assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)
         feed = [(slot, cached, [0] * n) for slot, n in enumerate(per_row)]
-        batch = ForwardBatch.build(feed, list(range(fed)), self.device, self.min_bucket)
-        params = sampling.sampling_tensors([SamplingParams()] * fed, self.device)
         best = math.inf
         for i in range(PROFILE_REPEATS + 1):
-            begin = time.perf_counter()
+            begin = time.perf_counter()  # the batch's and the sampler's host work is every step's too
+            batch = ForwardBatch.build(feed, list(range(fed)), self.device, self.min_bucket)
+            params = sampling.sampling_tensors([SamplingParams()] * fed, self.device)
             logits, _ = self.model(batch, self.cache)
             sampling.sample(logits, torch.zeros(fed, dtype=torch.int64), torch.arange(fed), *params)[0].tolist()
             if i:
                 best = min(best, time.perf_counter() - begin)
         return best
+
+    def _time_host(self, rows: int, context: int) -> float:
+        """Seconds per row of a plain step's work around its forward, asking the copy proposers once
+        included (a draft head's positions have a cost of their own): the fastest of PROFILE_REPEATS
+        steps of `rows` synthetic requests after `context` tokens each, less its forward alone."""
+        reqs = [Request(i, [0] * context, SamplingParams(max_tokens=1 << 20), seed=i, slot=i, num_cached=context - 1)
+                for i in range(rows)]
+        copiers = [p for p in self.proposers if not p.wants_hidden]
+        best = math.inf
+        try:
+            for i in range(PROFILE_REPEATS + 1):
+                begin = time.perf_counter()
+                planned, batch = self._plan(reqs, None)
+                logits, _ = self.model(batch, self.cache)
+                verified, _ = self._verify(planned, logits, False)
+                result = StepResult(verified, frozenset(copiers))
+                for p in copiers:
+                    p.propose(reqs, self.config.spec.max_draft_tokens)
+                    p.on_step(result)
+                if i:
+                    best = min(best, time.perf_counter() - begin)
+        finally:
+            for p in copiers:
+                p.on_step(StepResult(left=reqs))
+        return max(best - self._time_forward(rows, context + PROFILE_REPEATS, rows), 0.0) / rows
 
     def _emit(self, req: Request, ys: list[int], lps: list[float]) -> list[int]:
         """Append sampled tokens until a stop token, a length or the chunk's end ends the request."""

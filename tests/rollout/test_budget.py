@@ -51,28 +51,31 @@ def test_deep_at_batch_one_where_fed_tokens_are_cheap_and_none_where_a_token_cos
     assert lengths(budget(DEAR), Fixed(prior=0.7), 64) == [0] * 64
     assert lengths(budget(DEAR), Fixed(prior=0.7), 1) == [0]  # the next token costs what the step does
     assert lengths(budget(DEAR), Fixed(prior=0.999), 64) == [0] * 64  # a token short of sure costs more than it earns
-    # the memory-bound table at batch 64: a fed token costs 0.13 / 448 s, an emitted one 0.02 / 64 s,
-    # so only tokens worth 0.93 pay; at 16, 0.009 / 48 s against 0.011 / 16 s: 0.27 at first, and
-    # more as the step's tokens per second rise with each token granted (0.39 after two each)
+    # the memory-bound table at batch 64: a fed token costs 0.13 / 448 s, a row's share 0.02 / 64 s,
+    # so only tokens worth 0.93 pay; at 16, 0.009 / 48 s against 0.011 / 16 s: tokens worth 0.27 pay
+    # (0.7, 0.49, 0.34) and the fourth (0.24) does not
     assert lengths(budget(CHEAP), Fixed(prior=0.7), 64) == [0] * 64
-    assert lengths(budget(CHEAP), Fixed(prior=0.7), 16) == [2] * 16
+    assert lengths(budget(CHEAP), Fixed(prior=0.7), 16) == [3] * 16
     assert lengths(budget(CHEAP), Fixed(prior=0.95), 64) == [1] * 64
     assert lengths(budget(CHEAP, max_batch_for_spec=8), Fixed(prior=0.7), 9) is None
 
 
 def test_the_greedy_rule_finds_the_best_lengths_on_a_convex_cost():
-    """Against brute force over every pair of lengths: the most emitted tokens per second."""
-    cost = step_cost.StepCost.from_dict({"tokens": [1, 3, 6, 12], "seconds": [1.0, 1.2, 2.0, 5.0]})
+    """Against brute force over every pair of lengths: the most seconds saved, a landed token
+    sparing its row a later step's share, less the seconds the drafts add to this one."""
+    cost = step_cost.StepCost.from_dict({"tokens": [1, 3, 6, 12], "seconds": [1.0, 1.2, 2.0, 5.0], "per_row": 0.1})
     plan = B.StepPlan(B.MIN_VALUE, [], cost)
+    row = B.share(cost, 2, 2, 0)
+    assert row == pytest.approx(1.1 / 2 + 0.1)
     for a, b in itertools.product((0.3, 0.6, 0.9, 0.97), repeat=2):
         values = [[a ** i for i in range(1, 6)], [b ** i for i in range(1, 6)]]
         got = B.Budget().allocate(plan, values, [0, 0], spare=10)
 
-        def rate(n, values=values):
-            return (2 + sum(values[0][:n[0]]) + sum(values[1][:n[1]])) / cost.table(2 + sum(n))
+        def saved(n, values=values):
+            return row * (sum(values[0][:n[0]]) + sum(values[1][:n[1]])) - (cost.table(2 + sum(n)) - cost.table(2))
 
-        best = max(itertools.product(range(6), repeat=2), key=rate)
-        assert rate(got) == pytest.approx(rate(best)), (a, b, got, best)
+        best = max(itertools.product(range(6), repeat=2), key=saved)
+        assert saved(got) == pytest.approx(saved(best)), (a, b, got, best)
 
 
 def test_a_fixed_floor_drafts_every_token_worth_it_and_spare_tokens_bound_the_step():
@@ -167,26 +170,40 @@ def test_a_draft_token_pays_the_attention_its_row_has_not_already_paid():
     none = lengths(budget(CHEAP), Fixed(prior=0.7), 16)
     deep = lengths(budget(first_only), Fixed(prior=0.7), 16, context=400)
     shallow = lengths(budget(every), Fixed(prior=0.7), 16, context=400)
-    assert none == [2] * 16 and min(deep) > 2 and sum(shallow) < sum(deep)
+    assert none == [3] * 16 and min(deep) > 3 and sum(shallow) < sum(deep)
 
 
 def test_the_profile_recovers_the_attention_of_first_and_draft_tokens():
     def time_forward(fed, cached, rows=None):  # 1 ms + 0.1 ms a token; 2 us per context token of a
         rows = rows or fed  # row's first token, 0.5 us of a further one
         return 1e-3 + 1e-4 * fed + cached * (2e-6 * rows + 5e-7 * (fed - rows))
-    d = step_cost.profile(time_forward, [1, 8, 64], rows=8, context=100, depth=9)
+    d = step_cost.profile(time_forward, [1, 8, 64], rows=8, context=100, depth=9, time_host=lambda: 3e-5)
     assert d["per_attended"] == pytest.approx(2e-6) and d["per_attended_draft"] == pytest.approx(5e-7)
-    assert step_cost.StepCost.from_dict(d).table(8) == pytest.approx(1.8e-3)
+    assert step_cost.StepCost.from_dict(d).table(8) == pytest.approx(1.8e-3) and d["per_row"] == 3e-5
+    assert step_cost.profile(time_forward, [1, 8], rows=8, context=0, depth=9)["per_row"] == 0.0
+
+
+def test_host_work_per_row_makes_each_row_s_share_dearer_so_drafts_go_deeper():
+    """A tiny model's step is mostly the engine's own work per row: a token that spares its row a
+    step spares that work too, so tokens worth less pay."""
+    host = dict(CHEAP, per_row=1e-3)
+    assert B.share(step_cost.StepCost.from_dict(host), 16, 16, 0) == pytest.approx(0.011 / 16 + 1e-3)
+    assert lengths(budget(CHEAP), Fixed(prior=0.7), 64) == [0] * 64
+    # a row's share at 64 is 1.31 ms, a fed token 0.29 ms: 0.7 ** 4 = 0.24 pays, 0.7 ** 5 = 0.17 does not
+    assert lengths(budget(host), Fixed(prior=0.7), 64) == [4] * 64
+    assert lengths(budget(host), Fixed(prior=0.7), 16) == [4] * 16  # past 64 fed, 0.29 ms a token again
 
 
 def test_a_bad_step_cost_is_refused_with_its_field():
     for bad in ({"tokens": [4, 2], "seconds": [1, 2]}, {"tokens": [1], "seconds": [-1]}, {"seconds": [1]}, [1, 2],
-                {"tokens": [1], "seconds": [1], "per_attended_draft": -1e-6}):
+                {"tokens": [1], "seconds": [1], "per_attended_draft": -1e-6},
+                {"tokens": [1], "seconds": [1], "per_row": -1}):
         with pytest.raises(ValueError, match="step_cost"):
             SpecConfig(step_cost=bad).validate()
-    # noise: a forward is never cheaper for feeding more
+    # noise: a forward is never cheaper for feeding more, and a timing only ever errs slow (a cold
+    # cache on the first): the point above a larger forward's comes down to it
     cost = step_cost.StepCost.from_dict({"tokens": [1, 4, 8], "seconds": [1.0, 0.5, 3.0]})
-    assert cost.seconds == (1.0, 1.0, 3.0) and cost.table(12) == pytest.approx(5.0)
+    assert cost.seconds == (0.5, 0.5, 3.0) and cost.table(12) == pytest.approx(5.5)
 
 
 # ---- the engine --------------------------------------------------------------------------------
@@ -213,7 +230,9 @@ def test_the_step_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     first = spec_engine(hf)
     first.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
     (path,) = (tmp_path / "step_cost").iterdir()
+    assert first.budget.cost.per_row > 0  # the engine's own work per row, measured with the forwards
     monkeypatch.setattr(Engine, "_time_forward", lambda *a: pytest.fail("profiled again"))
+    monkeypatch.setattr(Engine, "_time_host", lambda *a: pytest.fail("profiled again"))
     second = spec_engine(hf)
     second.generate([[5, 6, 7]], SamplingParams(max_tokens=4), seeds=[1])
     assert second.budget.cost == first.budget.cost and second.budget.cost.seconds[-1] > 0
