@@ -91,9 +91,11 @@ class SuffixIndex:
                 seen += 1
                 if seen > max_candidates:
                     break
-                m = n  # seq[p-n:p] == ctx[-n:] by the index
-                while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
-                    m += 1
+                m = min(limit, p)  # seq[p-n:p] == ctx[-n:] by the index; siblings mostly agree all the
+                if seq[p - m:p] != ctx[len(ctx) - m:]:  # way back, which one slice comparison (in C) shows
+                    m = n
+                    while m < limit and p - m - 1 >= 0 and seq[p - m - 1] == ctx[-m - 1]:
+                        m += 1
                 if m > best:
                     best, found = m, [(s, p)]
                 elif m == best:
