@@ -7,10 +7,10 @@ Acceptance. Token i of a draft is emitted with probability P_i = a_1 x ... x a_i
 `a` is learnt per proposer, evidence level (token i at evidence + i, in powers of two) and
 confidence bin, a bin's rate shrunk towards its level's, a level's towards `prior`.
 Cost. A forward feeding F tokens costs `table(F)` seconds plus the attention over each token's
-context, less for a draft token than for its row's first, and each row host work of its own
+context, less for a draft token than for its row's first, and each row costs host work of its own
 (rollout/budget/step_cost.py). A row's *share* of a step is the step's seconds over its rows.
 The rule. A draft token is fed when its value times its row's share covers the seconds it adds to
-the step: a token that does not land is emitted by the row a step later, at the price of a share;
+the step: a token that lands is one the row need not emit in a later step, which costs a share;
 the most valuable first, within the step's spare tokens. A fixed `min_draft_prob` instead floors
 each token's value at min_draft_prob x load.
 """
@@ -208,9 +208,9 @@ class Budget:
             offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
 
-    def share(self, rows: int, context: int, fed: Optional[int] = None) -> float:
-        """A row's seconds of a plain step of `rows` rows feeding `fed` tokens (None: one a row)."""
-        return share(self.cost, rows, rows if fed is None else fed, context)
+    def share(self, rows: int, context: int) -> float:
+        """A row's seconds of a plain step of `rows` decoding rows."""
+        return share(self.cost, rows, rows, context)
 
     def price(self, rows: int, context: int) -> float:
         """The value a first draft token must reach: a fed token's marginal cost in shares."""
