@@ -197,26 +197,22 @@ class Budget:
             return None
         k, offers = self.max_draft_tokens, []
         floor = self.min_draft_prob * min(max(load, 0.0), 1.0) if not self.priced else self.price(running, context)
+        step = share(self.cost, running, running, context) * running if self.priced else 0.0  # a plain step's seconds
         for p in proposers:
             table = self.table(p)
             # a proposer's own cost per draft position (a draft head's forward) raises its floor; it
             # is paid for every request asked, before the draft's evidence and confidence are known,
             # so such a proposer is asked on its rate over all its drafts, not its best level's or bin's
-            own = p.position_cost(running) / max(self.share(running, context) * running, 1e-12) if self.priced \
-                else 0.0
+            own = p.position_cost(running) / max(step, 1e-12) if self.priced else 0.0
             top = self.overall(p) if own > 0 else max(map(max, table))
             offers.append(Offer(p, table, top, longest(top, k, floor + own)))
         return StepPlan(floor, offers, self.cost if self.priced else None)
-
-    def share(self, rows: int, context: int) -> float:
-        """A row's seconds of a plain step of `rows` decoding rows."""
-        return share(self.cost, rows, rows, context)
 
     def price(self, rows: int, context: int) -> float:
         """The value a first draft token must reach: a fed token's marginal cost in shares."""
         mean = context / max(rows, 1)
         fed = self.cost.marginal(rows) + self.cost.draft_attended * mean
-        return max(fed / max(self.share(rows, context), 1e-12), MIN_VALUE)
+        return max(fed / max(share(self.cost, rows, rows, context), 1e-12), MIN_VALUE)
 
     def choose(self, requests: Sequence[Request], rooms: Sequence[int], plan: StepPlan) -> list:
         """Per request (at most rooms[i] tokens): the draft, cut at the floor, with the longest expected

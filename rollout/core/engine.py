@@ -67,6 +67,17 @@ class RunStats:
     fed_tokens: int = 0
 
 
+def fastest(run: Callable[[], object]) -> float:
+    """Seconds of the fastest of PROFILE_REPEATS calls of `run`, after one untimed (its set-up)."""
+    run()
+    best = math.inf
+    for _ in range(PROFILE_REPEATS):
+        begin = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - begin)
+    return best
+
+
 class Engine:
     def __init__(self, model: CausalLM, config: EngineConfig):
         config.validate()
@@ -446,16 +457,13 @@ class Engine:
         per_row = [fed // rows + (i < fed % rows) for i in range(rows)]
         assert cached + per_row[0] <= self.config.max_model_len, (fed, cached)
         feed = [(slot, cached, [0] * n) for slot, n in enumerate(per_row)]
-        best = math.inf
-        for i in range(PROFILE_REPEATS + 1):
-            begin = time.perf_counter()  # the batch's and the sampler's host work is every step's too
+
+        def forward():  # the batch's and the sampler's host work is every step's too
             batch = ForwardBatch.build(feed, list(range(fed)), self.device, self.min_bucket)
             params = sampling.sampling_tensors([SamplingParams()] * fed, self.device)
             logits, _ = self.model(batch, self.cache)
             sampling.sample(logits, torch.zeros(fed, dtype=torch.int64), torch.arange(fed), *params)[0].tolist()
-            if i:
-                best = min(best, time.perf_counter() - begin)
-        return best
+        return fastest(forward)
 
     def _time_host(self, rows: int, context: int) -> float:
         """Seconds per row of a plain step's work around its forward, asking the copy proposers once
@@ -464,19 +472,16 @@ class Engine:
         reqs = [Request(i, [0] * context, SamplingParams(max_tokens=1 << 20), seed=i, slot=i, num_cached=context - 1)
                 for i in range(rows)]
         copiers = [p for p in self.proposers if not p.wants_hidden]
-        best = math.inf
+
+        def step():
+            planned, batch = self._plan(reqs, None)
+            logits, _ = self.model(batch, self.cache)
+            result = StepResult(self._verify(planned, logits, False)[0], frozenset(copiers))
+            for p in copiers:
+                p.propose(reqs, self.config.spec.max_draft_tokens)
+                p.on_step(result)
         try:
-            for i in range(PROFILE_REPEATS + 1):
-                begin = time.perf_counter()
-                planned, batch = self._plan(reqs, None)
-                logits, _ = self.model(batch, self.cache)
-                verified, _ = self._verify(planned, logits, False)
-                result = StepResult(verified, frozenset(copiers))
-                for p in copiers:
-                    p.propose(reqs, self.config.spec.max_draft_tokens)
-                    p.on_step(result)
-                if i:
-                    best = min(best, time.perf_counter() - begin)
+            best = fastest(step)
         finally:
             for p in copiers:
                 p.on_step(StepResult(left=reqs))
